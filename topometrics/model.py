@@ -1,0 +1,171 @@
+"""A small GPT-style character-level language model (the paper's ladder, Table 1).
+
+Pre-LayerNorm decoder blocks with causal self-attention and a 4x GELU MLP, learned
+positional embeddings, biases everywhere, and an output head tied to the token
+embedding (so the head adds no parameters and has no bias). With vocabulary 128 and
+context 128 the parameter counts equal the paper's Table 1 exactly:
+
+    hidden 8/1 layer -> 2,936   16/1 -> 7,408   24/2 -> 20,640   32/3 -> 46,368   48/3 -> 97,200
+
+State-dict keys (also the checkpoint tensor names)::
+
+    tok_emb.weight (V, d)           pos_emb.weight (T, d)
+    blocks.{i}.ln1.weight/bias (d,)
+    blocks.{i}.attn.qkv.weight (3d, d)   .bias (3d,)    # q, k, v stacked on rows
+    blocks.{i}.attn.out.weight (d, d)    .bias (d,)
+    blocks.{i}.ln2.weight/bias (d,)
+    blocks.{i}.mlp.up.weight (4d, d)     .bias (4d,)
+    blocks.{i}.mlp.down.weight (d, 4d)   .bias (d,)
+    ln_f.weight/bias (d,)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 128  # characters; id 127 stands for every non-ASCII character
+    context: int = 128  # longest sequence the positional table covers
+    hidden: int = 48  # width d of the residual stream
+    layers: int = 3  # number of decoder blocks
+    heads: int = 4  # attention heads; hidden must be divisible by heads
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "context", "hidden", "layers", "heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"GPTConfig.hidden={self.hidden} is not divisible by heads={self.heads}; "
+                "choose heads that divide hidden"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.out = nn.Linear(cfg.hidden, cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)  # each (b, t, d)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, h, t, d/h)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(cfg.hidden, 4 * cfg.hidden)
+        self.down = nn.Linear(4 * cfg.hidden, cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.pos_emb = nn.Embedding(cfg.context, cfg.hidden)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden)
+
+    def init_weights(self, generator: torch.Generator) -> None:
+        """GPT-2 initialisation from an explicit generator: N(0, 0.02) for matrices and
+        embeddings, residual output projections scaled by 1/sqrt(2 * layers), zero biases."""
+        residual_std = 0.02 / math.sqrt(2 * self.cfg.layers)
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif ".ln" in name or name.startswith("ln_f"):
+                nn.init.ones_(p)
+            else:
+                std = residual_std if name.endswith(("attn.out.weight", "mlp.down.weight")) else 0.02
+                with torch.no_grad():
+                    p.copy_(torch.randn(p.shape, generator=generator) * std)
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """(b, t) token ids -> (b, t, d) residual stream after the last block, before ln_f."""
+        b, t = idx.shape
+        if t > self.cfg.context:
+            raise ValueError(f"sequence length {t} exceeds the model context {self.cfg.context}")
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """(b, t) token ids -> (b, t, vocab) logits; the head is the token embedding."""
+        return F.linear(self.ln_f(self.hidden_states(idx)), self.tok_emb.weight)
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self(idx)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# Feature-facing layer names -> state-dict prefixes. Embeddings and the tied head are
+# not linear layers of the network graph and are excluded (features issue, item 1).
+_LINEAR_PARTS = {"attn.qkv": "attn.qkv", "attn.out": "attn.out", "mlp.in": "mlp.up", "mlp.out": "mlp.down"}
+
+
+def linear_layer_names(layers: int) -> list[str]:
+    """Names of the linear layers in network order, e.g. ``block0.attn.qkv``."""
+    return [f"block{i}.{part}" for i in range(layers) for part in _LINEAR_PARTS]
+
+
+def linear_weights(state: dict[str, torch.Tensor | np.ndarray], layers: int) -> dict[str, np.ndarray]:
+    """The weight matrices of the linear layers, (out, in) float32 arrays, biases left out.
+
+    Keys are :func:`linear_layer_names`; rows are output neurons, so row ``j`` holds
+    neuron ``j``'s incoming weights.
+    """
+    out = {}
+    for i in range(layers):
+        for part, module in _LINEAR_PARTS.items():
+            w = state[f"blocks.{i}.{module}.weight"]
+            w = w.detach().cpu().numpy() if isinstance(w, torch.Tensor) else np.asarray(w)
+            out[f"block{i}.{part}"] = w.astype(np.float32, copy=False)
+    return out
+
+
+def linear_modules(model: GPT) -> dict[str, nn.Linear]:
+    """The same layers as :func:`linear_weights`, as modules (for gradients)."""
+    return {
+        f"block{i}.{part}": getattr(getattr(block, module.split(".")[0]), module.split(".")[1])
+        for i, block in enumerate(model.blocks)
+        for part, module in _LINEAR_PARTS.items()
+    }

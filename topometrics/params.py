@@ -1,0 +1,204 @@
+"""params.yaml -> frozen dataclasses, validated before any work starts.
+
+Every section is a frozen dataclass; unknown keys, wrong types and impossible values
+raise :class:`ParamsError` naming the key (``train.hidden``) and the fix. The whole
+file is validated by every stage, so a typo stops ``dvc repro`` at its first stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+SHAPE_KEYS = ("hidden", "layers", "heads")
+
+
+class ParamsError(ValueError):
+    """An invalid params.yaml entry; the message names the key."""
+
+
+@dataclass(frozen=True)
+class DataParams:
+    corpus: str = "wikitext-2-raw-v1"  # the default download, or a local directory / UTF-8 text file
+    urls: tuple[str, ...] = (
+        "https://wikitext.smerity.com/wikitext-2-raw-v1.zip",
+        "https://huggingface.co/datasets/ggml-org/ci/resolve/main/wikitext-2-raw-v1.zip",
+    )
+    download_timeout_s: float = 20.0  # per URL; then the next mirror, then the offline fallback
+    seq_len: int = 128  # characters per training window = the model context
+    val_fraction: float = 0.1  # tail of a single local corpus held out for validation
+    val_windows: int = 256  # fixed held-out windows scored at every checkpoint
+
+    def check(self) -> None:
+        _positive(self, "data", ("seq_len", "val_windows", "download_timeout_s"))
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ParamsError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")
+        if not self.corpus:
+            raise ParamsError("data.corpus is empty; use 'wikitext-2-raw-v1' or a path to local text")
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    steps: int = 5000
+    ckpt_every: int = 100  # a checkpoint every this many steps, plus step 0
+    batch_size: int = 64
+    lr: float = 3e-3  # AdamW peak learning rate
+    warmup: int = 200  # linear warm-up steps before the cosine decay
+    min_lr_ratio: float = 0.0  # the cosine decays to lr * min_lr_ratio at the last step
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0  # max global gradient 2-norm; 0 disables clipping
+    seed: int = 42
+    device: str = "auto"  # auto (CUDA when present) | cpu | cuda
+    threads: int = 0  # torch intra-op threads; 0 = one per core shared by parallel rungs
+    hidden: int = 48  # default shape, inherited by rungs that do not override it
+    layers: int = 3
+    heads: int = 4
+
+    def check(self) -> None:
+        _positive(self, "train", ("steps", "ckpt_every", "batch_size", "lr", "hidden", "layers", "heads"))
+        _non_negative(self, "train", ("warmup", "weight_decay", "grad_clip", "threads", "seed", "min_lr_ratio"))
+        if self.steps % self.ckpt_every:
+            raise ParamsError(
+                f"train.steps={self.steps} is not a multiple of train.ckpt_every={self.ckpt_every}; "
+                "the last step must be a checkpoint"
+            )
+        if self.warmup >= self.steps:
+            raise ParamsError(f"train.warmup={self.warmup} must be smaller than train.steps={self.steps}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ParamsError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
+
+
+@dataclass(frozen=True)
+class RungShape:
+    hidden: int | None = None
+    layers: int | None = None
+    heads: int | None = None
+
+
+@dataclass(frozen=True)
+class FeaturesParams:
+    max_points: int = 200  # weight rows per layer for Vietoris-Rips (seeded subsample)
+    rep_points: int = 500  # hidden states subsampled for representation topology
+    rep_dim: int = 50  # PCA dimension before Vietoris-Rips on hidden states
+    rep_batch: int = 16  # validation windows whose hidden states form the cloud
+    seed: int = 0  # subsampling and shuffled-null seed
+    significance: float = 0.1  # a bar is significant if its persistence exceeds this fraction of the largest
+    betti_scales: int = 32  # filtration scales of the Betti curve
+    workers: int = 2  # processes over checkpoints
+
+    def check(self) -> None:
+        _positive(self, "features", ("max_points", "rep_points", "rep_dim", "rep_batch", "betti_scales", "workers"))
+        _non_negative(self, "features", ("seed", "significance"))
+
+
+@dataclass(frozen=True)
+class Params:
+    data: DataParams = field(default_factory=DataParams)
+    train: TrainParams = field(default_factory=TrainParams)
+    ladder: dict[str, RungShape] = field(default_factory=dict)
+    features: FeaturesParams = field(default_factory=FeaturesParams)
+
+    def rung_shape(self, rung: str) -> dict[str, int]:
+        """``train``'s shape with ``ladder.<rung>``'s overrides: the inheritance rule."""
+        if rung not in self.ladder:
+            raise ParamsError(f"ladder.{rung} does not exist; rungs are {sorted(self.ladder)}")
+        shape = self.ladder[rung]
+        merged = {k: getattr(shape, k) if getattr(shape, k) is not None else getattr(self.train, k) for k in SHAPE_KEYS}
+        if merged["hidden"] % merged["heads"]:
+            raise ParamsError(
+                f"ladder.{rung}: hidden={merged['hidden']} is not divisible by heads={merged['heads']}; "
+                "set ladder.{rung}.heads to a divisor of hidden"
+            )
+        return merged
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"{path} not found; run from the repository root")
+    raw = yaml.safe_load(path.read_text()) or {}
+    return parse_params(raw)
+
+
+def parse_params(raw: dict) -> Params:
+    """Validate a params mapping (as in params.yaml) into :class:`Params`."""
+    if not isinstance(raw, dict):
+        raise ParamsError("params.yaml must be a mapping of sections")
+    _reject_unknown(raw, Params, "")
+    ladder_raw = raw.get("ladder", {}) or {}
+    if not isinstance(ladder_raw, dict) or not ladder_raw:
+        raise ParamsError("ladder must map rung names to shape overrides, e.g. tiny: {hidden: 8}")
+    ladder = {}
+    for rung, shape in ladder_raw.items():
+        if not isinstance(rung, str) or not rung.replace("_", "").replace("-", "").isalnum():
+            raise ParamsError(f"ladder.{rung}: rung names must be letters, digits, '-' or '_'")
+        ladder[rung] = _build(RungShape, shape or {}, f"ladder.{rung}")
+        _positive(ladder[rung], f"ladder.{rung}", SHAPE_KEYS)
+    params = Params(
+        data=_build(DataParams, raw.get("data") or {}, "data"),
+        train=_build(TrainParams, raw.get("train") or {}, "train"),
+        ladder=ladder,
+        features=_build(FeaturesParams, raw.get("features") or {}, "features"),
+    )
+    for section in (params.data, params.train, params.features):
+        section.check()
+    for rung in ladder:
+        params.rung_shape(rung)
+    return params
+
+
+def _reject_unknown(raw: dict, cls: type, prefix: str) -> None:
+    known = {f.name for f in fields(cls)}
+    for key in raw:
+        if key not in known:
+            raise ParamsError(f"unknown param {prefix}{key}; known keys: {', '.join(sorted(known))}")
+
+
+def _build(cls: type, raw: object, prefix: str):
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{prefix} must be a mapping, got {type(raw).__name__}")
+    _reject_unknown(raw, cls, prefix + ".")
+    hints = typing.get_type_hints(cls)
+    values = {k: _coerce(v, hints[k], f"{prefix}.{k}") for k, v in raw.items()}
+    return cls(**values)
+
+
+def _coerce(value: object, hint: object, key: str) -> object:
+    """Check a YAML scalar against a field's type; ints are accepted where floats are."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ParamsError(f"{key} must be a list of strings, got {value!r}")
+        return tuple(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, bool) or not isinstance(value, hint):
+        raise ParamsError(f"{key} must be {hint.__name__}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _positive(obj: object, prefix: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value <= 0:
+            raise ParamsError(f"{prefix}.{name} must be positive, got {value}")
+
+
+def _non_negative(obj: object, prefix: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(obj, name) < 0:
+            raise ParamsError(f"{prefix}.{name} must be >= 0, got {getattr(obj, name)}")
+
+
+def as_dict(obj: object) -> dict:
+    return dataclasses.asdict(obj)
