@@ -93,7 +93,9 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({err}); delete it and re-run training") from err
+        raise CheckpointError(
+            f"{path}: not a readable safetensors file ({err}); delete it and re-run training"
+        ) from err
 
 
 def load_model(ckpt: Checkpoint) -> GPT:

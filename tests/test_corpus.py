@@ -1,0 +1,164 @@
+"""Corpus resolution: tokenizer, verified download from a local server, local text, offline fallback."""
+
+import functools
+import hashlib
+import http.server
+import io
+import json
+import threading
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from topometrics import corpus
+from topometrics.corpus import CorpusError, FallbackWarning, decode, encode, prepare, split_local
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def test_ascii_text_round_trips():
+    text = "The quick brown fox = 3.14 ; \n\t{ascii} ~"
+    ids = encode(text)
+    assert ids.dtype == np.uint8 and ids.size == len(text)
+    assert decode(ids) == text
+
+
+def test_non_ascii_characters_map_to_the_reserved_id():
+    ids = encode("café — ∑\x7f")
+    assert ids.tolist() == [99, 97, 102, 127, 32, 127, 32, 127, 127]
+    assert decode(ids) == "caf\ufffd \ufffd \ufffd\ufffd"
+    assert len(corpus.vocabulary()) == corpus.VOCAB_SIZE == 128
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="../shared/data/wikitext-2 is absent on this machine")
+def test_real_wikitext_round_trips_except_non_ascii():
+    text = (SHARED / "wiki.valid.tokens").read_text(encoding="utf-8")
+    ids = encode(text)
+    ascii_mask = np.array([ord(c) < 127 for c in text])
+    assert ids.size == len(text)
+    assert (ids[~ascii_mask] == 127).all()
+    assert decode(ids[ascii_mask]) == "".join(c for c in text if ord(c) < 127)
+
+
+# ---------------------------------------------------------------- download against a local server
+
+
+def make_archive(members: dict[str, str]) -> tuple[bytes, tuple[int, str], dict[str, tuple[int, str]]]:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, text in members.items():
+            zf.writestr(name, text)
+    blob = buf.getvalue()
+    sums = {n: (len(t.encode()), hashlib.sha256(t.encode()).hexdigest()) for n, t in members.items()}
+    return blob, (len(blob), hashlib.sha256(blob).hexdigest()), sums
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A loopback HTTP server over tmp_path/www; yields its base URL."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+MEMBERS = {
+    "wikitext-2-raw/wiki.train.raw": " = Valkyria Chronicles = \n The game began development in 2010 .\n",
+    "wikitext-2-raw/wiki.valid.raw": " = Robert Boulter = \n Robert Boulter is an English actor .\n",
+}
+
+
+def test_download_verifies_the_archive_and_members(server):
+    root, base = server
+    blob, expected, sums = make_archive(MEMBERS)
+    (root / "w.zip").write_bytes(blob)
+    got = corpus.fetch_wikitext((f"{base}/missing.zip", f"{base}/w.zip"), 5, expected, sums)
+    assert got.train == MEMBERS["wikitext-2-raw/wiki.train.raw"]
+    assert got.val == MEMBERS["wikitext-2-raw/wiki.valid.raw"]
+    assert got.source["url"] == f"{base}/w.zip" and not got.source["fallback"]
+
+
+def test_download_with_a_wrong_checksum_is_refused(server):
+    root, base = server
+    blob, (size, _), sums = make_archive(MEMBERS)
+    (root / "w.zip").write_bytes(blob)
+    with pytest.raises(CorpusError, match="SHA-256 .* does not match"):
+        corpus.fetch_wikitext((f"{base}/w.zip",), 5, (size, "0" * 64), sums)
+    tampered = dict(sums, **{"wikitext-2-raw/wiki.valid.raw": (1, "0" * 64)})
+    with pytest.raises(CorpusError, match="member wikitext-2-raw/wiki.valid.raw fails"):
+        corpus.fetch_wikitext((f"{base}/w.zip",), 5, (size, hashlib.sha256(blob).hexdigest()), tampered)
+
+
+def test_the_published_wikitext_checksums_are_the_shared_readme_ones():
+    if not SHARED.exists():
+        pytest.skip("../shared/data/wikitext-2 is absent on this machine")
+    readme = (SHARED / "README.md").read_text()
+    assert corpus.WIKITEXT_ARCHIVE[1] in readme and f"{corpus.WIKITEXT_ARCHIVE[0]:,}" in readme
+    for size, digest in corpus.WIKITEXT_MEMBERS.values():
+        assert digest in readme and f"{size:,}" in readme
+
+
+# ---------------------------------------------------------------- fallback, caching and local corpora
+
+
+def test_unreachable_download_falls_back_loudly_and_is_cheap_when_cached(tmp_path):
+    out = tmp_path / "corpus"
+    with pytest.warns(FallbackWarning, match="OFFLINE FALLBACK"):
+        first = prepare("wikitext-2-raw-v1", ("file:///nonexistent/w.zip",), 1, 0.1, out)
+    assert first["changed"] and first["fallback"] and first["used"] == corpus.FALLBACK
+    source = json.loads((out / "source.json").read_text())
+    assert source["requested"] == "wikitext-2-raw-v1" and "nonexistent" in source["reason"]
+    assert np.fromfile(out / "train.u8", dtype=np.uint8).size == source["train_tokens"] > 100_000
+    mtime = (out / "train.u8").stat().st_mtime_ns
+    with pytest.warns(FallbackWarning):
+        again = prepare("wikitext-2-raw-v1", (), 1, 0.1, out)
+    assert not again["changed"] and (out / "train.u8").stat().st_mtime_ns == mtime
+
+
+def test_wikitext_replaces_the_fallback_when_the_network_returns(tmp_path, server, monkeypatch):
+    root, base = server
+    blob, expected, sums = make_archive(MEMBERS)
+    (root / "w.zip").write_bytes(blob)
+    monkeypatch.setattr(corpus, "WIKITEXT_ARCHIVE", expected)
+    monkeypatch.setattr(corpus, "WIKITEXT_MEMBERS", sums)
+    out = tmp_path / "corpus"
+    with pytest.warns(FallbackWarning):
+        prepare("wikitext-2-raw-v1", (), 1, 0.1, out)
+    now = prepare("wikitext-2-raw-v1", (f"{base}/w.zip",), 5, 0.1, out)
+    assert now["changed"] and now["used"] == "wikitext-2-raw-v1" and not now["fallback"]
+    assert decode(np.fromfile(out / "val.u8", dtype=np.uint8)) == MEMBERS["wikitext-2-raw/wiki.valid.raw"]
+    assert not prepare("wikitext-2-raw-v1", (f"{base}/w.zip",), 5, 0.1, out)["changed"]
+
+
+def test_a_local_file_is_split_at_a_line_boundary(tmp_path):
+    path = tmp_path / "book.txt"
+    path.write_text("".join(f"line {i}\n" for i in range(100)))
+    train, val = split_local(path, 0.1)
+    assert train + val == path.read_text()
+    assert val.startswith("line ") and train.endswith("\n")
+    assert 0.08 < len(val) / len(train + val) < 0.12
+
+
+def test_a_directory_with_train_and_valid_files_uses_them(tmp_path):
+    (tmp_path / "wiki.train.raw").write_text("training text")
+    (tmp_path / "wiki.valid.raw").write_text("validation text")
+    assert split_local(tmp_path, 0.1) == ("training text", "validation text")
+
+
+def test_bad_local_corpora_give_clear_errors(tmp_path):
+    with pytest.raises(CorpusError, match="neither 'wikitext-2-raw-v1' nor an existing file"):
+        split_local(tmp_path / "nope", 0.1)
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(CorpusError, match="not UTF-8 text"):
+        split_local(tmp_path / "latin1.txt", 0.1)

@@ -1,0 +1,84 @@
+"""The GPT ladder: exact parameter counts (paper Table 1), causality, and learning."""
+
+import pytest
+import torch
+
+from topometrics.model import GPT, GPTConfig, count_parameters, linear_layer_names, linear_modules, linear_weights
+
+TABLE_1 = {  # (hidden, layers, heads) -> parameters, from the paper's Table 1
+    (8, 1, 1): 2_936,
+    (16, 1, 2): 7_408,
+    (24, 2, 2): 20_640,
+    (32, 3, 4): 46_368,
+    (48, 3, 4): 97_200,
+}
+
+
+def make(hidden=8, layers=1, heads=1, seed=0, context=128) -> GPT:
+    model = GPT(GPTConfig(hidden=hidden, layers=layers, heads=heads, context=context))
+    model.init_weights(torch.Generator().manual_seed(seed))
+    return model
+
+
+@pytest.mark.parametrize(("shape", "expected"), TABLE_1.items())
+def test_parameter_counts_equal_table_1(shape, expected):
+    assert count_parameters(make(*shape)) == expected
+
+
+def test_head_is_tied_to_token_embedding():
+    model = make(16, 1, 2)
+    x = torch.randint(0, 128, (2, 10))
+    manual = model.ln_f(model.hidden_states(x)) @ model.tok_emb.weight.T
+    torch.testing.assert_close(model(x), manual)
+
+
+def test_changing_a_future_token_leaves_earlier_logits_unchanged():
+    model = make(24, 2, 2).eval()
+    x = torch.randint(0, 128, (3, 40), generator=torch.Generator().manual_seed(1))
+    y = x.clone()
+    y[:, 25] = (y[:, 25] + 7) % 128
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    torch.testing.assert_close(a[:, :25], b[:, :25], rtol=0, atol=0)
+    assert not torch.allclose(a[:, 25:], b[:, 25:])
+
+
+def test_a_training_step_lowers_the_loss_on_a_fixed_batch():
+    model = make(16, 1, 2)
+    x = torch.randint(0, 128, (8, 32), generator=torch.Generator().manual_seed(2))
+    y = torch.roll(x, -1, dims=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    before = model.loss(x, y)
+    before.backward()
+    opt.step()
+    with torch.no_grad():
+        assert model.loss(x, y).item() < before.item()
+
+
+def test_initialisation_is_a_pure_function_of_the_seed():
+    a, b, c = make(seed=3), make(seed=3), make(seed=4)
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert not torch.equal(a.blocks[0].attn.qkv.weight, c.blocks[0].attn.qkv.weight)
+
+
+def test_linear_layers_are_named_in_network_order_with_out_by_in_shapes():
+    model = make(24, 2, 2)
+    weights = linear_weights(model.state_dict(), 2)
+    assert list(weights) == linear_layer_names(2) == list(linear_modules(model))
+    assert list(weights)[:4] == ["block0.attn.qkv", "block0.attn.out", "block0.mlp.in", "block0.mlp.out"]
+    assert weights["block1.attn.qkv"].shape == (72, 24)
+    assert weights["block1.mlp.in"].shape == (96, 24)
+    assert weights["block1.mlp.out"].shape == (24, 96)
+
+
+def test_sequence_longer_than_context_is_rejected():
+    with pytest.raises(ValueError, match="exceeds the model context 16"):
+        make(context=16)(torch.zeros(1, 17, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"), [({"hidden": 10, "heads": 4}, "not divisible"), ({"layers": 0}, "positive")]
+)
+def test_invalid_config_is_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**kwargs)

@@ -1,0 +1,102 @@
+"""End to end: `dvc repro` on a tiny ladder in a temporary git repo, `dvc exp run -S` re-running
+only the rungs that inherit the changed value, and `dvc push` / `dvc pull` through a local remote."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+TINY = {
+    "data": {"corpus": "wikitext-2-raw-v1", "urls": [], "val_windows": 8, "seq_len": 32},
+    "train": {"steps": 20, "ckpt_every": 10, "batch_size": 8, "warmup": 2, "threads": 1, "hidden": 8, "heads": 2},
+    "ladder": {"a": {"hidden": 8, "layers": 1, "heads": 1}, "b": {}},
+}
+
+
+def run(args: list[str], cwd: Path) -> str:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env["DVC_NO_ANALYTICS"] = "1"
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc.stdout + proc.stderr
+
+
+def make_project(root: Path) -> Path:
+    """A git+DVC project with this repository's pipeline and a tiny params.yaml."""
+    root.mkdir()
+    for name in ("dvc.yaml", "stages", "topometrics", ".dvc/config", ".dvcignore", ".gitignore"):
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, root / name)
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, values in TINY.items():
+        params[section] = values if section == "ladder" else params[section] | values
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(["git", "init", "-q"], root)
+    run(["git", "config", "user.email", "tests@topometrics.invalid"], root)  # dvc exp commits need an identity
+    run(["git", "config", "user.name", "topometrics tests"], root)
+    commit(root, "tiny")
+    return root
+
+
+def commit(root: Path, message: str) -> None:
+    run(["git", "add", "-A"], root)
+    run(["git", "commit", "-qm", message], root)
+
+
+def test_repro_experiment_and_remote_round_trip(tmp_path):
+    project = make_project(tmp_path / "project")
+    out = run(["dvc", "repro"], project)
+    assert "OFFLINE FALLBACK" in out
+    for rung in ("a", "b"):
+        assert len(list((project / "data/runs" / rung).glob("step_*.safetensors"))) == 3
+    assert "didn't change" in run(["dvc", "repro"], project).replace("Stage 'corpus'", "")
+    commit(project, "trained")
+
+    # rung b inherits train.hidden, rung a overrides it: only b's chain re-runs.
+    exp = run(["dvc", "exp", "run", "-S", "train.hidden=16"], project)
+    assert "Running stage 'train@b'" in exp and "Running stage 'train@a'" not in exp
+    assert "train.hidden" in run(["dvc", "exp", "show", "--no-pager", "--csv"], project)
+    diff = run(["dvc", "metrics", "diff", "--all"], project)
+    assert "reports/train/b.json" in diff and "n_params" in diff
+
+    # overriding one rung re-runs only its chain; adding a rung adds its stages
+    exp = run(["dvc", "exp", "run", "-S", "ladder.a.hidden=12", "-S", "ladder.a.heads=2"], project)
+    assert "Running stage 'train@a'" in exp and "Running stage 'train@b'" not in exp
+    exp = run(["dvc", "exp", "run", "-S", "+ladder.c={hidden: 4, layers: 1, heads: 1}"], project)
+    assert "Running stage 'train@c'" in exp and "Running stage 'train@a'" not in exp
+
+    # share through a local-folder remote and pull in a second clone
+    remote = tmp_path / "remote"
+    run(["dvc", "remote", "add", "-d", "local", str(remote)], project)
+    commit(project, "remote")
+    run(["dvc", "push"], project)
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(project), str(clone)], tmp_path)
+    run(["dvc", "pull"], clone)
+    assert (clone / "data/runs/b/step_000020.safetensors").read_bytes() == (
+        project / "data/runs/b/step_000020.safetensors"
+    ).read_bytes()
+    status = run(["dvc", "status", "train@a", "train@b", "config@a", "config@b"], clone)
+    assert "up to date" in status, status
+
+
+def test_invalid_params_stop_repro_before_any_work(tmp_path):
+    project = make_project(tmp_path / "project")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["train"]["hidden_size"] = 8
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(AssertionError, match="unknown param train.hidden_size"):
+        run(["dvc", "repro"], project)
+    assert not (project / "data" / "corpus").exists()

@@ -1,0 +1,310 @@
+"""Train one rung with checkpoints, resumably and bit-exactly.
+
+The recipe is the paper's (section 3.1): AdamW, linear warm-up then cosine decay,
+gradient clipping, a fixed seed, a checkpoint every ``ckpt_every`` steps including
+step 0. Step ``s`` means "after ``s`` optimizer updates".
+
+Resumability: after every checkpoint the full training state (weights, AdamW moments,
+the data sampler's RNG state, the running loss sum) is written to ``resume.safetensors``
++ ``resume.json``. A killed run restarts from the last checkpoint and, because the
+learning rate is a pure function of the step and no other randomness exists, ends with
+weights bit-identical to an uninterrupted run on the same device and thread count.
+A run directory whose ``recipe_fingerprint`` differs from the current one is wiped
+first: a changed recipe never resumes from stale checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from topometrics.checkpoints import atomic_write_text, list_checkpoints, load_state, save_checkpoint, save_tensors
+from topometrics.model import GPT, GPTConfig, count_parameters
+
+STEPS_HEADER = "step,train_loss,grad_norm,lr\n"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    steps: int
+    ckpt_every: int
+    batch_size: int
+    lr: float
+    warmup: int
+    min_lr_ratio: float
+    weight_decay: float
+    grad_clip: float
+    seed: int
+    val_windows: int
+
+
+@dataclass(frozen=True)
+class RungConfig:
+    """Everything that determines a rung's training, written by the config stage."""
+
+    rung: str
+    model: GPTConfig
+    recipe: Recipe
+
+    def to_dict(self) -> dict:
+        body = {"rung": self.rung, "model": self.model.to_dict(), "recipe": asdict(self.recipe)}
+        return body | {"seed": self.recipe.seed, "n_params": count_parameters(GPT(self.model))}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RungConfig:
+        return cls(d["rung"], GPTConfig(**d["model"]), Recipe(**d["recipe"]))
+
+
+class DivergedError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+def recipe_fingerprint(cfg: RungConfig, corpus_sha256: str) -> str:
+    """Hash of model shape, recipe and corpus: what a checkpoint must match to be resumed."""
+    body = json.dumps(
+        {"model": cfg.model.to_dict(), "recipe": asdict(cfg.recipe), "corpus": corpus_sha256}, sort_keys=True
+    )
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def learning_rate(step: int, r: Recipe) -> float:
+    """LR used for update number ``step`` (1-based): linear warm-up, then cosine to lr*min_lr_ratio."""
+    if step <= r.warmup:
+        return r.lr * step / r.warmup
+    progress = (step - r.warmup) / (r.steps - r.warmup)
+    return r.lr * (r.min_lr_ratio + (1 - r.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device=cuda but no CUDA device is visible; set train.device: auto or cpu")
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)
+
+
+def sample_batch(
+    data: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random windows of ``data`` (n,) -> inputs and next-token targets, both (batch, seq_len) int64."""
+    starts = torch.randint(data.numel() - seq_len - 1, (batch_size,), generator=gen)
+    offsets = starts[:, None] + torch.arange(seq_len + 1)
+    window = data[offsets].long()
+    return window[:, :-1], window[:, 1:]
+
+
+def validation_windows(val: np.ndarray, n_windows: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed held-out set: ``n_windows`` windows evenly spaced over the validation split."""
+    span = val.size - seq_len - 1
+    if span < 1:
+        raise ValueError(f"validation split has {val.size} tokens, fewer than one window of {seq_len + 1}")
+    starts = np.linspace(0, span, num=min(n_windows, span + 1)).astype(np.int64)
+    window = torch.from_numpy(val[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64))
+    return window[:, :-1], window[:, 1:]
+
+
+@torch.no_grad()
+def evaluate(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> float:
+    """Mean next-token cross-entropy (nats) over the fixed validation windows."""
+    model.eval()
+    total = 0.0
+    for i in range(0, x.size(0), batch_size):
+        xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+        total += model.loss(xb, yb).item() * xb.size(0)
+    model.train()
+    return total / x.size(0)
+
+
+# ---------------------------------------------------------------- resume state
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    flat = {}
+    for i, state in opt.state_dict()["state"].items():
+        for key, value in state.items():
+            flat[f"opt.{i}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    return flat
+
+
+def save_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.Generator, info: dict) -> None:
+    """Full training state after a checkpoint; weights and the sampler state as tensors, no pickles."""
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    tensors |= _optimizer_tensors(opt) | {"rng.data": gen.get_state()}
+    save_tensors(run_dir / "resume.safetensors", tensors)
+    atomic_write_text(run_dir / "resume.json", json.dumps(info, sort_keys=True))
+
+
+def load_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.Generator) -> dict:
+    tensors = load_state(run_dir / "resume.safetensors")
+    info = json.loads((run_dir / "resume.json").read_text())
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    state = opt.state_dict()
+    for name, value in tensors.items():
+        if name.startswith("opt."):
+            _, i, key = name.split(".", 2)
+            state["state"].setdefault(int(i), {})[key] = value
+    opt.load_state_dict(state)
+    gen.set_state(tensors["rng.data"])
+    return info
+
+
+def prepare_run_dir(run_dir: Path, fingerprint: str) -> dict | None:
+    """Wipe a run made with another recipe; return resume info when a matching one exists."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resume_json = run_dir / "resume.json"
+    info = json.loads(resume_json.read_text()) if resume_json.exists() else None
+    stale = any(c.meta.get("recipe_fingerprint") != fingerprint for c in list_checkpoints(run_dir))
+    if stale or (info and info.get("recipe_fingerprint") != fingerprint):
+        shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        return None
+    return info if info and (run_dir / "resume.safetensors").exists() else None
+
+
+def _truncate_steps_log(path: Path, last_step: int) -> None:
+    """Keep the per-step log up to ``last_step``: rows after the last checkpoint are recomputed."""
+    if not path.exists():
+        path.write_text(STEPS_HEADER)
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines[1:] if line.strip() and int(line.split(",", 1)[0]) <= last_step]
+    path.write_text(STEPS_HEADER + "".join(kept))
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def train_rung(
+    cfg: RungConfig,
+    train_ids: np.ndarray,
+    val_ids: np.ndarray,
+    run_dir: Path,
+    corpus_sha256: str,
+    device: str = "auto",
+    log=print,
+) -> dict:
+    """Train (or resume) one rung, writing checkpoints and logs into ``run_dir``.
+
+    Returns a summary: final val/train loss, steps run, tokens/s, status
+    ('complete' or 'diverged' with the step and reason).
+    """
+    r, seq_len = cfg.recipe, cfg.model.context
+    dev = pick_device(device)
+    fingerprint = recipe_fingerprint(cfg, corpus_sha256)
+    info = prepare_run_dir(run_dir, fingerprint)
+
+    init_gen = torch.Generator().manual_seed(r.seed)
+    data_gen = torch.Generator().manual_seed(r.seed + 1)
+    model = GPT(cfg.model)
+    model.init_weights(init_gen)
+    model.to(dev).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=r.weight_decay)
+    data = torch.from_numpy(train_ids)
+    val_x, val_y = validation_windows(val_ids, r.val_windows, seq_len)
+    val_x, val_y = val_x.to(dev), val_y.to(dev)
+
+    start, loss_sum = 0, 0.0
+    if info is not None:
+        info = load_resume(run_dir, model, opt, data_gen)
+        start, loss_sum = info["step"], info["loss_sum"]
+        log(f"[{cfg.rung}] resuming from step {start} ({run_dir})")
+    steps_log = run_dir / "steps.csv"
+    _truncate_steps_log(steps_log, start)
+
+    def checkpoint(step: int, train_loss: float) -> float:
+        val_loss = evaluate(model, val_x, val_y, r.batch_size)
+        meta = {"step": step, "rung": cfg.rung, "seed": r.seed, "config": cfg.model.to_dict()}
+        meta |= {"recipe_fingerprint": fingerprint, "val_loss": val_loss, "train_loss": train_loss}
+        save_checkpoint(run_dir, model, meta)
+        save_resume(run_dir, model, opt, data_gen, {"step": step, "loss_sum": 0.0, "recipe_fingerprint": fingerprint})
+        return val_loss
+
+    if start == 0:
+        probe = torch.Generator().manual_seed(r.seed + 1)  # the first batch, without advancing the sampler
+        x0, y0 = (t.to(dev) for t in sample_batch(data, r.batch_size, seq_len, probe))
+        with torch.no_grad():
+            checkpoint(0, model.loss(x0, y0).item())
+
+    status, val_loss, tokens, t0 = "complete", math.nan, 0, time.perf_counter()
+    bar = tqdm(total=r.steps, initial=start, desc=cfg.rung, unit="step", disable=None, file=sys.stderr)
+    with steps_log.open("a") as steps_file:
+        for step in range(start + 1, r.steps + 1):
+            lr = learning_rate(step, r)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            x, y = (t.to(dev) for t in sample_batch(data, r.batch_size, seq_len, data_gen))
+            loss = model.loss(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            clip = r.grad_clip if r.grad_clip > 0 else math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
+            loss_value = loss.item()
+            if not math.isfinite(loss_value):
+                kept = (step - 1) - (step - 1) % r.ckpt_every
+                status = f"diverged: loss is {loss_value} at step {step}; kept checkpoints up to step {kept}"
+                break
+            opt.step()
+            loss_sum += loss_value
+            tokens += x.numel()
+            steps_file.write(f"{step},{loss_value:.6f},{grad_norm:.6f},{lr:.8g}\n")
+            if step % r.ckpt_every == 0:
+                steps_file.flush()
+                val_loss = checkpoint(step, loss_sum / r.ckpt_every)
+                loss_sum = 0.0
+                rate = tokens / (time.perf_counter() - t0)
+                bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{val_loss:.3f}", tok_s=f"{rate:,.0f}")
+                if bar.disable:
+                    log(
+                        f"[{cfg.rung}] step {step}/{r.steps} loss {loss_value:.4f} val {val_loss:.4f} {rate:,.0f} tok/s"
+                    )
+            bar.update(1)
+    bar.close()
+    elapsed = time.perf_counter() - t0
+    ckpts = list_checkpoints(run_dir)
+    last = ckpts[-1].meta if ckpts else {}
+    return {
+        "rung": cfg.rung,
+        "status": status,
+        "n_params": count_parameters(model),
+        "checkpoints": len(ckpts),
+        "final_step": last.get("step"),
+        "final_val_loss": last.get("val_loss"),
+        "final_train_loss": last.get("train_loss"),
+        "tokens_per_s": tokens / elapsed if elapsed > 0 and tokens else None,
+        "device": str(dev),
+    }
+
+
+def write_checkpoint_table(run_dir: Path, path: Path) -> None:
+    """A CSV (step, val_loss, train_loss) from the sidecars, for plots and the warehouse."""
+    rows = [f"{c.step},{c.meta['val_loss']:.6f},{c.meta['train_loss']:.6f}\n" for c in list_checkpoints(run_dir)]
+    path.write_text("step,val_loss,train_loss\n" + "".join(rows))
+
+
+def build_rung_config(params, rung: str) -> RungConfig:
+    """Merge ``train`` with ``ladder.<rung>`` (topometrics.params.Params) into the rung's config."""
+    t = params.train
+    model = GPTConfig(context=params.data.seq_len, **params.rung_shape(rung))
+    recipe = Recipe(
+        steps=t.steps,
+        ckpt_every=t.ckpt_every,
+        batch_size=t.batch_size,
+        lr=t.lr,
+        warmup=t.warmup,
+        min_lr_ratio=t.min_lr_ratio,
+        weight_decay=t.weight_decay,
+        grad_clip=t.grad_clip,
+        seed=t.seed,
+        val_windows=params.data.val_windows,
+    )
+    return RungConfig(rung, model, recipe)
