@@ -57,7 +57,8 @@ def test_empty_rung_inherits_and_partial_rung_overrides():
         ("train", "heads", 5, "ladder.xl: hidden=48 is not divisible by heads=5"),
         ("train", "device", "tpu", "train.device must be auto, cpu or cuda"),
         ("data", "seq_len", -1, "data.seq_len must be positive"),
-        ("data", "urls", "http://x", "data.urls must be a list of strings"),
+        ("data", "urls", "http://x", "data.urls must be a list of str"),
+        ("analysis", "fractions", [0.2, 1.5], "analysis.fractions must be shares in"),
         ("features", "max_points", 0, "features.max_points must be positive"),
     ],
 )

@@ -96,12 +96,89 @@ class FeaturesParams:
         _non_negative(self, "features", ("seed", "significance"))
 
 
+PYTHIA_REVISIONS = ("step0", "step1000", "step5000", "step10000", "step50000", "step100000", "step143000")
+
+
+@dataclass(frozen=True)
+class SeriesSource:
+    """One external checkpoint series: a Hugging Face model id with revisions, or a local folder."""
+
+    model: str | None = None  # Hugging Face model id, e.g. EleutherAI/pythia-14m
+    revisions: tuple[str, ...] = ()  # hub branches/tags, one checkpoint each; the step is read from 'step<N>'
+    path: str | None = None  # or a local folder: one save_pretrained folder or .safetensors file per step
+    seed: int = 0  # label for the seed column (e.g. a PolyPythia seed); not used in any computation
+
+    def check(self, prefix: str) -> None:
+        if (self.model is None) == (self.path is None):
+            raise ParamsError(f"{prefix}: give exactly one of model (a Hugging Face id) or path (a local folder)")
+        if self.model is not None and not self.revisions:
+            raise ParamsError(f"{prefix}.revisions is empty; list the hub revisions, e.g. [step0, step1000]")
+        if self.path is not None and self.revisions:
+            raise ParamsError(f"{prefix}.revisions applies to model only; a local folder's steps come from its names")
+        _non_negative(self, prefix, ("seed",))
+
+
+@dataclass(frozen=True)
+class SeriesParams:
+    # series name (the rung column) -> source; default: the paper's Pythia validation (section 4.8, Table 8)
+    sources: dict[str, SeriesSource] = field(
+        default_factory=lambda: {"pythia-14m": SeriesSource(model="EleutherAI/pythia-14m", revisions=PYTHIA_REVISIONS)}
+    )
+    seq_len: int = 128  # tokens of the model's own tokenizer per validation window (features.rep_batch windows)
+
+    def check(self) -> None:
+        _positive(self, "series", ("seq_len",))
+        for name, source in self.sources.items():
+            source.check(f"series.sources.{name}")
+
+
+@dataclass(frozen=True)
+class AnalysisParams:
+    fractions: tuple[float, ...] = (0.2, 0.3, 0.5)  # share of training observed before predicting (Table 5)
+    bootstrap: int = 1000  # resamples per bootstrap CI (paper section 3.3)
+    seed: int = 0  # bootstrap generator seed
+    alpha: float = 0.05  # family-wise level of the Bonferroni flags
+    phase_threshold: float = 0.1  # diminishing returns: |dNP| below this share of its peak (Table 6)
+    np_patience: int = 5  # Rieck et al. NP early stopping: checkpoints without improvement
+    np_min_delta: float = 0.001  # ... minimum NP increase that counts as an improvement
+    loss_patience: int = 5  # validation-loss early stopping, in checkpoints
+    loss_min_delta: float = 0.001  # ... minimum val-loss decrease (nats) that counts
+    topology_features: tuple[str, ...] = ("vr_tp0", "vr_tp1")  # layer-'all' series used with NP for prediction
+    weight_norm_features: tuple[str, ...] = ("w_fro", "frobenius")  # weight-norm baseline: the first present
+    # features whose rho(feature, val loss) goes into metrics.json (those present)
+    headline_features: tuple[str, ...] = (
+        "vr_tp0",
+        "vr_tp1",
+        "np_norm",
+        "np_norm_mean",
+        "rep_tp0",
+        "w_spec",
+        "w_rankme",
+    )
+
+    def check(self) -> None:
+        _positive(self, "analysis", ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold"))
+        _non_negative(self, "analysis", ("seed", "np_min_delta", "loss_min_delta"))
+        if not self.fractions or not all(0.0 < f < 1.0 for f in self.fractions):
+            raise ParamsError(f"analysis.fractions must be shares in (0, 1), got {list(self.fractions)}")
+
+    def settings(self):
+        """The subset the SQL views read from the warehouse's ``settings`` table."""
+        from topometrics.warehouse import Settings  # the warehouse depends on params, not the reverse
+
+        return Settings(
+            self.phase_threshold, self.np_patience, self.np_min_delta, self.loss_patience, self.loss_min_delta
+        )
+
+
 @dataclass(frozen=True)
 class Params:
     data: DataParams = field(default_factory=DataParams)
     train: TrainParams = field(default_factory=TrainParams)
     ladder: dict[str, RungShape] = field(default_factory=dict)
     features: FeaturesParams = field(default_factory=FeaturesParams)
+    analysis: AnalysisParams = field(default_factory=AnalysisParams)
+    series: SeriesParams = field(default_factory=SeriesParams)
 
     def rung_shape(self, rung: str) -> dict[str, int]:
         """``train``'s shape with ``ladder.<rung>``'s overrides: the inheritance rule."""
@@ -144,12 +221,32 @@ def parse_params(raw: dict) -> Params:
         train=_build(TrainParams, raw.get("train") or {}, "train"),
         ladder=ladder,
         features=_build(FeaturesParams, raw.get("features") or {}, "features"),
+        analysis=_build(AnalysisParams, raw.get("analysis") or {}, "analysis"),
+        series=_parse_series(raw.get("series") or {}),
     )
-    for section in (params.data, params.train, params.features):
+    for section in (params.data, params.train, params.features, params.analysis, params.series):
         section.check()
     for rung in ladder:
         params.rung_shape(rung)
     return params
+
+
+def _parse_series(raw: object) -> SeriesParams:
+    """``series``: scalar keys as usual; ``sources`` maps series names (letters, digits, '-', '_') to sources."""
+    if not isinstance(raw, dict):
+        raise ParamsError(f"series must be a mapping, got {type(raw).__name__}")
+    sources_raw = raw.get("sources")
+    params = _build(SeriesParams, {k: v for k, v in raw.items() if k != "sources"}, "series")
+    if sources_raw is None:
+        return params
+    if not isinstance(sources_raw, dict):
+        raise ParamsError("series.sources must map series names to {model, revisions} or {path}")
+    sources = {}
+    for name, source in sources_raw.items():
+        if not isinstance(name, str) or not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
+            raise ParamsError(f"series.sources.{name}: series names must be letters, digits, '-', '_' or '.'")
+        sources[name] = _build(SeriesSource, source or {}, f"series.sources.{name}")
+    return dataclasses.replace(params, sources=sources)
 
 
 def _reject_unknown(raw: dict, cls: type, prefix: str) -> None:
@@ -177,9 +274,10 @@ def _coerce(value: object, hint: object, key: str) -> object:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
         origin = typing.get_origin(hint)
     if origin is tuple:
-        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-            raise ParamsError(f"{key} must be a list of strings, got {value!r}")
-        return tuple(value)
+        item = typing.get_args(hint)[0]
+        if not isinstance(value, list | tuple):
+            raise ParamsError(f"{key} must be a list of {item.__name__}, got {value!r}")
+        return tuple(_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is int and isinstance(value, bool) or not isinstance(value, hint):

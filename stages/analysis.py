@@ -1,0 +1,47 @@
+"""Stage `analysis`: statistics, fits and final-loss predictions over every run; writes reports/metrics.json.
+
+Runs before the warehouse stage (one writer per artifact): it loads the same inputs into an
+in-memory DuckDB with the warehouse's own loader and SQL views, computes what SQL cannot
+(topometrics.analysis), and writes the `predictions`, `fits` and `tests` tables as Parquet for the
+warehouse stage to load, plus the metrics that `dvc metrics diff` compares.
+"""
+
+import argparse
+from pathlib import Path
+
+import duckdb
+
+from topometrics import analysis, warehouse
+from topometrics.params import load_params
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--configs", type=Path, default=Path("data/config"))
+    ap.add_argument("--runs", type=Path, default=Path("data/runs"))
+    ap.add_argument("--corpus", type=Path, default=Path("data/corpus/source.json"))
+    ap.add_argument("--features", type=Path, nargs="+", default=[Path("data/features")])
+    ap.add_argument("--out", type=Path, default=Path("data/analysis"))
+    ap.add_argument("--metrics", type=Path, default=Path("reports/metrics.json"))
+    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    args = ap.parse_args()
+    params = load_params(args.params).analysis
+
+    inputs = warehouse.discover_inputs(args.configs, args.runs, args.corpus, args.features)
+    inputs = warehouse.Inputs(**(inputs.__dict__ | {"diagram_files": []}))  # the analysis never reads diagrams
+    con = duckdb.connect()
+    warehouse.populate(con, inputs, params.settings(), {})
+    tables = analysis.run_analysis(con, params)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, frame in tables.items():
+        frame.to_parquet(args.out / f"{name}.parquet", index=False)
+        warehouse.load_parquet(con, name, [args.out / f"{name}.parquet"])  # exactly what the warehouse will hold
+    args.metrics.parent.mkdir(parents=True, exist_ok=True)
+    args.metrics.write_text(analysis.metrics_json(analysis.build_metrics(con, params)))
+    failed = tables["predictions"].query("status == 'failed'")
+    print(f"analysis: {len(tables['predictions'])} predictions ({len(failed)} failed), -> {args.out}, {args.metrics}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Stage `warehouse`: build data/warehouse.duckdb from every run, feature table and analysis table.
+
+The only writer of the DuckDB file. Built in a temporary file and renamed into place
+(topometrics.warehouse.build_warehouse), so a killed build leaves the previous warehouse intact.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from topometrics import warehouse
+from topometrics.params import as_dict, load_params
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--configs", type=Path, default=Path("data/config"))
+    ap.add_argument("--runs", type=Path, default=Path("data/runs"))
+    ap.add_argument("--corpus", type=Path, default=Path("data/corpus/source.json"))
+    ap.add_argument("--features", type=Path, nargs="+", default=[Path("data/features")])
+    ap.add_argument("--analysis", type=Path, default=Path("data/analysis"))
+    ap.add_argument("--out", type=Path, default=Path("data/warehouse.duckdb"))
+    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    args = ap.parse_args()
+    params = load_params(args.params)
+    settings = params.analysis.settings()
+
+    inputs = warehouse.discover_inputs(args.configs, args.runs, args.corpus, args.features, args.analysis)
+    meta = {"code_version": warehouse.code_version(), "params": json.dumps(as_dict(params), sort_keys=True)}
+    path = warehouse.build_warehouse(args.out, inputs, settings, meta)
+    print(f"warehouse: {len(inputs.configs)} runs, {len(inputs.feature_files)} feature tables -> {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""topometrics.analysis and the analysis -> warehouse stages, end to end on a synthetic ladder."""
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+from test_warehouse import RUNGS, write_inputs
+
+from topometrics import analysis, warehouse
+from topometrics.analysis import AnalysisParams, feature_family
+
+REPO = Path(__file__).resolve().parents[1]
+LEARNED = ("loss_learned", "topology", "loss_topology", "gradnorm", "loss_gradnorm", "weightnorm", "loss_weightnorm")
+
+
+def _stage(name: str, *args) -> None:
+    env = os.environ | {"PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, str(REPO / "stages" / f"{name}.py"), "--params", str(REPO / "params.yaml"), *map(str, args)]
+    subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """Both stages as DVC runs them, on five synthetic rungs: the warehouse file and metrics.json."""
+    data = tmp_path_factory.mktemp("pipe") / "data"
+    write_inputs(data)
+    common = ["--configs", data / "config", "--runs", data / "runs", "--corpus", data / "corpus" / "source.json"]
+    common += ["--features", data / "features"]
+    metrics = data.parent / "reports" / "metrics.json"
+    _stage("analysis", *common, "--out", data / "analysis", "--metrics", metrics)
+    _stage("warehouse", *common, "--analysis", data / "analysis", "--out", data / "warehouse.duckdb")
+    return data / "warehouse.duckdb", metrics
+
+
+@pytest.fixture()
+def con(pipeline):
+    with duckdb.connect(str(pipeline[0]), read_only=True) as c:
+        yield c
+
+
+def test_every_method_predicts_every_rung_at_every_fraction(con):
+    p = con.execute("SELECT * FROM predictions").df()
+    methods = {"loss_power_law", "schedule_aware", *LEARNED}
+    assert set(p["method"]) == methods
+    assert len(p) == len(methods) * 3 * len(RUNGS)  # one seed: leave-one-rung-out only
+    assert (p["status"] == "ok").all(), p.loc[p["status"] != "ok", "reason"].tolist()
+    assert np.isfinite(p["predicted"]).all()
+    final = dict(con.execute("SELECT rung, val_loss FROM final_checkpoints").fetchall())
+    assert (p["actual"] == p["rung"].map(final)).all()
+
+
+def test_learned_models_never_train_on_the_held_out_rung(con):
+    p = con.execute("SELECT rung, trained_on FROM predictions WHERE cv = 'rung'").df()
+    assert len(p) == len(LEARNED) * 3 * len(RUNGS)
+    for rung, trained in p.itertuples(index=False):
+        rungs = {label.split(":")[0] for label in trained.split(",")}
+        assert rung not in rungs and len(rungs) == len(RUNGS) - 1
+
+
+def test_loss_curve_fits_are_recorded_with_their_parameters(con):
+    fits = con.execute("SELECT * FROM fits WHERE kind = 'loss_curve'").df()
+    assert len(fits) == 2 * 3 * len(RUNGS)
+    mpl = json.loads(fits.loc[fits["target"] == "schedule_aware", "params_json"].iloc[0])
+    assert set(mpl) == {"L0", "A", "alpha", "B", "C", "beta", "gamma"}
+
+
+def test_spearman_tests_agree_with_the_view_and_carry_bonferroni(con):
+    t = con.execute("SELECT * FROM tests WHERE kind = 'spearman'").df()
+    view = con.execute("SELECT * FROM feature_loss_spearman").df()
+    merged = t.merge(view, on=["rung", "seed", "feature", "layer"])
+    assert len(merged) == len(view) == len(t)
+    both = merged["rho"].notna()
+    assert np.allclose(merged.loc[both, "estimate"], merged.loc[both, "rho"], atol=1e-9)
+    m = t["p_value"].notna().sum()
+    assert np.allclose(t["p_bonferroni"].dropna(), np.minimum(1, t["p_value"].dropna() * m))
+    tp0 = t[(t["feature"] == "vr_tp0") & (t["layer"] == "all")]
+    assert (tp0["ci_high"] < 0).all() and tp0["significant"].all()
+
+
+def test_topological_and_spectral_correlations_are_compared(con):
+    t = con.execute("SELECT * FROM tests WHERE kind = 'topo_vs_spectral'").df()
+    assert set(t["feature"].map(feature_family)) == {"topological"}
+    assert set(t["other"].map(feature_family)) == {"spectral"}
+    assert len(t) == len(RUNGS) * 3 * 2  # (np_norm_mean, vr_tp0, vr_tp1) x (frobenius, spectral_norm)
+
+
+def test_scaling_fit_recovers_the_loss_exponent(con):
+    row = con.execute("SELECT * FROM fits WHERE kind = 'scaling' AND target = 'val_loss'").df().iloc[0]
+    assert row.status == "ok" and row.b == pytest.approx(-0.144, abs=0.05)  # the synthetic floor's exponent
+    assert row.spearman_rho == pytest.approx(-1.0)
+
+
+def test_metrics_file_is_small_nested_and_finite(pipeline):
+    text = pipeline[1].read_text()
+    metrics = json.loads(text)
+    assert len(text) < 20_000
+    assert metrics["corpus"] == {"used": "python-docs", "fallback": True}
+    assert set(metrics["rungs"]) == set(RUNGS)
+    assert metrics["rungs"]["xl"]["rho"]["vr_tp0"] < -0.9
+    assert set(metrics["prediction"]["mae"]["loss_topology"]) == {"f20", "f30", "f50"}
+    assert "loss_power_law" not in metrics["prediction"]["improvement_pct"]
+    assert metrics["scaling"]["val_loss"]["exponent"] < 0
+    numbers = re.findall(r"-?\d+\.?\d*(?:e-?\d+)?", text)
+    assert numbers and all(math.isfinite(float(n)) for n in numbers)
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def test_metrics_follow_the_params(pipeline, tmp_path):
+    path = tmp_path / "copy.duckdb"
+    path.write_bytes(pipeline[0].read_bytes())
+    with duckdb.connect(str(path)) as c:
+        before = analysis.build_metrics(c, AnalysisParams())
+        c.execute("UPDATE settings SET phase_threshold = 0.5")
+        after = analysis.build_metrics(c, AnalysisParams())
+    assert analysis.metrics_json(before) == pipeline[1].read_text()
+    phase = [(before["rungs"][r]["phase"], after["rungs"][r]["phase"]) for r in RUNGS]
+    assert all(a["diminishing_fraction"] <= b["diminishing_fraction"] for b, a in phase)
+    assert any(a["diminishing_fraction"] < b["diminishing_fraction"] for b, a in phase)
+
+
+def test_docs_example_queries_run(con):
+    text = (REPO / "docs" / "warehouse.md").read_text()
+    queries = re.findall(r"```sql\n(.*?)```", text, flags=re.S)
+    assert len(queries) >= 5
+    for query in queries:
+        assert con.execute(query).fetchall(), query
+
+
+def test_several_seeds_get_leave_one_seed_out_and_across_seed_cis(tmp_path):
+    inputs = write_inputs(tmp_path, rungs={k: RUNGS[k] for k in ("tiny", "medium", "xl")}, seeds=(1, 2))
+    params = AnalysisParams(fractions=(0.5,), bootstrap=50)
+    c = duckdb.connect()
+    warehouse.populate(c, inputs, params.settings(), {})
+    tables = analysis.run_analysis(c, params)
+    p = tables["predictions"]
+    by_seed = p[p["cv"] == "seed"]
+    assert len(by_seed) == len(LEARNED) * 6 and (by_seed["status"] == "ok").all()
+    for seed, trained in by_seed[["seed", "trained_on"]].itertuples(index=False):
+        assert str(seed) not in {label.split(":")[1] for label in trained.split(",")}
+    kinds = tables["tests"].groupby("kind").size()
+    assert kinds["spearman_across_seeds"] > 0 and kinds["mae_across_seeds"] == len(LEARNED) * 2 + 2
+    across = tables["tests"].query("kind == 'spearman_across_seeds' and feature == 'vr_tp0' and layer == 'all'")
+    assert (across["n"] == 2).all() and (across["ci_low"] <= across["estimate"]).all()
+
+
+def test_feature_families_are_read_from_names():
+    names = ["np_norm", "vr_tp0", "rep_tp1", "rep_rankme", "rep_pr", "w_fro", "w_spec", "frobenius", "grad_norm"]
+    families = [feature_family(n) for n in names]
+    assert families == ["topological"] * 3 + ["spectral"] * 5 + ["other"]
+
+
+def test_a_run_without_features_fails_the_learned_topology_models_with_a_reason(tmp_path):
+    inputs = write_inputs(tmp_path, rungs={k: RUNGS[k] for k in ("tiny", "small", "medium", "large")})
+    inputs = warehouse.Inputs(**(inputs.__dict__ | {"feature_files": inputs.feature_files[1:]}))  # 'large' has none
+    params = AnalysisParams(fractions=(0.5,), bootstrap=20)
+    c = duckdb.connect()
+    warehouse.populate(c, inputs, params.settings(), {})
+    p = analysis.run_analysis(c, params)["predictions"].set_index(["method", "rung"])
+    assert p.loc[("topology", "large"), "status"] == "failed"
+    assert p.loc[("topology", "large"), "reason"] == "missing feature values in the observed window"
+    assert p.loc[("loss_power_law", "large"), "status"] == "ok"
+    assert pd.isna(p.loc[("topology", "large"), "predicted"])

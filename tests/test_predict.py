@@ -1,0 +1,101 @@
+"""topometrics.predict: the schedule, loss-curve fits on synthetic curves, window summaries, leave-one-out CV."""
+
+import numpy as np
+import pytest
+
+from topometrics import predict
+from topometrics.predict import Schedule
+
+T = np.arange(100, 5001, 100)  # the paper's checkpoints after step 0
+
+
+def test_schedule_matches_the_trainer():
+    train = pytest.importorskip("topometrics.train")
+    recipe = train.Recipe(5000, 100, 64, 3e-3, 200, 0.1, 0.01, 1.0, 42, 256)
+    steps = np.array([1, 100, 200, 201, 1000, 2600, 4999, 5000])
+    expected = [train.learning_rate(int(s), recipe) for s in steps]
+    assert Schedule.from_recipe(recipe.__dict__).rate(steps) == pytest.approx(expected, rel=1e-12)
+
+
+def test_observed_window_includes_the_cutoff_checkpoint():
+    assert predict.observed(T, 0.3 * 5000).sum() == 15
+
+
+def test_loss_power_law_recovers_known_parameters_from_noisy_curve():
+    rng = np.random.default_rng(0)
+    loss = predict.loss_power_law(T, 40.0, 0.6, 1.5) + rng.normal(0, 0.002, len(T))
+    fit, final = predict.fit_loss_power_law(T, loss, 5000, warmup=200)
+    assert fit.ok and fit.n == 48  # checkpoints inside the warm-up are left out
+    assert (fit.params["a"], fit.params["b"], fit.params["c"]) == pytest.approx((40.0, 0.6, 1.5), rel=0.1)
+    assert final == pytest.approx(predict.loss_power_law(5000, 40.0, 0.6, 1.5), abs=0.005)
+    early, final_early = predict.fit_loss_power_law(T[:15], loss[:15], 5000, warmup=200)
+    assert early.ok and final_early == pytest.approx(predict.loss_power_law(5000, 40.0, 0.6, 1.5), abs=0.02)
+
+
+def test_loss_power_law_failure_is_recorded():
+    fit, final = predict.fit_loss_power_law([0, 100, 200], [4.8, 3.0, 2.5], 5000)
+    assert (fit.status, final) == ("failed", None)
+    assert fit.reason == "need at least 4 checkpoints after step 0, got 2"
+
+
+def test_multi_power_law_recovers_known_parameters_on_a_cosine_schedule():
+    sched = Schedule(5000, 200, 3e-3)
+    truth = (1.5, 0.4, 0.5, 0.3, 2.0)
+    rng = np.random.default_rng(1)
+    loss = predict.multi_power_law(T, sched, *truth) + rng.normal(0, 0.002, len(T))
+    fit, final = predict.fit_multi_power_law(T[:25], loss[:25], sched)  # the first half of training
+    assert fit.ok, fit.reason
+    assert (fit.params["L0"], fit.params["A"], fit.params["alpha"]) == pytest.approx(truth[:3], rel=0.1)
+    assert final == pytest.approx(predict.multi_power_law([5000], sched, *truth)[0], abs=0.01)
+
+
+def test_multi_power_law_annealing_bonus_grows_as_the_lr_decays():
+    sched = Schedule(1000, 100)
+    without = predict.multi_power_law([300, 1000], sched, 1.0, 0.5, 0.5, 0.0, 1.0)
+    with_bonus = predict.multi_power_law([300, 1000], sched, 1.0, 0.5, 0.5, 0.3, 1.0)
+    gap = without - with_bonus
+    assert 0 < gap[0] < gap[1] <= 0.3  # the bonus is at most B * (eta_peak - eta_end) = B
+
+
+def test_window_summary_of_a_line():
+    t = np.arange(0, 1001, 100.0)
+    level, rate = predict.window_summary(t, 2.0 + 0.001 * t, cutoff=500)
+    assert level == pytest.approx(2.5)  # mean of the last quarter of the 6 observed points: the last one
+    assert rate == pytest.approx(0.001 * 500 / level)
+
+
+def test_window_summary_needs_three_points():
+    assert np.isnan(predict.window_summary([0, 100, 900], [1, 2, 3], cutoff=200)).all()
+
+
+# --- leave-one-group-out -------------------------------------------------------------------------
+
+
+def test_cross_validation_never_trains_on_the_held_out_group():
+    groups = np.repeat(["tiny", "small", "medium", "large", "xl"], 2)  # two seeds per rung
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(10, 2))
+    y = x @ [0.5, -0.2] + 0.1
+    predicted, trained_on, reasons = predict.cross_validate(x, y, groups)
+    for i, group in enumerate(groups):
+        assert len(trained_on[i]) == 8
+        assert group not in set(groups[trained_on[i]])
+    assert predicted == pytest.approx(y, abs=0.05) and reasons == [None] * 10
+
+
+def test_held_out_target_cannot_leak_into_its_prediction():
+    x = np.arange(6.0)[:, None]
+    y = 2 * x[:, 0] + 1
+    groups = np.arange(6)
+    base, *_ = predict.cross_validate(x, y, groups)
+    y_leak = y.copy()
+    y_leak[2] = 1000.0  # a held-out run's own target must not move its prediction
+    leaked, *_ = predict.cross_validate(x, y_leak, groups)
+    assert leaked[2] == base[2]
+
+
+def test_cross_validation_reports_runs_it_cannot_predict():
+    x = np.array([[1.0], [np.nan], [3.0], [4.0]])
+    predicted, trained_on, reasons = predict.cross_validate(x, np.arange(4.0), ["a", "b", "c", "d"])
+    assert np.isnan(predicted[1]) and reasons[1] == "missing feature values in the observed window"
+    assert np.isnan(predicted[0]) and reasons[0] == "only 2 training runs outside group a; need 3"

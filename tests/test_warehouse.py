@@ -1,0 +1,355 @@
+"""The warehouse file and its SQL views: atomic builds, read-only use, and views checked against numpy/scipy.
+
+``write_inputs`` builds a synthetic ladder in the input contract (configs, steps/checkpoints CSVs,
+features/diagrams Parquet, corpus source.json); test_analysis.py imports it.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from topometrics import warehouse
+from topometrics.predict import Schedule, multi_power_law
+from topometrics.warehouse import Inputs, Settings, WarehouseError
+
+REPO = Path(__file__).resolve().parents[1]
+RUNGS = {"tiny": 2936, "small": 7408, "medium": 20640, "large": 46368, "xl": 97200}
+LAYERS = ("block0.attn.qkv", "block0.mlp.in")
+VIEWS = ("np_series", "final_checkpoints", "feature_loss_spearman", "phases", "scaling", "prediction_mae")
+
+
+def write_inputs(root: Path, rungs=RUNGS, seeds=(42,), steps=2000, ckpt_every=50, warmup=100) -> Inputs:
+    """A synthetic ladder: power-law loss curves whose floor falls with N, features that track the loss.
+
+    Some feature values are rounded so that the Spearman views meet ties; one value is NULL with a reason.
+    """
+    rng = np.random.default_rng(0)
+    sched = Schedule(steps, warmup, 3e-3, 0.0)
+    for rung, n_params in rungs.items():
+        floor = 1.2 * (n_params / 3000) ** -0.144 + 0.5
+        for seed in seeds:
+            name = rung if len(seeds) == 1 else f"{rung}-s{seed}"
+            recipe = {"steps": steps, "ckpt_every": ckpt_every, "batch_size": 8, "lr": 3e-3, "warmup": warmup}
+            recipe |= {"min_lr_ratio": 0.0, "weight_decay": 0.01, "grad_clip": 1.0, "seed": seed, "val_windows": 4}
+            model = {"vocab_size": 128, "context": 16, "hidden": 8, "layers": 1, "heads": 1}
+            cfg = {"rung": rung, "seed": seed, "n_params": n_params, "model": model, "recipe": recipe}
+            _write(root / "config" / f"{name}.json", json.dumps(cfg))
+            t = np.arange(1, steps + 1)
+            # a schedule-aware curve (the annealing bonus is what a plain power law in t misses)
+            curve = multi_power_law(np.arange(0, steps + 1), sched, floor, 0.5, 0.5, 0.3, 2.0)
+            loss = curve[1:] + rng.normal(0, 0.01, steps)
+            run = root / "runs" / name
+            run.mkdir(parents=True, exist_ok=True)
+            grad = 1 / np.sqrt(t) + rng.normal(0, 0.01, steps)
+            pd.DataFrame({"step": t, "train_loss": loss, "grad_norm": grad, "lr": sched.rate(t)}).to_csv(
+                run / "steps.csv", index=False
+            )
+            ck = np.arange(0, steps + 1, ckpt_every)
+            val = np.round(curve[ck] + rng.normal(0, 0.003, len(ck)), 3)
+            pd.DataFrame({"step": ck, "val_loss": val, "train_loss": val + 0.01}).to_csv(
+                run / "checkpoints.csv", index=False
+            )
+            feats = _features(rung, seed, ck, val, n_params, rng)
+            _write_parquet(root / "features" / name / "features.parquet", feats)
+            diag = pd.DataFrame(
+                {"rung": rung, "seed": seed, "step": 0, "source": "weights", "layer": LAYERS[0], "dim": [0, 0, 1]}
+                | {"birth": [0.0, 0.0, 0.2], "death": [0.5, np.inf, 0.3]}
+            )
+            _write_parquet(root / "features" / name / "diagrams.parquet", diag)
+    src = {"requested": "wikitext-2-raw-v1", "used": "python-docs", "sha256": "ab" * 32}
+    _write(root / "corpus" / "source.json", json.dumps(src | {"reason": "offline", "fallback": True}))
+    return warehouse.discover_inputs(
+        root / "config", root / "runs", root / "corpus" / "source.json", [root / "features"]
+    )
+
+
+def _features(rung, seed, steps, val, n_params, rng) -> pd.DataFrame:
+    progress = 1 - np.exp(-steps / 300)
+    per_layer = {
+        "np_norm": 0.3 + 0.2 * progress + rng.normal(0, 0.005, len(steps)),
+        "vr_tp0": np.log(n_params) * (6 - val) + rng.normal(0, 0.05, len(steps)),
+        "vr_tp1": np.round(1 + progress + rng.normal(0, 0.3, len(steps)), 1),  # ties
+        "frobenius": 5 + 3 * progress + rng.normal(0, 0.05, len(steps)),
+        "spectral_norm": 2 + progress + rng.normal(0, 0.2, len(steps)),
+    }
+    rows = []
+    for layer in LAYERS:
+        for feature, values in per_layer.items():
+            rows.append(pd.DataFrame({"step": steps, "layer": layer, "feature": feature, "value": values}))
+    for feature, values in per_layer.items():
+        agg = np.sqrt(len(LAYERS)) * values if feature == "frobenius" else len(LAYERS) * values
+        name = "np_norm_mean" if feature == "np_norm" else feature
+        rows.append(
+            pd.DataFrame(
+                {"step": steps, "layer": "all", "feature": name, "value": values if name == "np_norm_mean" else agg}
+            )
+        )
+    out = pd.concat(rows, ignore_index=True).assign(rung=rung, seed=seed, reason=None)
+    out.loc[0, ["value", "reason"]] = [np.nan, "diverged checkpoint"]  # NaN becomes NULL in Parquet
+    return out[["rung", "seed", "step", "layer", "feature", "value", "reason"]]
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_parquet(path, index=False)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wh")
+    inputs = write_inputs(root / "data", rungs={k: RUNGS[k] for k in ("tiny", "small", "medium")})
+    path = warehouse.build_warehouse(root / "data" / "warehouse.duckdb", inputs, Settings(), {"code_version": "test"})
+    return path, inputs
+
+
+def _con(path):
+    return duckdb.connect(str(path), read_only=True)
+
+
+# --- the file --------------------------------------------------------------------------------------
+
+
+def test_build_leaves_one_file_with_schema_version_and_no_wal(built):
+    path, _ = built
+    assert sorted(p.name for p in path.parent.iterdir() if "warehouse" in p.name) == ["warehouse.duckdb"]
+    with _con(path) as con:
+        meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        assert meta["schema_version"] == str(warehouse.SCHEMA_VERSION)
+        assert meta["code_version"] == "test"
+        assert {f"sql:{p.name}" for p in warehouse.sql_files()} <= set(meta)
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (3,)
+        assert con.execute("SELECT count(*) FROM checkpoints").fetchone() == (3 * 41,)
+        assert con.execute("SELECT count(*) FROM steps").fetchone() == (3 * 2000,)
+        assert con.execute("SELECT DISTINCT corpus_used, corpus_fallback FROM runs").fetchall() == [
+            ("python-docs", True)
+        ]
+
+
+def test_every_view_answers_when_opened_read_only(built):
+    path, _ = built
+    with _con(path) as con:
+        for view in (*VIEWS, "early_stopping"):
+            assert con.execute(f"SELECT count(*) FROM {view}").fetchone()[0] >= 0
+        assert con.execute("SELECT count(*) FROM feature_loss_spearman").fetchone()[0] > 0
+        with pytest.raises(duckdb.Error, match="read-only"):
+            con.execute("CREATE TABLE x (a INT)")
+
+
+def test_null_feature_keeps_its_reason(built):
+    path, _ = built
+    with _con(path) as con:
+        rows = con.execute("SELECT reason FROM features WHERE value IS NULL").fetchall()
+    assert rows == [("diverged checkpoint",)] * 3
+
+
+def test_killed_build_leaves_previous_warehouse_intact(built, tmp_path):
+    path, inputs = built
+    target = tmp_path / "warehouse.duckdb"
+    warehouse.build_warehouse(target, inputs, Settings(), {"code_version": "v1"})
+    ready = tmp_path / "ready"
+    # The child builds a new warehouse but stalls after loading the inputs, as a long build would.
+    child = f"""
+import time
+from pathlib import Path, PosixPath
+from topometrics import warehouse
+from topometrics.warehouse import Inputs
+real = warehouse.load_parquet
+def slow(con, table, files):
+    real(con, table, files)
+    if table == "diagrams":
+        Path({str(ready)!r}).touch(); time.sleep(60)
+warehouse.load_parquet = slow
+inputs = {inputs!r}
+warehouse.build_warehouse(Path({str(target)!r}), inputs, warehouse.Settings(), {{"code_version": "v2"}})
+"""
+    proc = subprocess.Popen([sys.executable, "-c", child], cwd=REPO)
+    try:
+        deadline = time.time() + 30
+        while not ready.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "the child build never reached the stall point"
+        assert list(tmp_path.glob(".warehouse.duckdb.*.tmp")), "the build must write a temporary file"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with _con(target) as con:
+        assert con.execute("SELECT value FROM meta WHERE key = 'code_version'").fetchone() == ("v1",)
+        assert con.execute("SELECT count(*) FROM checkpoints").fetchone() == (3 * 41,)
+    warehouse.build_warehouse(target, inputs, Settings(), {"code_version": "v3"})
+    assert not list(tmp_path.glob(".warehouse.duckdb.*")), "stale temporaries of dead builds are removed"
+
+
+def test_missing_run_log_names_the_file_and_the_fix(tmp_path):
+    inputs = write_inputs(tmp_path, rungs={"tiny": 2936})
+    (tmp_path / "runs" / "tiny" / "steps.csv").unlink()
+    with pytest.raises(WarehouseError, match=r"runs/tiny/steps.csv not found .* `dvc repro train@tiny`"):
+        warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, Settings(), {})
+    assert not (tmp_path / "w.duckdb").exists()
+    assert not list(tmp_path.glob(".w.duckdb*")), "a failed build removes its temporary file"
+
+
+def test_external_series_gets_runs_and_rungs_rows(tmp_path):
+    inputs = write_inputs(tmp_path, rungs={"tiny": 2936})
+    series = pd.DataFrame(
+        {"rung": "EleutherAI/pythia-14m", "seed": 0, "step": [0, 1000], "layer": "all", "feature": "vr_tp0"}
+        | {"value": [69.7, 69.4]}
+    )  # no reason column: optional
+    _write_parquet(tmp_path / "series" / "pythia-14m" / "features.parquet", series)
+    inputs = Inputs(
+        **(
+            inputs.__dict__
+            | {"feature_files": [*inputs.feature_files, *sorted((tmp_path / "series").glob("*/*.parquet"))]}
+        )
+    )
+    con = duckdb.connect()
+    warehouse.populate(con, inputs, Settings(), {})
+    assert con.execute("SELECT kind FROM runs WHERE rung = 'EleutherAI/pythia-14m'").fetchall() == [("series",)]
+    assert con.execute("SELECT kind, n_params FROM rungs ORDER BY rung").fetchall() == [
+        ("series", None),
+        ("ladder", 2936),
+    ]
+
+
+# --- views against independent computations ------------------------------------------------------
+
+
+def test_feature_loss_spearman_equals_scipy_with_ties(built):
+    path, _ = built
+    with _con(path) as con:
+        view = con.execute("SELECT * FROM feature_loss_spearman").df()
+        pairs = con.execute(
+            """SELECT f.rung, f.seed, f.feature, f.layer, f.value, c.val_loss FROM features f
+               JOIN checkpoints c USING (rung, seed, step) WHERE f.value IS NOT NULL"""
+        ).df()
+    assert pairs["val_loss"].duplicated().any() and pairs["value"].duplicated().any(), "the data must contain ties"
+    merged = view.set_index(["rung", "seed", "feature", "layer"])
+    for key, g in pairs.groupby(["rung", "seed", "feature", "layer"]):
+        expected = stats.spearmanr(g["value"], g["val_loss"]).statistic
+        assert merged.loc[key, "n"] == len(g)
+        assert merged.loc[key, "rho"] == pytest.approx(expected, abs=1e-9)
+
+
+def test_spearman_view_on_a_hand_made_tie_case():
+    con = _hand_made_db(np_values=None)
+    x, y = [1.0, 2.0, 2.0, 3.0, 5.0, 5.0], [3.0, 1.0, 1.0, 2.0, 0.5, 0.5]
+    _features_rows(con, "t", "vr_tp0", "all", x)
+    _checkpoint_rows(con, "t", y)
+    (rho,) = con.execute("SELECT rho FROM feature_loss_spearman WHERE feature = 'vr_tp0'").fetchone()
+    assert rho == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
+
+
+def test_phases_on_a_hand_made_np_series():
+    # |dNP| = .01 .04 .10 .05 .02 .012 .004 ...: peak at step 300, first below 10% of it at step 700
+    deltas = [0.01, 0.04, 0.10, 0.05, 0.02, 0.012, 0.004, 0.02, 0.001, 0.0]
+    con = _hand_made_db(np_values=0.3 + np.concatenate([[0], np.cumsum(deltas)]))
+    row = con.execute("SELECT * FROM phases").df().iloc[0]
+    assert (row.peak_step, row.diminishing_step, row.total_steps) == (300, 700, 1000)
+    assert row.peak_abs_delta == pytest.approx(0.10)
+    assert (row.peak_fraction, row.diminishing_fraction) == pytest.approx((0.3, 0.7))
+    assert row.np_source == "all/np_norm_mean"
+
+
+def test_phases_fall_back_to_the_mean_of_layer_np_norm():
+    con = _hand_made_db(np_values=None)
+    _features_rows(con, "t", "np_norm", "block0.attn.qkv", [0.2, 0.3, 0.3, 0.3])
+    _features_rows(con, "t", "np_norm", "block0.mlp.in", [0.4, 0.5, 0.9, 0.9])
+    series = con.execute("SELECT np FROM np_series ORDER BY step").fetchall()
+    assert np.allclose([r[0] for r in series], [0.3, 0.4, 0.6, 0.6])
+    row = con.execute("SELECT peak_step, diminishing_step, np_source FROM phases").fetchone()
+    assert row == (200, 300, "avg(layer np_norm)")
+    _features_rows(con, "t", "np_norm", "all", [0.1, 0.5, 0.5, 0.5])  # the features stage's layer-'all' mean
+    assert con.execute("SELECT DISTINCT np_source FROM np_series").fetchall() == [("all/np_norm",)]
+    assert con.execute("SELECT peak_step FROM phases").fetchall() == [(100,)]
+
+
+def test_early_stopping_follows_rieck_patience_rule():
+    # NP improves by more than min_delta (0.001) up to step 300, then wobbles: patience 3 fires at step 600
+    np_values = [0.30, 0.32, 0.34, 0.36, 0.3605, 0.359, 0.3609, 0.40, 0.41, 0.42, 0.43]
+    con = _hand_made_db(np_values=np_values, settings=Settings(np_patience=3, loss_patience=2))
+    # val loss improves until step 500, then stalls: patience 2 fires at step 700
+    _checkpoint_rows(con, "t", [4.0, 3.0, 2.5, 2.2, 2.1, 2.0, 2.0, 2.0, 1.99, 1.98, 1.97])
+    row = con.execute("SELECT * FROM early_stopping").df().iloc[0]
+    assert (row.np_stop_step, row.np_steps_saved, bool(row.np_fired)) == (600, 400, True)
+    assert (row.loss_stop_step, row.loss_steps_saved, row.loss_stop_val_loss) == (700, 300, 2.0)
+    assert row.final_val_loss == 1.97
+
+
+def test_prediction_mae_equals_numpy():
+    con = _hand_made_db(np_values=None)
+    rng = np.random.default_rng(1)
+    actual = rng.uniform(1.5, 2.5, 5)
+    rows = []
+    for method, noise in (("loss_power_law", 0.1), ("loss_topology", 0.05)):
+        for fraction in (0.2, 0.5):
+            pred = actual + rng.normal(0, noise, 5)
+            for i, rung in enumerate("abcde"):
+                failed = method == "loss_topology" and fraction == 0.5 and i == 0
+                rows.append({"method": method, "cv": "rung", "fraction": fraction, "rung": rung, "seed": 0}
+                            | {"predicted": None if failed else pred[i], "actual": actual[i]}
+                            | {"status": "failed" if failed else "ok", "reason": "x" if failed else None})  # fmt: skip
+    frame = pd.DataFrame(rows)
+    con.register("p", frame)
+    con.execute("INSERT INTO predictions BY NAME SELECT * FROM p")
+    view = con.execute("SELECT * FROM prediction_mae").df().set_index(["method", "fraction"])
+    ok = frame[frame.status == "ok"]
+    for (method, fraction), g in ok.groupby(["method", "fraction"]):
+        mae = np.mean(np.abs(g.predicted - g.actual))
+        assert view.loc[(method, fraction), "mae"] == pytest.approx(mae, abs=1e-12)
+        base = frame[(frame.method == "loss_power_law") & (frame.fraction == fraction) & frame.rung.isin(g.rung)]
+        base_mae = np.mean(np.abs(base.predicted.to_numpy() - base.actual.to_numpy()))
+        assert view.loc[(method, fraction), "baseline_mae"] == pytest.approx(base_mae, abs=1e-12)
+        assert view.loc[(method, fraction), "improvement_pct"] == pytest.approx(100 * (base_mae - mae) / base_mae)
+    assert view.loc[("loss_topology", 0.5), ["n", "n_failed", "n_paired"]].tolist() == [4, 1, 4]
+
+
+def test_scaling_view_holds_final_values_and_final_loss(built):
+    path, _ = built
+    with _con(path) as con:
+        rows = con.execute(
+            "SELECT rung, n_params, step, value FROM scaling WHERE feature = 'val_loss' ORDER BY n_params"
+        ).fetchall()
+        final = con.execute("SELECT rung, val_loss FROM checkpoints WHERE step = 2000 ORDER BY rung").fetchall()
+    assert [(r[0], r[3]) for r in rows] == sorted(final, key=lambda r: RUNGS[r[0]])
+    assert [r[1] for r in rows] == [2936, 7408, 20640] and {r[2] for r in rows} == {2000}
+
+
+# --- hand-made databases -------------------------------------------------------------------------
+
+
+def _hand_made_db(np_values, settings: Settings | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory warehouse with one run 't' (1000 steps) and, optionally, an NP series every 100 steps."""
+    con = duckdb.connect()
+    schema, *views = warehouse.sql_files()
+    con.execute(schema.read_text())
+    con.execute("INSERT INTO settings VALUES (?, ?, ?, ?, ?)", list((settings or Settings()).__dict__.values()))
+    con.execute("INSERT INTO runs (rung, seed, kind, steps) VALUES ('t', 0, 'ladder', 1000)")
+    if np_values is not None:
+        _features_rows(con, "t", "np_norm_mean", "all", np_values)
+    for view in views:
+        con.execute(view.read_text())
+    return con
+
+
+def _features_rows(con, rung, feature, layer, values, every=100):
+    for i, v in enumerate(values):
+        con.execute("INSERT INTO features VALUES (?, 0, ?, ?, ?, ?, NULL)", [rung, i * every, layer, feature, v])
+
+
+def _checkpoint_rows(con, rung, losses, every=100):
+    for i, v in enumerate(losses):
+        con.execute("INSERT INTO checkpoints VALUES (?, 0, ?, ?, NULL)", [rung, i * every, v])

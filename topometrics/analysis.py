@@ -1,0 +1,357 @@
+"""The paper's analysis over a populated warehouse connection: tests, fits, predictions, metrics.
+
+:func:`run_analysis` reads the tables and views of a DuckDB connection (the in-memory database
+the analysis stage fills with :func:`topometrics.warehouse.populate`), and returns the
+``predictions``, ``fits`` and ``tests`` tables as DataFrames; :func:`build_metrics` turns the
+views into the small nested ``reports/metrics.json``. No file is read or written here.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+from scipy.stats import spearmanr
+
+from topometrics import predict, stats
+from topometrics.params import AnalysisParams
+
+LOSS_ONLY = "loss_power_law"
+
+
+def feature_family(name: str) -> str:
+    """'topological', 'spectral' or 'other', from the feature name (names are data, so rules are by prefix).
+
+    Topological: neural persistence (``np_*``), weight Vietoris-Rips (``vr_*``) and representation
+    persistence (``rep_*`` except the spectral ``rep_rankme``/``rep_pr``). Spectral: singular-value
+    summaries of weights (``w_*``: ``w_rankme``, ``w_pr``, ``w_fro``, ``w_spec``) and of hidden states
+    (``*rankme*``, ``*_pr``), and any ``*spectral*``, ``*frobenius*``, ``*stable_rank*``.
+    """
+    spectral_parts = ("spectral", "frobenius", "rankme", "stable_rank")
+    if name.startswith("w_") or any(s in name for s in spectral_parts) or name.endswith("_pr"):
+        return "spectral"
+    if name.startswith(("np_", "vr_", "rep_")):
+        return "topological"
+    return "other"
+
+
+def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
+    """Every statistic the SQL views cannot compute, as the warehouse's analysis tables.
+
+    Returns
+    -------
+    dict
+        ``predictions``, ``fits`` and ``tests`` DataFrames with the columns of ``sql/00_schema.sql``.
+    """
+    predictions, curve_fits = prediction_table(con, params)
+    tests = pd.concat(
+        [spearman_tests(con, params), topo_vs_spectral_tests(con, params), across_seed_tests(con, predictions)],
+        ignore_index=True,
+    )
+    fits = pd.concat([scaling_fits(con), curve_fits], ignore_index=True)
+    return {"predictions": predictions, "fits": fits, "tests": tests}
+
+
+def spearman_tests(con, params: AnalysisParams) -> pd.DataFrame:
+    """Spearman rho of every feature x layer with val_loss per run: p-value, bootstrap CI, Bonferroni flag."""
+    pairs = con.execute(
+        """SELECT f.rung, f.seed, f.feature, f.layer, f.value, c.val_loss
+           FROM features f JOIN checkpoints c USING (rung, seed, step) ORDER BY ALL"""
+    ).df()
+    rows = []
+    for (rung, seed, feature, layer), g in pairs.groupby(["rung", "seed", "feature", "layer"], sort=True):
+        r = stats.spearman_bootstrap(g["value"], g["val_loss"], params.bootstrap, params.seed)
+        rows.append(
+            {"kind": "spearman", "rung": rung, "seed": seed, "feature": feature, "layer": layer}
+            | {"estimate": r.rho, "ci_low": r.ci_low, "ci_high": r.ci_high, "p_value": r.p_value, "n": r.n}
+            | {"reason": r.reason}
+        )
+    return _with_bonferroni(pd.DataFrame(rows, columns=_TEST_COLUMNS), params.alpha)
+
+
+def topo_vs_spectral_tests(con, params: AnalysisParams) -> pd.DataFrame:
+    """Steiger's Fisher-z test of |rho(topological, loss)| vs |rho(spectral, loss)|, layer 'all', per run.
+
+    Both correlations are oriented to be positive first (a feature's sign is arbitrary), so the
+    test compares strength; a positive statistic means the topological feature tracks the loss better.
+    """
+    wide = con.execute(
+        """SELECT f.rung, f.seed, f.step, f.feature, f.value, c.val_loss FROM features f
+           JOIN checkpoints c USING (rung, seed, step) WHERE f.layer = 'all' ORDER BY ALL"""
+    ).df()
+    rows = []
+    for (rung, seed), g in wide.groupby(["rung", "seed"], sort=True):
+        table = g.pivot_table(index="step", columns="feature", values="value", dropna=False)
+        loss = g.drop_duplicates("step").set_index("step")["val_loss"].reindex(table.index)
+        topo = [f for f in table.columns if feature_family(f) == "topological"]
+        spectral = [f for f in table.columns if feature_family(f) == "spectral"]
+        for x in topo:
+            for z in spectral:
+                rows.append(_steiger_row(rung, seed, x, z, table[x], table[z], loss))
+    return _with_bonferroni(pd.DataFrame(rows, columns=_TEST_COLUMNS), params.alpha)
+
+
+def across_seed_tests(con, predictions: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """With several seeds: mean and t-CI over seeds of every rho (per rung) and of every MAE."""
+    rho = con.execute("SELECT * FROM feature_loss_spearman").df()
+    if rho["seed"].nunique() < 2:
+        return pd.DataFrame(columns=_TEST_COLUMNS)
+    rows = []
+    for (rung, feature, layer), g in rho.groupby(["rung", "feature", "layer"], sort=True):
+        mean, lo, hi = stats.mean_ci(g["rho"], level)
+        rows.append(_summary_row("spearman_across_seeds", rung, feature, layer, None, mean, lo, hi, len(g)))
+    ok = predictions[predictions["status"] == "ok"].assign(err=lambda d: (d["predicted"] - d["actual"]).abs())
+    per_seed = ok.groupby(["method", "cv", "fraction", "seed"])["err"].mean().reset_index()
+    for (method, cv, fraction), g in per_seed.groupby(["method", "cv", "fraction"], sort=True):
+        mean, lo, hi = stats.mean_ci(g["err"], level)
+        rows.append(
+            _summary_row("mae_across_seeds", None, None, None, f"{method}/{cv}/{fraction:g}", mean, lo, hi, len(g))
+        )
+    return pd.DataFrame(rows, columns=_TEST_COLUMNS)
+
+
+def scaling_fits(con) -> pd.DataFrame:
+    """Power laws f(N) = a N^b + c of final layer-'all' features and final val loss over the ladder (Tables 1, 7).
+
+    Seeds are averaged per rung first: the fit is across model sizes.
+    """
+    final = con.execute(
+        """SELECT feature, layer, n_params, avg(value) AS value FROM scaling
+           WHERE kind = 'ladder' AND layer IN ('all', 'checkpoint')
+           GROUP BY feature, layer, n_params ORDER BY ALL"""
+    ).df()
+    rows = []
+    for (feature, layer), g in final.groupby(["feature", "layer"], sort=True):
+        fit = stats.fit_power_law(g["n_params"].to_numpy(float), g["value"].to_numpy(float))
+        rows.append(_fit_row("scaling", feature, layer, None, None, None, fit))
+    return pd.DataFrame(rows, columns=_FIT_COLUMNS)
+
+
+def prediction_table(con, params: AnalysisParams) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Final-loss predictions of every method at every fraction (Table 5) and the loss-curve fits behind them."""
+    runs = con.execute(
+        """SELECT r.rung, r.seed, coalesce(r.steps, f.step) AS steps, coalesce(r.warmup, 0) AS warmup,
+                  coalesce(r.lr, 1.0) AS lr, coalesce(r.min_lr_ratio, 0.0) AS min_lr_ratio, f.val_loss AS actual
+           FROM runs r JOIN final_checkpoints f USING (rung, seed) WHERE r.kind = 'ladder' ORDER BY rung, seed"""
+    ).df()
+    series = _run_series(con, params)
+    predictions, fits, inputs = [], [], []
+    for run in runs.itertuples(index=False):
+        schedule = predict.Schedule(int(run.steps), int(run.warmup), float(run.lr), float(run.min_lr_ratio))
+        for fraction in params.fractions:
+            rows, fit_rows, features = _curve_predictions(run, schedule, fraction, series)
+            predictions += rows
+            fits += fit_rows
+            inputs.append(features)
+    learned = _learned_predictions(pd.DataFrame(inputs), params) if inputs else []
+    columns = ["method", "cv", "fraction", "rung", "seed", "predicted", "actual", "status", "reason", "trained_on"]
+    return pd.DataFrame(predictions + learned, columns=columns), pd.DataFrame(fits, columns=_FIT_COLUMNS)
+
+
+def build_metrics(con, params: AnalysisParams) -> dict:
+    """The small nested metrics file compared by ``dvc metrics diff`` (needs the analysis tables loaded)."""
+    final = con.execute(
+        """SELECT rung, any_value(n_params) AS n_params, avg(val_loss) AS final_val_loss, count(*) AS n_seeds
+           FROM final_checkpoints WHERE kind = 'ladder' GROUP BY rung ORDER BY n_params, rung"""
+    ).df()
+    rho = con.execute(
+        "SELECT rung, feature, avg(rho) AS rho FROM feature_loss_spearman WHERE layer = 'all' GROUP BY ALL"
+    ).df()
+    phases = con.execute(
+        "SELECT rung, avg(peak_fraction) AS p, avg(diminishing_fraction) AS d FROM phases GROUP BY rung"
+    ).df()
+    rungs = {}
+    for r in final.itertuples(index=False):
+        mine = rho[(rho["rung"] == r.rung) & rho["feature"].isin(params.headline_features)]
+        entry = {"n_params": _num(r.n_params), "final_val_loss": _num(r.final_val_loss), "n_seeds": int(r.n_seeds)}
+        entry["rho"] = {f: _num(v) for f, v in sorted(zip(mine["feature"], mine["rho"], strict=True))}
+        ph = phases[phases["rung"] == r.rung]
+        if len(ph):
+            entry["phase"] = {"peak_fraction": _num(ph["p"].iloc[0]), "diminishing_fraction": _num(ph["d"].iloc[0])}
+        rungs[r.rung] = entry
+    return {"corpus": _corpus(con), "rungs": rungs, "prediction": _prediction_metrics(con), "scaling": _scaling(con)}
+
+
+def metrics_json(metrics: dict) -> str:
+    """Stable text of the metrics file (sorted keys, so unchanged numbers give an unchanged file)."""
+    return json.dumps(metrics, indent=2, sort_keys=True) + "\n"
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+_TEST_COLUMNS = [
+    "kind", "rung", "seed", "feature", "layer", "other", "estimate", "ci_low", "ci_high",
+    "statistic", "p_value", "n", "p_bonferroni", "significant", "reason",
+]  # fmt: skip
+_FIT_COLUMNS = [
+    "kind", "target", "layer", "rung", "seed", "fraction", "a", "b", "c",
+    "params_json", "r2", "spearman_rho", "spearman_p", "n", "status", "reason",
+]  # fmt: skip
+
+
+def _with_bonferroni(frame: pd.DataFrame, alpha: float) -> pd.DataFrame:
+    if frame.empty:
+        return frame
+    adjusted, significant = stats.bonferroni(frame["p_value"].to_numpy(float), alpha)
+    return frame.assign(p_bonferroni=adjusted, significant=significant)
+
+
+def _steiger_row(rung, seed, x_name, z_name, x, z, loss) -> dict:
+    both = pd.concat([x, z, loss], axis=1).dropna().to_numpy(float)
+    row = {"kind": "topo_vs_spectral", "rung": rung, "seed": seed, "feature": x_name, "layer": "all", "other": z_name}
+    n = len(both)
+    if n <= 3 or np.ptp(both, axis=0).min() == 0:
+        return row | {"n": n, "reason": "fewer than 4 checkpoints or a constant series"}
+    r_xy, r_zy, r_xz = (spearmanr(both[:, i], both[:, j]).statistic for i, j in ((0, 2), (1, 2), (0, 1)))
+    # orient both features to correlate positively with the loss, so the test compares |rho|
+    r_xz *= np.sign(r_xy) * np.sign(r_zy)
+    z_stat, p = stats.steiger_z(abs(r_xy), abs(r_zy), r_xz, n)
+    return row | {"estimate": abs(r_xy) - abs(r_zy), "statistic": z_stat, "p_value": p, "n": n}
+
+
+def _summary_row(kind, rung, feature, layer, other, mean, lo, hi, n) -> dict:
+    reason = None if np.isfinite(lo) else f"{n} seed(s): no CI"
+    return {"kind": kind, "rung": rung, "feature": feature, "layer": layer, "other": other}| {
+        "estimate": mean, "ci_low": lo, "ci_high": hi, "n": n, "reason": reason,
+    }  # fmt: skip
+
+
+def _fit_row(kind, target, layer, rung, seed, fraction, fit: stats.Fit) -> dict:
+    p = fit.params
+    return {
+        "kind": kind, "target": target, "layer": layer, "rung": rung, "seed": seed, "fraction": fraction,
+        "a": p.get("a"), "b": p.get("b"), "c": p.get("c"), "params_json": json.dumps(p, sort_keys=True),
+        "r2": fit.r2, "spearman_rho": fit.spearman_rho, "spearman_p": fit.spearman_p, "n": fit.n,
+        "status": fit.status, "reason": fit.reason,
+    }  # fmt: skip
+
+
+def _run_series(con, params: AnalysisParams) -> dict[tuple, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Per (rung, seed): name -> (steps, values) of val_loss, np, grad_norm, weight_norm and the topology features."""
+    names = ", ".join(f"'{f}'" for f in params.topology_features)
+    frames = {
+        "val_loss": "SELECT rung, seed, step, val_loss AS value FROM checkpoints",
+        "np": "SELECT rung, seed, step, np AS value FROM np_series",
+        "grad_norm": "SELECT rung, seed, step, grad_norm AS value FROM steps",
+        # weight norm of the whole network: the layer-'all' row, else the 2-norm over layers
+        "weight_norm": f"""SELECT rung, seed, step, coalesce(max(value) FILTER (WHERE layer = 'all'),
+                               sqrt(sum(value * value) FILTER (WHERE layer <> 'all'))) AS value
+                        FROM features WHERE feature = '{_present(con, params.weight_norm_features)}'
+                        GROUP BY rung, seed, step""",
+        "topology": f"""SELECT rung, seed, step, feature, value FROM features
+                        WHERE layer = 'all' AND feature IN ({names or "NULL"})""",
+    }
+    out: dict[tuple, dict] = {}
+    for name, sql in frames.items():
+        df = con.execute(sql + " ORDER BY ALL").df()
+        key_cols = ["rung", "seed", "feature"] if name == "topology" else ["rung", "seed"]
+        for key, g in df.groupby(key_cols, sort=True):
+            series_name = key[2] if name == "topology" else name
+            out.setdefault(key[:2], {})[series_name] = (g["step"].to_numpy(float), g["value"].to_numpy(float))
+    return out
+
+
+def _curve_predictions(run, schedule: predict.Schedule, fraction: float, series: dict):
+    """Loss-curve predictions for one run and fraction, their fit rows, and the learned models' inputs."""
+    mine = series.get((run.rung, run.seed), {})
+    cutoff = fraction * schedule.steps
+    t, loss = mine.get("val_loss", (np.array([]), np.array([])))
+    seen = predict.observed(t, cutoff)
+    base = {"fraction": fraction, "rung": run.rung, "seed": run.seed, "actual": run.actual}
+    pl_fit, pl_pred = predict.fit_loss_power_law(t[seen], loss[seen], schedule.steps, schedule.warmup)
+    mpl_fit, mpl_pred = predict.fit_multi_power_law(t[seen], loss[seen], schedule)
+    rows, fits = [], []
+    for method, fit, value in ((LOSS_ONLY, pl_fit, pl_pred), ("schedule_aware", mpl_fit, mpl_pred)):
+        rows.append(
+            base | {"method": method, "cv": "none", "predicted": value, "status": fit.status, "reason": fit.reason}
+        )
+        fits.append(_fit_row("loss_curve", method, None, run.rung, run.seed, fraction, fit))
+    anchor = float(loss[seen][np.argmax(t[seen])]) if seen.any() else np.nan
+    features = base | {"anchor": anchor, "loss_drop": (pl_pred if pl_pred is not None else np.nan) - anchor}
+    for name, (steps, values) in mine.items():
+        if name != "val_loss":
+            features[f"{name}_level"], features[f"{name}_rate"] = predict.window_summary(steps, values, cutoff)
+    return rows, fits, features
+
+
+def _learned_methods(params: AnalysisParams) -> dict[str, tuple[str, ...]]:
+    """Feature columns of every learned method; each predicts the drop from the last observed val loss."""
+    topo = tuple(f"{s}_{k}" for s in ("np", *params.topology_features) for k in ("level", "rate"))
+    grad, weight = ("grad_norm_level", "grad_norm_rate"), ("weight_norm_level", "weight_norm_rate")
+    return {
+        "loss_learned": ("loss_drop",),
+        "topology": topo,
+        "loss_topology": ("loss_drop", *topo),
+        "gradnorm": grad,
+        "loss_gradnorm": ("loss_drop", *grad),
+        "weightnorm": weight,
+        "loss_weightnorm": ("loss_drop", *weight),
+    }
+
+
+def _learned_predictions(inputs: pd.DataFrame, params: AnalysisParams) -> list[dict]:
+    """Leave-one-rung-out (and, with several seeds, leave-one-seed-out) predictions of every learned method."""
+    schemes = ["rung"] + (["seed"] if inputs["seed"].nunique() > 1 else [])
+    rows = []
+    for method, columns in _learned_methods(params).items():
+        absent = [c for c in columns if c not in inputs]
+        for fraction, g in inputs.groupby("fraction", sort=True):
+            g = g.reset_index(drop=True)
+            x = g.reindex(columns=list(columns)).to_numpy(float)
+            target = g["actual"].to_numpy(float) - g["anchor"].to_numpy(float)
+            for scheme in schemes:
+                pred, trained, reasons = predict.cross_validate(x, target, g[scheme].to_numpy())
+                labels = (g["rung"] + ":" + g["seed"].astype(str)).to_numpy()
+                for i, r in g.iterrows():
+                    ok = np.isfinite(pred[i])
+                    reason = reasons[i] if not absent else f"no {', '.join(absent)} in the inputs"
+                    rows.append(
+                        {"method": method, "cv": scheme, "fraction": fraction, "rung": r["rung"], "seed": r["seed"]}
+                        | {"actual": r["actual"], "predicted": r["anchor"] + pred[i] if ok else None}
+                        | {"status": "ok" if ok else "failed", "reason": None if ok else reason}
+                        | {"trained_on": ",".join(sorted(labels[trained[i]])) if ok else None}
+                    )
+    return rows
+
+
+def _present(con, names: tuple[str, ...]) -> str:
+    """The first of ``names`` that occurs as a feature (the first name when none does)."""
+    found = {r[0] for r in con.execute("SELECT DISTINCT feature FROM features").fetchall()}
+    return next((n for n in names if n in found), names[0] if names else "")
+
+
+def _corpus(con) -> dict:
+    row = con.execute(
+        "SELECT any_value(corpus_used), any_value(corpus_fallback) FROM runs WHERE corpus_used IS NOT NULL"
+    ).fetchone()
+    return {"used": row[0], "fallback": row[1]} if row and row[0] is not None else {"used": None}
+
+
+def _prediction_metrics(con) -> dict:
+    mae = con.execute("SELECT * FROM prediction_mae ORDER BY method, cv, fraction").df()
+    out: dict[str, dict] = {"mae": {}, "improvement_pct": {}}
+    for r in mae.itertuples(index=False):
+        name = r.method if r.cv in ("none", "rung") else f"{r.method}_cv_{r.cv}"
+        key = f"f{round(100 * r.fraction):02d}"
+        out["mae"].setdefault(name, {})[key] = _num(r.mae)
+        if r.method != LOSS_ONLY:
+            out["improvement_pct"].setdefault(name, {})[key] = _num(r.improvement_pct)
+    return out
+
+
+def _scaling(con) -> dict:
+    fits = con.execute("SELECT target, b, r2, spearman_rho, status FROM fits WHERE kind = 'scaling'").df()
+    out = {}
+    for r in fits.itertuples(index=False):
+        out[r.target] = {"exponent": _num(r.b), "r2": _num(r.r2), "spearman_rho": _num(r.spearman_rho)}
+        if r.status != "ok":
+            out[r.target]["failed"] = True
+    return out
+
+
+def _num(value) -> float | None:
+    """A JSON-friendly number: 6 significant digits, None for missing/NaN (JSON has no NaN)."""
+    if value is None or pd.isna(value):
+        return None
+    return float(f"{float(value):.6g}")

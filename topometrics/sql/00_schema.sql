@@ -1,0 +1,111 @@
+-- topometrics warehouse: tables. Schema version 1 (topometrics.warehouse.SCHEMA_VERSION).
+-- Keys are (rung, seed, step): a "rung" is a ladder model (tiny ... xl) or an external series
+-- (e.g. 'EleutherAI/pythia-14m'); `kind` in runs/rungs says which.
+
+-- Build provenance: schema_version, code_version, duckdb_version, params (JSON), sql:<file> hashes.
+CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
+
+-- The analysis params the views read (one row), so that views stay pure SQL and still follow params.yaml.
+CREATE TABLE settings (
+    phase_threshold DOUBLE NOT NULL,   -- diminishing returns: |dNP| below this fraction of its peak
+    np_patience INTEGER NOT NULL,      -- Rieck et al. 2019 Algorithm 2: checkpoints without NP improvement
+    np_min_delta DOUBLE NOT NULL,      -- ... an improvement must beat the best NP by more than this
+    loss_patience INTEGER NOT NULL,    -- validation-loss patience, in checkpoints
+    loss_min_delta DOUBLE NOT NULL     -- ... an improvement must lower the best val loss by more than this
+);
+
+-- One row per training run (rung x seed): params snapshot, corpus used, code version.
+CREATE TABLE runs (
+    rung VARCHAR NOT NULL,
+    seed INTEGER NOT NULL,
+    kind VARCHAR NOT NULL,             -- 'ladder' (trained here) or 'series' (external checkpoints)
+    config_json VARCHAR,               -- data/config/<rung>.json verbatim: model shape + recipe
+    fingerprint VARCHAR,
+    steps INTEGER,                     -- planned optimizer steps (recipe.steps)
+    ckpt_every INTEGER,
+    lr DOUBLE,                         -- peak learning rate
+    warmup INTEGER,
+    min_lr_ratio DOUBLE,
+    corpus_requested VARCHAR,
+    corpus_used VARCHAR,
+    corpus_sha256 VARCHAR,
+    corpus_fallback BOOLEAN,
+    corpus_reason VARCHAR,
+    code_version VARCHAR,
+    PRIMARY KEY (rung, seed)
+);
+
+-- One row per rung: shape and parameter count (NULL for series that do not state them).
+CREATE TABLE rungs (
+    rung VARCHAR PRIMARY KEY,
+    kind VARCHAR NOT NULL,
+    n_params BIGINT,
+    vocab_size INTEGER,
+    context INTEGER,
+    hidden INTEGER,
+    layers INTEGER,
+    heads INTEGER
+);
+
+-- Every optimizer step: train loss, gradient 2-norm before clipping, learning rate used.
+CREATE TABLE steps (
+    rung VARCHAR NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    train_loss DOUBLE, grad_norm DOUBLE, lr DOUBLE,
+    PRIMARY KEY (rung, seed, step)
+);
+
+-- Every checkpoint: held-out validation loss and the train loss logged there.
+CREATE TABLE checkpoints (
+    rung VARCHAR NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    val_loss DOUBLE, train_loss DOUBLE,
+    PRIMARY KEY (rung, seed, step)
+);
+
+-- The features stage's contract (docs/features.md); layer = 'all' for aggregates; NULL value => reason.
+CREATE TABLE features (
+    rung VARCHAR NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    layer VARCHAR NOT NULL, feature VARCHAR NOT NULL, value DOUBLE, reason VARCHAR,
+    PRIMARY KEY (rung, seed, step, layer, feature)
+);
+
+-- Persistence diagrams: source in {weights, representation}; one row per (birth, death) pair.
+CREATE TABLE diagrams (
+    rung VARCHAR NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    source VARCHAR NOT NULL, layer VARCHAR NOT NULL, dim INTEGER NOT NULL, birth DOUBLE, death DOUBLE
+);
+
+-- Final-loss predictions from the first `fraction` of training (paper Table 5).
+CREATE TABLE predictions (
+    method VARCHAR NOT NULL,           -- loss_power_law, schedule_aware, topology, loss_topology, ...
+    cv VARCHAR NOT NULL,               -- 'none' (per-run fit), 'rung' or 'seed' (leave-one-group-out)
+    fraction DOUBLE NOT NULL,
+    rung VARCHAR NOT NULL, seed INTEGER NOT NULL,
+    predicted DOUBLE,                  -- NULL when status = 'failed'
+    actual DOUBLE,                     -- final-checkpoint validation loss
+    status VARCHAR NOT NULL,           -- 'ok' or 'failed'
+    reason VARCHAR,                    -- why it failed
+    trained_on VARCHAR                 -- learned methods: the rung:seed pairs the model was fitted on
+);
+
+-- Fitted curves: power laws against N (kind 'scaling') and loss-curve fits (kind 'loss_curve').
+CREATE TABLE fits (
+    kind VARCHAR NOT NULL,
+    target VARCHAR NOT NULL,           -- feature name, 'val_loss', or the prediction method
+    layer VARCHAR,
+    rung VARCHAR, seed INTEGER, fraction DOUBLE,
+    a DOUBLE, b DOUBLE, c DOUBLE,      -- f(N) = a*N^b + c, or L(t) = a*t^(-b) + c
+    params_json VARCHAR,               -- every fitted parameter, by name
+    r2 DOUBLE, spearman_rho DOUBLE, spearman_p DOUBLE, n INTEGER,
+    status VARCHAR NOT NULL, reason VARCHAR
+);
+
+-- Statistical tests: Spearman with bootstrap CI, Steiger/Fisher-z comparisons, across-seed summaries.
+CREATE TABLE tests (
+    kind VARCHAR NOT NULL,             -- spearman, topo_vs_spectral, spearman_across_seeds, mae_across_seeds
+    rung VARCHAR, seed INTEGER,
+    feature VARCHAR, layer VARCHAR,
+    other VARCHAR,                     -- the compared feature (topo_vs_spectral) or method/fraction
+    estimate DOUBLE, ci_low DOUBLE, ci_high DOUBLE,
+    statistic DOUBLE, p_value DOUBLE, n INTEGER,
+    p_bonferroni DOUBLE, significant BOOLEAN, reason VARCHAR
+);

@@ -1,0 +1,255 @@
+"""The DuckDB metrics store: every run's logs, checkpoints, features and analysis in one file.
+
+The warehouse is built by exactly one stage, into a temporary file beside the target that is
+renamed into place only after ``CHECKPOINT`` and a clean close, so readers never see a half-built
+file and a crash leaves the previous warehouse intact. Tables are created by
+``sql/00_schema.sql``; the views (``sql/[1-9]*.sql``) are pure SQL over those tables, so ad hoc
+queries from the ``duckdb`` CLI need no project code. See ``docs/warehouse.md``.
+
+The same :func:`populate` also fills an in-memory connection, which is how the analysis stage
+runs the views before the file exists (one writer per artifact: analysis -> warehouse).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+
+import topometrics
+
+SCHEMA_VERSION = 1
+SQL_DIR = Path(__file__).parent / "sql"
+# Analysis tables the warehouse stage loads from the analysis stage's Parquet files.
+ANALYSIS_TABLES = ("predictions", "fits", "tests")
+_OPTIONAL_FEATURE_COLUMNS = {"reason": "VARCHAR"}
+
+
+class WarehouseError(ValueError):
+    """An input that cannot go into the warehouse; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Every file the warehouse is built from.
+
+    Attributes
+    ----------
+    configs : list of Path
+        ``data/config/<name>.json``; the run directory is ``runs_dir / <name>``.
+    runs_dir : Path
+        Holds ``<name>/steps.csv`` and ``<name>/checkpoints.csv`` per config.
+    corpus_source : Path or None
+        ``data/corpus/source.json`` (requested, used, sha256, reason, fallback).
+    feature_files, diagram_files : list of Path
+        ``features.parquet`` / ``diagrams.parquet`` of every rung and external series.
+    analysis_files : dict
+        Table name (``predictions``, ``fits``, ``tests``) -> Parquet file; empty for the analysis stage.
+    """
+
+    configs: list[Path]
+    runs_dir: Path
+    corpus_source: Path | None = None
+    feature_files: list[Path] = field(default_factory=list)
+    diagram_files: list[Path] = field(default_factory=list)
+    analysis_files: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The analysis params the views read from the ``settings`` table (see :class:`AnalysisParams`)."""
+
+    phase_threshold: float = 0.1
+    np_patience: int = 5
+    np_min_delta: float = 0.001
+    loss_patience: int = 5
+    loss_min_delta: float = 0.001
+
+
+def discover_inputs(
+    config_dir: Path, runs_dir: Path, corpus_source: Path | None, feature_dirs: Iterable[Path], analysis_dir=None
+) -> Inputs:
+    """Collect the input files under the stage's directories (missing directories hold nothing)."""
+    feature_files, diagram_files = [], []
+    for root in feature_dirs:
+        feature_files += sorted(Path(root).glob("**/features.parquet"))
+        diagram_files += sorted(Path(root).glob("**/diagrams.parquet"))
+    analysis = {}
+    if analysis_dir is not None:
+        analysis = {t: Path(analysis_dir) / f"{t}.parquet" for t in ANALYSIS_TABLES}
+        analysis = {t: p for t, p in analysis.items() if p.exists()}
+    source = corpus_source if corpus_source is not None and Path(corpus_source).exists() else None
+    return Inputs(
+        sorted(Path(config_dir).glob("*.json")), Path(runs_dir), source, feature_files, diagram_files, analysis
+    )
+
+
+def sql_files() -> list[Path]:
+    """The versioned SQL files in the order they are applied: schema first, then views."""
+    return sorted(SQL_DIR.glob("*.sql"))
+
+
+def populate(con: duckdb.DuckDBPyConnection, inputs: Inputs, settings: Settings, meta: Mapping[str, str]) -> None:
+    """Create the schema in an empty database, load every input, and create the views."""
+    schema, *views = sql_files()
+    con.execute(schema.read_text())
+    _insert(con, "settings", pd.DataFrame([asdict(settings)]))
+    corpus = _read_corpus(inputs.corpus_source)
+    code = meta.get("code_version")
+    for config_path in inputs.configs:
+        load_run(con, config_path, inputs.runs_dir / config_path.stem, corpus, code)
+    load_parquet(con, "features", inputs.feature_files)
+    load_parquet(con, "diagrams", inputs.diagram_files)
+    _add_series_runs(con, corpus, code)
+    for table, path in inputs.analysis_files.items():
+        load_parquet(con, table, [path])
+    for view in views:
+        con.execute(view.read_text())
+    sql_hashes = {f"sql:{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in sql_files()}
+    rows = {"schema_version": str(SCHEMA_VERSION), "duckdb_version": duckdb.__version__} | sql_hashes | dict(meta)
+    _insert(con, "meta", pd.DataFrame({"key": list(rows), "value": [str(v) for v in rows.values()]}))
+
+
+def build_warehouse(path: Path, inputs: Inputs, settings: Settings, meta: Mapping[str, str]) -> Path:
+    """Build the warehouse file atomically.
+
+    Built in ``.<name>.<pid>.tmp`` beside ``path`` (same filesystem, so :func:`os.replace` is atomic),
+    ended with ``CHECKPOINT`` and a clean close so no ``.wal`` is left, then renamed over ``path``.
+    An exception removes the temporary file; a killed build leaves it behind, and the next build
+    removes temporaries whose process is gone. The previous ``path`` is untouched until the rename.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        con = duckdb.connect(str(tmp))
+        try:
+            populate(con, inputs, settings, meta)
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        os.replace(tmp, path)
+    finally:
+        for leftover in (tmp, Path(f"{tmp}.wal")):
+            leftover.unlink(missing_ok=True)
+    return path
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Delete ``.<name>.<pid>.tmp`` files (and their ``.wal``) left by builds whose process is gone."""
+    removed = []
+    for tmp in path.parent.glob(f".{path.name}.*.tmp*"):
+        pid = tmp.name[len(path.name) + 2 :].split(".")[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def code_version(repo: Path = Path(".")) -> str:
+    """``git describe --always --dirty`` of ``repo``, or the package version outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=repo, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return f"topometrics {topometrics.__version__}"
+    return out.stdout.strip() if out.returncode == 0 else f"topometrics {topometrics.__version__}"
+
+
+def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str | None) -> None:
+    """Insert one trained run: its ``runs`` and ``rungs`` rows, per-step log and checkpoints table."""
+    cfg = json.loads(Path(config_path).read_text())
+    missing = {"rung", "seed", "model", "recipe"} - set(cfg)
+    if missing:
+        raise WarehouseError(f"{config_path} lacks {sorted(missing)}; regenerate it with the config stage")
+    rung, seed, recipe, model = cfg["rung"], int(cfg["seed"]), cfg["recipe"], cfg["model"]
+    run = {"rung": rung, "seed": seed, "kind": "ladder", "config_json": json.dumps(cfg, sort_keys=True)}
+    run |= {"fingerprint": cfg.get("fingerprint"), "code_version": code} | _corpus_columns(corpus)
+    run |= {k: recipe.get(k) for k in ("steps", "ckpt_every", "lr", "warmup", "min_lr_ratio")}
+    _insert(con, "runs", pd.DataFrame([run]))
+    shape = {k: model.get(k) for k in ("vocab_size", "context", "hidden", "layers", "heads")}
+    if not con.execute("SELECT 1 FROM rungs WHERE rung = ?", [rung]).fetchall():
+        _insert(con, "rungs", pd.DataFrame([{"rung": rung, "kind": "ladder", "n_params": cfg.get("n_params")} | shape]))
+    for table, columns in (("steps", ("train_loss", "grad_norm", "lr")), ("checkpoints", ("val_loss", "train_loss"))):
+        csv = Path(run_dir) / f"{table}.csv"
+        if not csv.exists():
+            raise WarehouseError(f"{csv} not found for {config_path}; run `dvc repro train@{rung}` first")
+        frame = pd.read_csv(csv)
+        absent = {"step", *columns} - set(frame.columns)
+        if absent:
+            raise WarehouseError(f"{csv} lacks columns {sorted(absent)}; expected step,{','.join(columns)}")
+        _insert(con, table, frame[["step", *columns]].assign(rung=rung, seed=seed), source=csv)
+
+
+def load_parquet(con, table: str, files: list[Path]) -> None:
+    """Append Parquet files to ``table`` by column name; optional columns absent from a file become NULL."""
+    table_columns = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
+    for path in files:
+        rel = f"read_parquet('{_quote(path)}')"
+        present = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {rel}").fetchall()}
+        optional = _OPTIONAL_FEATURE_COLUMNS if table == "features" else {}
+        missing = [c for c in table_columns if c not in present and c not in optional]
+        if missing and table not in ANALYSIS_TABLES:
+            raise WarehouseError(f"{path} lacks columns {missing} of table {table}; see docs/warehouse.md")
+        select = ", ".join(c if c in present else f"NULL::{optional.get(c, 'VARCHAR')} AS {c}" for c in table_columns)
+        try:
+            con.execute(f"INSERT INTO {table} BY NAME SELECT {select} FROM {rel}")
+        except duckdb.ConstraintException as err:
+            raise WarehouseError(f"{path}: duplicate rows for table {table} ({err}); rebuild that file") from err
+
+
+def _add_series_runs(con, corpus: Mapping, code: str | None) -> None:
+    """External series appear only in features: give each (rung, seed) a ``runs`` and ``rungs`` row."""
+    series = con.execute(
+        "SELECT DISTINCT rung, seed FROM features ANTI JOIN runs USING (rung, seed) ORDER BY rung, seed"
+    ).df()
+    if series.empty:
+        return
+    _insert(con, "runs", series.assign(kind="series", code_version=code, **_corpus_columns(corpus)))
+    new = series[["rung"]].drop_duplicates()
+    new = new[~new["rung"].isin(con.execute("SELECT rung FROM rungs").df()["rung"])]
+    _insert(con, "rungs", new.assign(kind="series"))
+
+
+def _read_corpus(path: Path | None) -> dict:
+    if path is None:
+        return {}
+    return json.loads(Path(path).read_text())
+
+
+def _corpus_columns(corpus: Mapping) -> dict:
+    keys = ("requested", "used", "sha256", "fallback", "reason")
+    return {f"corpus_{k}": corpus.get(k) for k in keys}
+
+
+def _insert(con, table: str, frame: pd.DataFrame, source: Path | None = None) -> None:
+    con.register("_incoming", frame)
+    try:
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _incoming")
+    except duckdb.ConstraintException as err:
+        raise WarehouseError(f"{source or table}: duplicate keys ({err}); remove the repeated rows") from err
+    finally:
+        con.unregister("_incoming")
+
+
+def _quote(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
