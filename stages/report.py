@@ -1,0 +1,46 @@
+"""Stage `report`: the offline HTML report, its figures (PNG/SVG) and the DVC plot files, from the warehouse."""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import duckdb
+
+from topometrics import report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--warehouse", type=Path, required=True, help="data/warehouse.duckdb (opened read-only)")
+    ap.add_argument("--series-status", type=Path, help="data/series/status.json of the series stage (optional)")
+    ap.add_argument("--out", type=Path, required=True, help="reports/: report.html, figures/, plots/")
+    args = ap.parse_args()
+    start = time.perf_counter()
+    status = None
+    if args.series_status is not None and args.series_status.exists():
+        status = json.loads(args.series_status.read_text())
+    with duckdb.connect(str(args.warehouse), read_only=True) as con:
+        doc = report.build(report.load(con), status)
+    figures_dir, plots_dir = args.out / "figures", args.out / "plots"
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    drawn = {name: chart for name, chart in doc.figures.items() if not isinstance(chart, report.Missing)}
+    for name, chart in drawn.items():
+        svg, png = report.export_figure(chart)
+        (figures_dir / f"{name}.svg").write_text(svg)
+        (figures_dir / f"{name}.png").write_bytes(png)
+    for name, frame in doc.plots.items():
+        frame.to_csv(plots_dir / f"{name}.csv", index=False)
+    (args.out / "report.html").write_text(report.render_html(doc, report.vega_bundle()))
+    corpus = f"{doc.corpus_used}{' (OFFLINE FALLBACK)' if doc.corpus_fallback else ''}"
+    missing = sum(isinstance(t, report.Missing) for t in [*doc.tables.values(), *doc.figures.values()])
+    print(
+        f"report: {args.out / 'report.html'}, {len(drawn)}/{len(doc.figures)} figures, "
+        f"{len(doc.tables)} tables ({missing} pieces not available), corpus {corpus}, "
+        f"{time.perf_counter() - start:.1f}s"
+    )
+
+
+if __name__ == "__main__":
+    main()

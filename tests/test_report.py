@@ -1,0 +1,279 @@
+"""The report: tables beside the paper's, 'not available' notes, the stage end to end, and a headless browser.
+
+The tiny warehouse is built with the real builder (``topometrics.warehouse``) from the warehouse
+tests' synthetic ladder, plus representation features, an external series and the analysis tables.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+from test_warehouse import RUNGS, write_inputs
+
+from topometrics import analysis, charts, report, warehouse
+from topometrics.warehouse import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+SERIES = "EleutherAI/pythia-14m"
+TINY = {k: RUNGS[k] for k in ("tiny", "small", "medium", "large")}  # 4 rungs: enough for a + b N^c fit
+
+
+def _extra_features(root: Path, rungs: dict[str, int]) -> None:
+    """The features stage's layer-'all' names the warehouse tests do not write, and a Pythia-like series.
+
+    Also caps the synthetic step-0 loss (the schedule-aware curve starts near 5e5) at ln(128) ~ 4.85,
+    the loss of a uniform guess, so the figures look like training curves.
+    """
+    rng = np.random.default_rng(1)
+    for rung, n_params in rungs.items():
+        ck = pd.read_csv(root / "runs" / rung / "checkpoints.csv")
+        ck["val_loss"] = ck["val_loss"].clip(upper=4.85)
+        ck.to_csv(root / "runs" / rung / "checkpoints.csv", index=False)
+        feats = pd.read_parquet(root / "features" / rung / "features.parquet")
+        first_tp0 = (feats["feature"] == "vr_tp0") & (feats["step"] == 0)
+        feats.loc[first_tp0, "value"] = (
+            np.log(n_params) * (6 - 4.85) * np.where(feats["layer"] == "all", 2, 1)[first_tp0]
+        )
+        feats.to_parquet(root / "features" / rung / "features.parquet", index=False)
+        steps, loss, size = ck["step"].to_numpy(), ck["val_loss"].to_numpy(), np.log10(n_params)
+        values = {"np_norm": 0.5 - 0.05 * loss, "np_shuffled_norm": 0.4 + rng.normal(0, 0.01, len(steps))}
+        values |= {"np_norm_std": 0.02 + 0 * loss, "rep_tp0": 10 - loss, "w_rankme": 3 + rng.normal(0, 0.1, len(steps))}
+        values |= {"rep_w1_prev": size * np.exp(-steps / 200) + 0.01}
+        for dim in (0, 1):
+            for i in range(8):
+                values[f"rep_betti{dim}_{i:02d}"] = np.maximum(0, (8 - i) * size / (1 + dim) - steps / 200)
+        frame = pd.concat([pd.DataFrame({"step": steps, "feature": k, "value": v}) for k, v in values.items()])
+        _parquet(root / "features" / f"{rung}-extra" / "features.parquet", frame.assign(rung=rung, layer="all"))
+    steps = np.array([0, 1000, 5000, 10000, 50000, 100000, 143000])
+    np_mean = 0.34 + 0.3 * (1 - np.exp(-steps / 2e4))
+    rows = [
+        pd.DataFrame({"step": steps, "layer": layer, "feature": "np_norm", "value": np_mean + d})
+        for layer, d in (("a", -0.03), ("b", 0.03))
+    ]
+    for feature, value in {"np_norm": np_mean, "np_norm_std": 0.03 + 0 * np_mean, "vr_tp0": 70 - steps / 6e3}.items():
+        rows.append(pd.DataFrame({"step": steps, "layer": "all", "feature": feature, "value": value}))
+    _parquet(root / "features" / "pythia" / "features.parquet", pd.concat(rows).assign(rung=SERIES))
+
+
+def _parquet(path: Path, frame: pd.DataFrame) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.assign(seed=42 if "pythia" not in str(path) else 0, reason=None).to_parquet(path, index=False)
+
+
+def build_tiny_warehouse(root: Path, with_analysis=True, with_features=True) -> Path:
+    """A four-rung warehouse (optionally without features/analysis), built as the pipeline does.
+
+    As in the pipeline, the analysis runs on an in-memory warehouse and its tables (Parquet) go
+    into the file that the builder writes.
+    """
+    write_inputs(root, rungs=TINY, steps=600, ckpt_every=50)
+    if with_features:
+        _extra_features(root, TINY)
+    else:
+        shutil.rmtree(root / "features")
+    source = root / "corpus" / "source.json"
+    inputs = warehouse.discover_inputs(root / "config", root / "runs", source, [root / "features"])
+    if with_analysis:
+        with duckdb.connect() as con:
+            warehouse.populate(con, inputs, Settings(), {"code_version": "test"})
+            for name, frame in analysis.run_analysis(con, analysis.AnalysisParams(bootstrap=200)).items():
+                frame.to_parquet(root / f"{name}.parquet", index=False)
+        inputs = warehouse.discover_inputs(root / "config", root / "runs", source, [root / "features"], root)
+    meta = {"code_version": "test", "params": json.dumps({"train": {"steps": 600}})}
+    return warehouse.build_warehouse(root / "warehouse.duckdb", inputs, Settings(), meta)
+
+
+def _status(computed: int) -> dict:
+    """The series stage's status.json (topometrics.series.run_series) for a 7-checkpoint series."""
+    checkpoints = [
+        {"revision": f"step{s}", "step": s} | ({"status": "computed", "reason": None} if i < computed else {})
+        for i, s in enumerate((0, 1000, 5000, 10000, 50000, 100000, 143000))
+    ]
+    for c in checkpoints:
+        c.setdefault("status", "skipped")
+        c.setdefault("reason", "not cached, hub unreachable")
+    entry = {"name": "pythia-14m", "model": SERIES, "computed": computed, "skipped": 7 - computed}
+    return {"series": [entry | {"checkpoints": checkpoints}]}
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    path = build_tiny_warehouse(tmp_path_factory.mktemp("full"))
+    with duckdb.connect(str(path), read_only=True) as con:
+        frames = report.load(con)
+    return path, frames, report.build(frames, _status(computed=7))
+
+
+@pytest.fixture(scope="module")
+def stage_out(full, tmp_path_factory):
+    """``stages/report.py`` run as DVC runs it, on the full tiny warehouse."""
+    out = tmp_path_factory.mktemp("reports")
+    status = out.parent / "status.json"
+    status.write_text(json.dumps(_status(computed=0)))
+    cmd = [sys.executable, "stages/report.py", "--warehouse", str(full[0]), "--series-status", str(status)]
+    done = subprocess.run([*cmd, "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return out, done.stdout
+
+
+# --- tables ----------------------------------------------------------------------------------------
+
+
+def test_table1_puts_the_paper_beside_our_final_loss(full):
+    _, frames, doc = full
+    t1 = doc.tables["Table 1 — model configurations and final loss"]
+    assert list(t1["rung"]) == ["tiny", "small", "medium", "large", SERIES]
+    tiny = t1.iloc[0]
+    assert tiny["paper n_params"] == 2936 and tiny["paper final loss"] == 2.466
+    final = frames["final"].set_index("rung").loc["tiny", "val_loss"]
+    assert tiny["final_val_loss"] == pytest.approx(final)
+
+
+def test_table2_rho_p_and_ci_come_from_the_analysis_tests(full):
+    _, frames, doc = full
+    t2 = doc.tables["Table 2 — ρ(VR H0 total persistence, loss)"]
+    assert list(t2["rung"]) == ["tiny", "small", "medium", "large"]
+    assert (t2["ci_low"] <= t2["rho"]).all() and (t2["rho"] <= t2["ci_high"]).all()
+    view = frames["rho"].query("feature == 'vr_tp0'").set_index("rung")["rho"]
+    assert t2.set_index("rung")["rho"].to_dict() == pytest.approx(view.to_dict(), abs=1e-9)
+    assert t2.iloc[0]["paper rho"] == -0.590
+
+
+def test_rho_tables_fall_back_to_the_view_without_analysis():
+    rho = pd.DataFrame({"rung": ["small", "tiny"], "seed": 1, "feature": "vr_tp1", "n": 5, "rho": [0.1, 0.2]})
+    table = report.rho_table(report.Missing("no tests"), rho, ("vr_tp1",), report.PAPER_TABLE4)
+    assert list(table["rung"]) == ["tiny", "small"]
+    assert table["note"].str.contains("not available").all()
+    assert table["paper rho"].tolist() == [-0.641, -0.636]
+
+
+def test_table5_maps_the_paper_methods_and_keeps_the_improvement(full):
+    _, frames, doc = full
+    t5 = doc.tables["Table 5 — final-loss prediction MAE"]
+    row = t5[(t5["method"] == "loss_topology") & (t5["fraction"] == 0.3) & (t5["cv"] == "rung")].iloc[0]
+    assert row["paper mae"] == 0.0903 and row["paper improvement %"] == 10.6
+    assert set(t5["method"]) == set(frames["mae"]["method"])
+
+
+def test_table8_joins_the_series_with_pythia_steps(full):
+    t8 = full[2].tables["Table 8 — checkpoint-series validation"]
+    assert t8["step"].tolist() == [0, 1000, 5000, 10000, 50000, 100000, 143000]
+    assert t8["NP mean"].iloc[0] == pytest.approx(0.34)
+    assert t8["paper H0 total"].iloc[-1] == 45.4
+
+
+def test_shuffled_null_and_topo_vs_spectral_tables(full):
+    doc = full[2]
+    null = doc.tables["Shuffled null — ρ(NP, loss) vs ρ(NP of shuffled weights, loss)"]
+    assert np.allclose(null["abs_gap"], null["rho"].abs() - null["rho_shuffled"].abs())
+    topo = doc.tables["Topological vs spectral — Δ|ρ| (Steiger z; * Bonferroni-significant)"]
+    assert list(topo.columns) == ["topological", "spectral", "tiny", "small", "medium", "large"]
+    assert "w_rankme" in set(topo["spectral"])
+
+
+def test_banner_is_loud_about_the_fallback_corpus_and_names_the_series(full):
+    doc = full[2]
+    assert doc.corpus_fallback
+    assert doc.banner["corpus"].startswith("OFFLINE FALLBACK CORPUS: python-docs")
+    assert doc.banner["validation series"] == "pythia-14m: ran (7 checkpoints computed, 0 skipped)"
+    assert doc.banner["params digest"].endswith("(sha256 of meta.params)")
+
+
+def test_missing_features_and_analysis_become_notes_not_crashes(tmp_path):
+    path = build_tiny_warehouse(tmp_path, with_analysis=False, with_features=False)
+    with duckdb.connect(str(path), read_only=True) as con:
+        doc = report.build(report.load(con))
+    assert not isinstance(doc.figures["loss_curves"], report.Missing)
+    assert doc.figures["np_evolution"].reason.startswith("`np` is empty")
+    assert "analysis stage" in doc.tables["Table 5 — final-loss prediction MAE"].reason
+    assert doc.banner["validation series"].startswith("not run")
+    assert "not available: " in report.render_html(doc, "/* no bundle */")
+
+
+def test_a_warehouse_without_a_view_is_reported_not_raised():
+    con = duckdb.connect()
+    con.execute("CREATE TABLE checkpoints (rung VARCHAR, seed INT, step INT, val_loss DOUBLE)")
+    frames = report.load(con)
+    assert isinstance(frames["phases"], report.Missing) and "phases" in frames["phases"].reason
+    doc = report.build(frames)
+    assert doc.banner["corpus"].startswith("unknown")
+
+
+# --- the stage and the page ------------------------------------------------------------------------
+
+
+def test_stage_writes_html_figures_and_dvc_plots(stage_out):
+    out, stdout = stage_out
+    assert stdout.startswith(f"report: {out / 'report.html'}, 10/10 figures")
+    names = {p.name for p in (out / "figures").iterdir()}
+    assert {"loss_curves.svg", "loss_curves.png", "validation_series.png", "scaling.svg"} <= names
+    assert (out / "figures" / "tp0_vs_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    loss = pd.read_csv(out / "plots" / "loss.csv")
+    assert list(loss.columns) == ["step", "rung", "val_loss"]
+    assert list(loss["rung"].unique()) == ["tiny", "small", "medium", "large"]  # ladder only, in rung order
+    assert list(pd.read_csv(out / "plots" / "np.csv").columns) == ["step", "rung", "np"]
+
+
+def test_html_is_self_contained_and_shows_the_skipped_series(stage_out):
+    page = (stage_out[0] / "report.html").read_text()
+    assert "vegaEmbed" in page and page.count('data-chart="') == 10
+    assert not any(s in page for s in ('src="http', "cdn.jsdelivr", 'href="http'))
+    assert "pythia-14m: SKIPPED (0 checkpoints computed, 7 skipped); why: not cached, hub unreachable" in page
+    assert 'class="banner fallback"' in page
+
+
+NO_CHROMIUM = "needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)"
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
+def test_report_renders_in_headless_chromium(stage_out, tmp_path):
+    page = stage_out[0] / "report.html"
+    flags = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
+    flags += ["--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+    flags += [f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
+    flags += ["--virtual-time-budget=10000", "--window-size=1400,2400"]
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=60)
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert console == [], console
+    # vega-embed puts an <svg class="marks"> in each chart div; a failed chart holds only its error text
+    assert len(re.findall(r'<svg [^>]*class="marks"', dom.stdout)) == 10, "every chart rendered"
+    shot = tmp_path / "report.png"
+    subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=60, check=True)
+    pixels = _png_pixels(shot.read_bytes())
+    assert pixels.std() > 20, "the screenshot is blank"
+    # The first figures are in view: their lines and dots are drawn in the rung colours.
+    rung_rgb = np.array([[int(c[i : i + 2], 16) for i in (1, 3, 5)] for c in charts.RUNG_COLORS], dtype=float)
+    distance = np.abs(pixels[:, :, None, :] - rung_rgb[None, None]).max(axis=-1)
+    assert (distance.min(axis=-1) < 24).sum() > 2000, "no chart marks in the rung colours on the screenshot"
+
+
+def _png_pixels(data: bytes) -> np.ndarray:
+    """(height, width, 3) RGB array of a PNG."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    return np.asarray(Image.open(BytesIO(data)).convert("RGB"), dtype=float)
+
+
+def test_dvc_template_colours_by_rung_and_dashes_by_revision(stage_out):
+    from dvc_render.vega import VegaRenderer
+
+    rows = pd.read_csv(stage_out[0] / "plots" / "loss.csv").astype(str).assign(rev="workspace")
+    renderer = VegaRenderer(
+        rows.to_dict("records"), "loss", template=str(REPO / ".dvc" / "plots" / "by_rung.json"), x="step", y="val_loss"
+    )
+    spec = renderer.get_filled_template()
+    assert spec["encoding"]["x"]["field"] == "step" and spec["encoding"]["y"]["field"] == "val_loss"
+    assert spec["encoding"]["color"]["field"] == "rung"
+    assert spec["encoding"]["color"]["scale"]["range"] == list(charts.RUNG_COLORS)
+    assert spec["encoding"]["strokeDash"]["field"] == "rev"
+    assert len(spec["data"]["values"]) == len(rows)

@@ -1,0 +1,258 @@
+"""The report's figures: pure functions from tidy DataFrames to ``alt.Chart`` objects.
+
+No function here reads or writes a file; the report stage saves the charts (HTML, PNG, SVG).
+Data is inlined as JSON records (``alt.Data(values=...)``), so a chart's ``to_dict()`` is the
+complete Vega-Lite spec and needs no data transformer (nor altair's 5,000-row limit).
+
+Every chart that shows rungs colours them with :func:`rung_color`: the ladder order
+tiny -> xl first, then any other rung (an external series such as ``EleutherAI/pythia-14m``),
+so a rung has the same colour in every figure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+import altair as alt
+import pandas as pd
+
+RUNG_ORDER = ("tiny", "small", "medium", "large", "xl")
+# Ladder colours light-to-dark would fade "tiny" into the background; these are Vega's
+# tableau10 hues, fixed per rung, then extra hues for rungs outside the ladder.
+RUNG_COLORS = ("#4c78a8", "#72b7b2", "#54a24b", "#f58518", "#e45756")
+EXTRA_COLORS = ("#b279a2", "#9d755d", "#eeca3b", "#ff9da6", "#bab0ac")
+WIDTH, HEIGHT = 320, 220
+
+
+def rung_domain(rungs: Iterable[str]) -> list[str]:
+    """The colour domain: every ladder rung in ladder order, then the other rungs sorted."""
+    return list(RUNG_ORDER) + sorted(set(rungs) - set(RUNG_ORDER))
+
+
+def rung_color(rungs: Iterable[str], title: str = "rung") -> alt.Color:
+    """``rung:N`` with a fixed domain and palette, so a rung keeps its colour across charts."""
+    domain = rung_domain(rungs)
+    palette = list(RUNG_COLORS) + [EXTRA_COLORS[i % len(EXTRA_COLORS)] for i in range(len(domain) - len(RUNG_ORDER))]
+    return alt.Color("rung:N", scale=alt.Scale(domain=domain, range=palette), sort=domain, title=title)
+
+
+def loss_curves(checkpoints: pd.DataFrame) -> alt.Chart:
+    """Validation loss over training, one line per rung (and seed). Columns: rung, seed, step, val_loss."""
+    _require(checkpoints, "loss_curves", ("rung", "seed", "step", "val_loss"))
+    return (
+        _chart(checkpoints, "Validation loss per rung")
+        .mark_line()
+        .encode(
+            x=alt.X("step:Q", title="step"),
+            y=alt.Y("val_loss:Q", title="validation loss (nats/char)", scale=alt.Scale(zero=False)),
+            color=rung_color(checkpoints["rung"]),
+            detail="seed:N",
+            tooltip=["rung:N", "seed:N", "step:Q", alt.Tooltip("val_loss:Q", format=".4f")],
+        )
+    )
+
+
+def np_evolution(np_series: pd.DataFrame) -> alt.Chart:
+    """Mean neural persistence over training per rung. Columns: rung, seed, step, np."""
+    _require(np_series, "np_evolution", ("rung", "seed", "step", "np"))
+    return (
+        _chart(np_series, "Neural persistence (mean over layers)")
+        .mark_line()
+        .encode(
+            x=alt.X("step:Q", title="step"),
+            y=alt.Y("np:Q", title="mean NP (normalised)", scale=alt.Scale(zero=False)),
+            color=rung_color(np_series["rung"]),
+            detail="seed:N",
+            tooltip=["rung:N", "seed:N", "step:Q", alt.Tooltip("np:Q", format=".4f")],
+        )
+    )
+
+
+def vr_evolution(features: pd.DataFrame) -> alt.Chart:
+    """Vietoris-Rips H0 and H1 total persistence over training, one panel per feature.
+
+    Columns: rung, seed, step, feature (``vr_tp0``/``vr_tp1``), value. Panels have their own y scale.
+    """
+    _require(features, "vr_evolution", ("rung", "seed", "step", "feature", "value"))
+    base = (
+        _chart(features, None)
+        .mark_line()
+        .encode(
+            x=alt.X("step:Q", title="step"),
+            y=alt.Y("value:Q", title="total persistence (sum over layers)", scale=alt.Scale(zero=False)),
+            color=rung_color(features["rung"]),
+            detail="seed:N",
+            tooltip=["rung:N", "seed:N", "step:Q", "feature:N", alt.Tooltip("value:Q", format=".4g")],
+        )
+    )
+    return (
+        base.facet(column=alt.Column("feature:N", title=None))
+        .resolve_scale(y="independent")
+        .properties(title="Vietoris-Rips total persistence of the weights")
+    )
+
+
+def tp0_vs_loss(points: pd.DataFrame) -> alt.Chart:
+    """H0 total persistence against validation loss, one point per checkpoint, coloured by rung.
+
+    Columns: rung, seed, step, vr_tp0, val_loss.
+    """
+    _require(points, "tp0_vs_loss", ("rung", "seed", "step", "vr_tp0", "val_loss"))
+    return (
+        _chart(points, "H0 total persistence vs validation loss")
+        .mark_circle(size=30, opacity=0.8)
+        .encode(
+            x=alt.X("vr_tp0:Q", title="VR H0 total persistence", scale=alt.Scale(zero=False)),
+            y=alt.Y("val_loss:Q", title="validation loss", scale=alt.Scale(zero=False)),
+            color=rung_color(points["rung"]),
+            tooltip=["rung:N", "seed:N", "step:Q", alt.Tooltip("vr_tp0:Q", format=".4g"), "val_loss:Q"],
+        )
+    )
+
+
+def correlation_heatmap(rho: pd.DataFrame) -> alt.Chart:
+    """Spearman rho(feature, validation loss) for every feature x rung. Columns: rung, feature, rho."""
+    _require(rho, "correlation_heatmap", ("rung", "feature", "rho"))
+    domain = [r for r in rung_domain(rho["rung"]) if r in set(rho["rung"])]
+    base = _chart(rho, "Spearman rho(feature, validation loss)").encode(
+        x=alt.X("rung:N", sort=domain, title="rung"),
+        y=alt.Y("feature:N", title=None),
+    )
+    cells = base.mark_rect().encode(
+        color=alt.Color("rho:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1]), title="rho"),
+        tooltip=["rung:N", "feature:N", alt.Tooltip("rho:Q", format=".3f")],
+    )
+    height = max(HEIGHT, 12 * rho["feature"].nunique())
+    return cells.properties(width=40 * max(len(domain), 1), height=height)
+
+
+def prediction_comparison(mae: pd.DataFrame) -> alt.Chart:
+    """Final-loss prediction MAE per method, grouped by training fraction. Columns: method, fraction, mae."""
+    _require(mae, "prediction_comparison", ("method", "fraction", "mae"))
+    return (
+        _chart(mae, "Final-loss prediction error by training fraction")
+        .mark_bar()
+        .encode(
+            x=alt.X("fraction:O", title="fraction of training observed", axis=alt.Axis(format=".0%")),
+            xOffset=alt.XOffset("method:N"),
+            y=alt.Y("mae:Q", title="MAE of final validation loss"),
+            color=alt.Color("method:N", title="method"),
+            tooltip=["method:N", alt.Tooltip("fraction:Q", format=".0%"), alt.Tooltip("mae:Q", format=".4f")],
+        )
+    )
+
+
+def scaling(points: pd.DataFrame, fitted: pd.DataFrame | None = None) -> alt.Chart:
+    """Final-checkpoint values against parameter count on log-log axes, one panel per feature.
+
+    ``points``: rung, n_params, feature, value (positive values only: a log axis has no zero).
+    ``fitted`` (optional): feature, n_params, value of the power-law fit a*N^b + c, drawn as a line.
+    """
+    _require(points, "scaling", ("rung", "n_params", "feature", "value"))
+    x = alt.X("n_params:Q", title="parameters N", scale=alt.Scale(type="log"))
+    y = alt.Y("value:Q", title="final value", scale=alt.Scale(type="log"))
+    dots = (
+        alt.Chart()
+        .mark_circle(size=60)
+        .encode(x=x, y=y, color=rung_color(points["rung"]), tooltip=["rung:N", "n_params:Q", "value:Q"])
+    )
+    layers = [dots]
+    data = points.assign(layer="points")
+    if fitted is not None and not fitted.empty:
+        _require(fitted, "scaling (fitted)", ("feature", "n_params", "value"))
+        line = alt.Chart().mark_line(color="gray", strokeDash=[4, 3]).encode(x=x, y=y)
+        layers = [line.transform_filter("datum.layer == 'fit'"), dots.transform_filter("datum.layer == 'points'")]
+        data = pd.concat([data, fitted.assign(layer="fit", rung=None)], ignore_index=True)
+    return (
+        alt.layer(*layers, data=_data(data))
+        .properties(width=220, height=180)
+        .facet(facet=alt.Facet("feature:N", title=None), columns=3)
+        .resolve_scale(y="independent")
+        .properties(title="Scaling with model size (log-log)")
+    )
+
+
+def betti_curves(curves: pd.DataFrame) -> alt.Chart:
+    """Betti curves of the hidden-state cloud, one panel per dimension, dashed at the first checkpoint.
+
+    Columns: rung, checkpoint (label, e.g. ``first``/``final``), dim (``H0``/``H1``), scale (index), betti.
+    """
+    _require(curves, "betti_curves", ("rung", "checkpoint", "dim", "scale", "betti"))
+    base = (
+        _chart(curves, None)
+        .mark_line()
+        .encode(
+            x=alt.X("scale:Q", title="filtration scale (index)"),
+            y=alt.Y("betti:Q", title="Betti number"),
+            color=rung_color(curves["rung"]),
+            strokeDash=alt.StrokeDash("checkpoint:N", title="checkpoint"),
+            tooltip=["rung:N", "checkpoint:N", "dim:N", "scale:Q", "betti:Q"],
+        )
+    )
+    return (
+        base.facet(column=alt.Column("dim:N", title=None))
+        .resolve_scale(y="independent")
+        .properties(title="Representation topology: Betti curves of the hidden states")
+    )
+
+
+def wasserstein_to_previous(distances: pd.DataFrame) -> alt.Chart:
+    """1-Wasserstein distance between consecutive checkpoints' diagrams. Columns: rung, seed, step, value."""
+    _require(distances, "wasserstein_to_previous", ("rung", "seed", "step", "value"))
+    return (
+        _chart(distances, "Representation diagrams: W1 distance to the previous checkpoint")
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("step:Q", title="step"),
+            y=alt.Y("value:Q", title="W1 to previous checkpoint"),
+            color=rung_color(distances["rung"]),
+            detail="seed:N",
+            tooltip=["rung:N", "seed:N", "step:Q", alt.Tooltip("value:Q", format=".4g")],
+        )
+    )
+
+
+def validation_series(series: pd.DataFrame) -> alt.Chart:
+    """An external checkpoint series (e.g. Pythia) beside the paper's Table 8, one panel per quantity.
+
+    Columns: step, quantity (e.g. ``NP mean``, ``H0 total``), value, source (``ours``/``paper``).
+    """
+    _require(series, "validation_series", ("step", "quantity", "value", "source"))
+    base = (
+        _chart(series, None)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("step:Q", title="step"),
+            y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
+            color=alt.Color("source:N", sort=["ours", "paper"], title="source"),
+            tooltip=["source:N", "quantity:N", "step:Q", alt.Tooltip("value:Q", format=".4g")],
+        )
+    )
+    return (
+        base.facet(column=alt.Column("quantity:N", title=None))
+        .resolve_scale(y="independent")
+        .properties(title="Validation series across training")
+    )
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def _data(frame: pd.DataFrame) -> alt.Data:
+    # Through pandas' JSON writer: NaN becomes null (json.dumps would write invalid NaN) and
+    # numpy scalars become plain numbers.
+    return alt.Data(values=json.loads(frame.to_json(orient="records", double_precision=10)))
+
+
+def _chart(frame: pd.DataFrame, title: str | None) -> alt.Chart:
+    chart = alt.Chart(_data(frame)).properties(width=WIDTH, height=HEIGHT)
+    return chart.properties(title=title) if title else chart
+
+
+def _require(frame: pd.DataFrame, name: str, columns: tuple[str, ...]) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{name} needs columns {list(columns)}; the frame lacks {missing}")
+    if frame.empty:
+        raise ValueError(f"{name} got an empty frame; the report shows a 'not available' note instead")
