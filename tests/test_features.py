@@ -1,0 +1,115 @@
+"""Tests of topometrics.features: tables, diverged checkpoints and a tiny run directory."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from topometrics.checkpoints import save_checkpoint
+from topometrics.features import (
+    ALL,
+    DIAGRAM_COLUMNS,
+    FEATURE_COLUMNS,
+    checkpoint_features,
+    distance_features,
+    run_features,
+    validation_batch,
+)
+from topometrics.model import GPT, GPTConfig, linear_layer_names
+from topometrics.params import FeaturesParams
+
+CONFIG = GPTConfig(context=16, hidden=8, layers=2, heads=2)
+PARAMS = FeaturesParams(rep_points=60, rep_batch=4, betti_scales=4, workers=1)
+
+
+def tiny_model(seed: int) -> GPT:
+    model = GPT(CONFIG)
+    model.init_weights(torch.Generator().manual_seed(seed))
+    return model
+
+
+def batch():
+    tokens = np.random.default_rng(0).integers(0, 128, 200).astype(np.uint8)
+    return validation_batch(tokens, CONFIG.context, PARAMS.rep_batch)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("features")
+    (root / "run").mkdir()
+    (root / "corpus").mkdir()
+    np.random.default_rng(0).integers(0, 128, 500).astype(np.uint8).tofile(root / "corpus" / "val.u8")
+    for step in (0, 100, 200):
+        meta = {
+            "step": step,
+            "rung": "tiny",
+            "seed": 42,
+            "config": CONFIG.to_dict(),
+            "recipe_fingerprint": "t",
+            "val_loss": 4.0,
+            "train_loss": 4.0,
+        }
+        save_checkpoint(root / "run", tiny_model(step), meta)
+    return run_features(root / "run", root / "corpus", PARAMS, "tiny")
+
+
+def test_validation_batch_windows_and_shifted_targets():
+    tokens = np.arange(100, dtype=np.uint8)
+    x, y = validation_batch(tokens, 8, 3)
+    assert x.shape == y.shape == (3, 8)
+    assert x[1].tolist() == list(range(8, 16)) and y[1].tolist() == list(range(9, 17))
+    with pytest.raises(ValueError, match="lower features.rep_batch"):
+        validation_batch(tokens, 50, 2)
+
+
+def test_run_tables_have_the_public_columns_and_every_step(run):
+    features, diagrams = run
+    assert list(features.columns) == FEATURE_COLUMNS
+    assert list(diagrams.columns) == DIAGRAM_COLUMNS
+    assert sorted(features.step.unique()) == [0, 100, 200]
+    assert set(features.layer) == {*linear_layer_names(2), ALL}
+    assert set(diagrams.source) == {"weights", "representation"}
+    assert np.isfinite(diagrams.death).all()  # the essential H0 bar is never stored
+    assert not features.duplicated(["step", "layer", "feature"]).any()
+
+
+def test_run_values_are_consistent(run):
+    features, diagrams = run
+    at = features.set_index(["step", "layer", "feature"]).value
+    layers = linear_layer_names(2)
+    assert at[(100, ALL, "vr_tp0")] == pytest.approx(sum(at[(100, name, "vr_tp0")] for name in layers))
+    assert at[(100, ALL, "np_norm")] == pytest.approx(np.mean([at[(100, name, "np_norm")] for name in layers]))
+    rep0 = diagrams.query("step == 100 and source == 'representation' and dim == 0")
+    assert at[(100, ALL, "rep_tp0")] == pytest.approx((rep0.death - rep0.birth).sum())
+    assert at[(100, ALL, "grad_norm")] > 0
+    first = features[(features.step == 0) & features.feature.str.endswith("_prev")]
+    assert first.value.isna().all() and first.reason.str.startswith("first checkpoint").all()
+    later = features[(features.step == 200) & features.feature.str.endswith("_prev")]
+    assert later.value.notna().all() and (later.value > 0).all()
+    ok = features[features.reason.isna()]
+    assert np.isfinite(ok.value).all()
+
+
+def test_diverged_checkpoint_gives_null_with_reason_and_a_warning(run):
+    state = tiny_model(1).state_dict()
+    state["blocks.0.mlp.up.weight"][0, 0] = float("nan")
+    with pytest.warns(RuntimeWarning, match="diverged"):
+        result = checkpoint_features(state, CONFIG, batch(), PARAMS)
+    values = np.array([row[2] for row in result.rows])
+    assert np.isnan(values).all() and all(row[3].startswith("diverged") for row in result.rows)
+    healthy, _ = run
+    expected = healthy[(healthy.step == 0) & ~healthy.feature.str.endswith("_prev")]
+    assert {(r[0], r[1]) for r in result.rows} == set(zip(expected.layer, expected.feature, strict=True))
+    dist = distance_features(
+        checkpoint_features(tiny_model(2).state_dict(), CONFIG, batch(), PARAMS), result, linear_layer_names(2)
+    )
+    assert all(np.isnan(r[2]) and "missing" in r[3] for r in dist.rows)
+
+
+def test_features_are_deterministic():
+    a = checkpoint_features(tiny_model(3).state_dict(), CONFIG, batch(), PARAMS)
+    b = checkpoint_features(tiny_model(3).state_dict(), CONFIG, batch(), PARAMS)
+    assert json.dumps(a.rows) == json.dumps(b.rows)

@@ -1,0 +1,99 @@
+"""Features speed on the default ladder: ``python -m topometrics.bench features [--runs DIR]``.
+
+Uses ``data/runs/<rung>`` when all five default rungs exist there, otherwise writes 255
+synthetic checkpoints (51 per rung, GPT-2 random init with a different seed per step) and a
+random ``val.u8`` into a temporary directory. Measures (1) the weight-space features (NP,
+shuffled NP, Vietoris-Rips of rows, spectral baselines) of all 255 checkpoints in a pool of
+``--workers`` processes and (2) the whole :func:`topometrics.features.run_features` per rung
+(weights, gradients, representation topology, distances). Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from topometrics.checkpoints import list_checkpoints, load_state, save_checkpoint
+from topometrics.features import _map, _pool, run_features, weight_features
+from topometrics.model import GPT, GPTConfig, linear_weights
+from topometrics.params import FeaturesParams
+
+LADDER = {"tiny": (8, 1), "small": (16, 1), "medium": (24, 2), "large": (32, 3), "xl": (48, 3)}
+STEPS = range(0, 5001, 100)
+
+
+def synthetic_runs(root: Path) -> tuple[Path, Path]:
+    corpus = root / "corpus"
+    corpus.mkdir(parents=True)
+    np.random.default_rng(0).integers(0, 128, 200_000).astype(np.uint8).tofile(corpus / "val.u8")
+    for rung, (hidden, layers) in LADDER.items():
+        config = GPTConfig(hidden=hidden, layers=layers, heads=4)
+        run = root / "runs" / rung
+        run.mkdir(parents=True)
+        for step in STEPS:
+            model = GPT(config)
+            model.init_weights(torch.Generator().manual_seed(step))
+            meta = {
+                "step": step,
+                "rung": rung,
+                "seed": 42,
+                "config": config.to_dict(),
+                "recipe_fingerprint": "bench",
+                "val_loss": float("nan"),
+                "train_loss": float("nan"),
+            }
+            save_checkpoint(run, model, meta)
+    return root / "runs", corpus
+
+
+def _weights_job(job: tuple[Path, int, FeaturesParams]):
+    path, layers, params = job
+    return weight_features(linear_weights(load_state(path), layers), params)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m topometrics.bench features")
+    parser.add_argument("--runs", type=Path, default=Path("data/runs"))
+    parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--weights-only", action="store_true", help="skip the whole-stage measurement")
+    args = parser.parse_args(argv)
+    params = FeaturesParams(workers=args.workers)
+    with tempfile.TemporaryDirectory() as tmp:
+        runs, corpus = args.runs, args.corpus
+        if not all(list_checkpoints(runs / rung) for rung in LADDER) or not (corpus / "val.u8").exists():
+            print("no complete data/runs ladder: writing 255 synthetic checkpoints")
+            runs, corpus = synthetic_runs(Path(tmp))
+        ckpts = [(c.path, c.config.layers, params) for rung in LADDER for c in list_checkpoints(runs / rung)]
+        start = time.perf_counter()
+        with _pool(params.workers, len(ckpts)) as pool:
+            _map(pool, _weights_job, ckpts, "weights")
+        weights_s = time.perf_counter() - start
+        print(f"weight features, {len(ckpts)} checkpoints: {weights_s:.1f} s")
+        if args.weights_only:
+            print(json.dumps({"weight_features_s_255": round(weights_s, 2), "checkpoints": len(ckpts)}))
+            return 0
+        start = time.perf_counter()
+        for rung in LADDER:
+            t0 = time.perf_counter()
+            features, diagrams = run_features(runs / rung, corpus, params, rung)
+            print(f"features@{rung}: {time.perf_counter() - t0:.1f} s, {len(features)} rows, {len(diagrams)} bars")
+        stage_s = time.perf_counter() - start
+        print(f"whole features, {len(ckpts)} checkpoints: {stage_s:.1f} s")
+    print(
+        json.dumps(
+            {
+                "weight_features_s_255": round(weights_s, 2),
+                "features_stage_s_255": round(stage_s, 2),
+                "checkpoints": len(ckpts),
+                "workers": params.workers,
+            }
+        )
+    )
+    return 0
