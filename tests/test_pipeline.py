@@ -1,12 +1,14 @@
 """End to end: `dvc repro` on a tiny ladder in a temporary git repo, `dvc exp run -S` re-running
 only the rungs that inherit the changed value, and `dvc push` / `dvc pull` through a local remote."""
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import pytest
 import yaml
 
@@ -15,14 +17,17 @@ pytestmark = pytest.mark.slow
 
 TINY = {
     "data": {"corpus": "wikitext-2-raw-v1", "urls": [], "val_windows": 8, "seq_len": 32},
-    "train": {"steps": 20, "ckpt_every": 10, "batch_size": 8, "warmup": 2, "threads": 1, "hidden": 8, "heads": 2},
+    "train": {"steps": 40, "ckpt_every": 10, "batch_size": 8, "warmup": 2, "threads": 1, "hidden": 8, "heads": 2},
     "ladder": {"a": {"hidden": 8, "layers": 1, "heads": 1}, "b": {}},
+    "features": {"rep_points": 64, "rep_batch": 4, "max_points": 32, "workers": 1},
+    "analysis": {"bootstrap": 50},
 }
 
 
 def run(args: list[str], cwd: Path) -> str:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     env["DVC_NO_ANALYTICS"] = "1"
+    env["HF_HUB_OFFLINE"] = "1"  # the series stage records Pythia as skipped instead of trying the network
     proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -32,7 +37,7 @@ def run(args: list[str], cwd: Path) -> str:
 def make_project(root: Path) -> Path:
     """A git+DVC project with this repository's pipeline and a tiny params.yaml."""
     root.mkdir()
-    for name in ("dvc.yaml", "stages", "topometrics", ".dvc/config", ".dvcignore", ".gitignore"):
+    for name in ("dvc.yaml", "stages", "topometrics", ".dvc/config", ".dvc/plots", ".dvcignore", ".gitignore"):
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -60,27 +65,42 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
     out = run(["dvc", "repro"], project)
     assert "OFFLINE FALLBACK" in out
     for rung in ("a", "b"):
-        assert len(list((project / "data/runs" / rung).glob("step_*.safetensors"))) == 3
+        assert len(list((project / "data/runs" / rung).glob("step_*.safetensors"))) == 5
+        assert (project / "data/features" / rung / "features.parquet").exists()
+    assert (project / "data/warehouse.duckdb").exists() and (project / "reports/report.html").exists()
+    metrics = json.loads((project / "reports/metrics.json").read_text())
+    assert metrics["corpus"]["used"] == "python-docs-offline"
+    with duckdb.connect(str(project / "data/warehouse.duckdb"), read_only=True) as con:
+        n = con.execute("select count(distinct step) from features where rung = 'b'").fetchone()[0]
+        assert n == 5
+        assert con.execute("select count(*) from feature_loss_spearman").fetchone()[0] > 0
     assert "didn't change" in run(["dvc", "repro"], project).replace("Stage 'corpus'", "")
     commit(project, "trained")
 
-    # rung b inherits train.hidden, rung a overrides it: only b's chain re-runs.
-    exp = run(["dvc", "exp", "run", "-S", "train.hidden=16"], project)
-    assert "Running stage 'train@b'" in exp and "Running stage 'train@a'" not in exp
+    # rung b inherits train.hidden, rung a overrides it: only b's chain re-runs, and the metrics show it.
+    exp = run(["dvc", "exp", "run", "-S", "train.hidden=16", "analysis"], project)
+    assert "Running stage 'train@b'" in exp and "Running stage 'features@b'" in exp
+    assert "Running stage 'train@a'" not in exp and "Running stage 'features@a'" not in exp
     assert "train.hidden" in run(["dvc", "exp", "show", "--no-pager", "--csv"], project)
-    diff = run(["dvc", "metrics", "diff", "--all"], project)
+    diff = run(["dvc", "metrics", "diff", "--all", "--md"], project)
     assert "reports/train/b.json" in diff and "n_params" in diff
+    assert "reports/metrics.json" in diff and "final_val_loss" in diff
 
     # overriding one rung re-runs only its chain; adding a rung adds its stages
-    exp = run(["dvc", "exp", "run", "-S", "ladder.a.hidden=12", "-S", "ladder.a.heads=2"], project)
+    exp = run(
+        ["dvc", "exp", "run", "-S", "ladder.a.hidden=12", "-S", "ladder.a.heads=2", "train@a", "train@b"], project
+    )
     assert "Running stage 'train@a'" in exp and "Running stage 'train@b'" not in exp
-    exp = run(["dvc", "exp", "run", "-S", "+ladder.c={hidden: 4, layers: 1, heads: 1}"], project)
+    exp = run(["dvc", "exp", "run", "-S", "+ladder.c={hidden: 4, layers: 1, heads: 1}", "train@c"], project)
     assert "Running stage 'train@c'" in exp and "Running stage 'train@a'" not in exp
+    run(["git", "checkout", "--", "."], project)  # back to the committed, fully reproduced baseline
+    run(["dvc", "checkout", "--force"], project)
 
     # share through a local-folder remote and pull in a second clone
     remote = tmp_path / "remote"
     run(["dvc", "remote", "add", "-d", "local", str(remote)], project)
-    commit(project, "remote")
+    run(["git", "add", ".dvc/config"], project)
+    run(["git", "commit", "-qm", "remote"], project)
     run(["dvc", "push"], project)
     clone = tmp_path / "clone"
     run(["git", "clone", "-q", str(project), str(clone)], tmp_path)

@@ -1,0 +1,339 @@
+"""External checkpoint series: tiny GPT-NeoX models built here, read back through local folders, a
+local Hugging Face cache (offline, in a subprocess running the stage) and bare safetensors files."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import huggingface_hub.constants
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
+
+from topometrics import features as feat
+from topometrics.checkpoints import CheckpointError
+from topometrics.corpus import encode, offline_text
+from topometrics.params import FeaturesParams, ParamsError, SeriesSource, parse_params
+from topometrics.series import (
+    SafetensorsFile,
+    causal_lm_on_batch,
+    hub_checkpoints,
+    neox_linear_layers,
+    series_features,
+    step_from_name,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+PARAMS = FeaturesParams(max_points=20, rep_points=60, rep_dim=5, rep_batch=2, betti_scales=4, workers=1)
+SEQ_LEN = 16
+TEXT = offline_text()[:60_000]
+ENTRIES = {"step0": 0, "step_000010": 10, "checkpoint-20": 20}  # folder name -> step
+# Written out independently of topometrics.series.NEOX_LINEAR: our part -> NeoX module.
+MAPPING = [
+    ("attn.qkv", "attention.query_key_value"),
+    ("attn.out", "attention.dense"),
+    ("mlp.in", "mlp.dense_h_to_4h"),
+    ("mlp.out", "mlp.dense_4h_to_h"),
+]
+
+
+def tiny_neox(seed: int) -> GPTNeoXForCausalLM:
+    cfg = GPTNeoXConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=300
+    )
+    model = GPTNeoXForCausalLM(cfg)
+    gen = torch.Generator().manual_seed(seed)  # explicit generator: no global random state
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    return model.eval()
+
+
+def save_tokenizer(folder: Path) -> None:
+    """A byte-level BPE tokenizer with 300 ids, trained here on local text."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator([TEXT[:20_000]], trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def local_series(tmp_path_factory):
+    """A folder of three save_pretrained checkpoints plus the tokenizer; and the models in memory."""
+    root = tmp_path_factory.mktemp("series")
+    save_tokenizer(root)
+    models_by_step = {}
+    for seed, (name, step) in enumerate(ENTRIES.items()):
+        models_by_step[step] = tiny_neox(seed)
+        models_by_step[step].save_pretrained(root / name, safe_serialization=True)
+    return root, models_by_step
+
+
+@pytest.fixture(scope="module")
+def local_result(local_series):
+    root, _ = local_series
+    return series_features("tiny", SeriesSource(path=str(root)), TEXT, PARAMS, SEQ_LEN)
+
+
+def values(frames: list[pd.DataFrame], step: int) -> dict[tuple[str, str], float]:
+    frame = pd.concat(frames)
+    frame = frame[frame["step"] == step]
+    return {(r.layer, r.feature): r.value for r in frame.itertuples()}
+
+
+def in_memory_weights(model: GPTNeoXForCausalLM) -> dict[str, np.ndarray]:
+    state = model.state_dict()
+    return {
+        f"block{i}.{part}": state[f"gpt_neox.layers.{i}.{module}.weight"].numpy()
+        for i in range(model.config.num_hidden_layers)
+        for part, module in MAPPING
+    }
+
+
+# ---------------------------------------------------------------------------
+# Features equal the direct computation on the in-memory models
+# ---------------------------------------------------------------------------
+
+
+def test_streamed_weight_features_equal_weight_features_on_the_in_memory_weights(local_series, local_result):
+    _, models_by_step = local_series
+    for step, model in models_by_step.items():
+        direct = feat.weight_features(in_memory_weights(model), PARAMS)
+        got = values(local_result.features, step)
+        assert len(direct.rows) > 8 * 10  # every layer and the aggregates
+        for layer, name, value, _ in direct.rows:
+            assert got[(layer, name)] == pytest.approx(value, rel=1e-12, abs=1e-12), (step, layer, name)
+
+
+def test_representation_features_equal_the_in_memory_model_on_the_same_tokens(local_series, local_result):
+    root, models_by_step = local_series
+    ids = AutoTokenizer.from_pretrained(root)(TEXT, add_special_tokens=False)["input_ids"]
+    x, y = feat.validation_batch(np.asarray(ids), SEQ_LEN, PARAMS.rep_batch)
+    layers = {
+        name: f"gpt_neox.layers.{name[5]}.{dict(MAPPING)[name[7:]]}.weight" for name in in_memory_weights(tiny_neox(0))
+    }
+    for step, model in models_by_step.items():
+        states, grads, loss = causal_lm_on_batch(model, x, y, layers)
+        with torch.no_grad():
+            out = model(input_ids=x, output_hidden_states=True)
+        # the states are the last block's output before the final layer norm (our convention)
+        final = model.gpt_neox.final_layer_norm(torch.from_numpy(states).float())
+        torch.testing.assert_close(final, out.hidden_states[-1].reshape(-1, 32), rtol=1e-5, atol=1e-5)
+        assert loss == pytest.approx(float(torch.nn.functional.cross_entropy(out.logits.reshape(-1, 300), y.ravel())))
+        expected = feat.representation_features(states, PARAMS)
+        got = values(local_result.features, step)
+        for layer, name, value, _ in expected.rows:
+            assert got[(layer, name)] == pytest.approx(value, rel=1e-9, abs=1e-12), (step, name)
+        for name, value in grads.items():
+            assert got[(name, "grad_norm")] == pytest.approx(value, rel=1e-6)
+
+
+def test_local_folder_steps_come_from_names_and_distances_from_the_previous_checkpoint(local_result):
+    assert [s["step"] for s in local_result.status] == [0, 10, 20]
+    assert all(s["status"] == "computed" for s in local_result.status)
+    frame = pd.concat(local_result.features)
+    first = frame[(frame["step"] == 0) & (frame["feature"] == "vr_w1_prev")]
+    assert first["value"].isna().all() and (first["reason"] == "first checkpoint: no previous diagram").all()
+    later = frame[(frame["step"] > 0) & frame["feature"].isin(["vr_w1_prev", "rep_bneck_prev"])]
+    assert later["value"].notna().all() and (later["value"] > 0).all()
+    assert set(frame.columns) == {*feat.FEATURE_COLUMNS, "series", "revision"}
+    assert (frame["rung"] == "tiny").all()
+    diagrams = pd.concat(local_result.diagrams)
+    assert set(diagrams["source"]) == {"weights", "representation"}
+    assert np.isfinite(diagrams["death"]).all()
+
+
+def test_bare_safetensors_files_with_sidecar_steps_and_the_series_config(local_series, local_result, tmp_path):
+    root, models_by_step = local_series
+    for step, model in models_by_step.items():
+        save_file(model.state_dict(), str(tmp_path / f"weights-{chr(97 + step // 10)}.safetensors"))
+        (tmp_path / f"weights-{chr(97 + step // 10)}.json").write_text(json.dumps({"step": step}))
+    result = series_features("bare", SeriesSource(path=str(tmp_path)), TEXT, PARAMS, SEQ_LEN)
+    # no config.json yet: weight features only, model rows NULL with the reason
+    assert [s["step"] for s in result.status] == [0, 10, 20]
+    frame = pd.concat(result.features)
+    rep = frame[frame["feature"] == "rep_tp0"]
+    assert rep["value"].isna().all() and rep["reason"].str.contains("config.json").all()
+    assert values(result.features, 10)[("all", "np_norm")] == values(local_result.features, 10)[("all", "np_norm")]
+    # with the series' config.json and tokenizer beside the files, everything equals the folder run
+    shutil.copy(root / "step0" / "config.json", tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(root / name, tmp_path)
+    result = series_features("bare", SeriesSource(path=str(tmp_path)), TEXT, PARAMS, SEQ_LEN)
+    for step in ENTRIES.values():
+        got, want = values(result.features, step), values(local_result.features, step)
+        assert got.keys() == want.keys()
+        bad = [k for k in want if not (got[k] == pytest.approx(want[k], rel=1e-9, abs=1e-12) or np.isnan(want[k]))]
+        assert not bad, [(k, got[k], want[k]) for k in bad]
+
+
+# ---------------------------------------------------------------------------
+# Corrupt files, divergence, offline
+# ---------------------------------------------------------------------------
+
+
+def test_truncated_and_corrupt_files_are_skipped_naming_the_file_and_the_others_kept(local_series, tmp_path):
+    root, _ = local_series
+    shutil.copytree(root, tmp_path / "s")
+    truncated = tmp_path / "s" / "step_000010" / "model.safetensors"
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    garbage = tmp_path / "s" / "checkpoint-20" / "model.safetensors"
+    garbage.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!" + garbage.read_bytes()[24:])
+    result = series_features("tiny", SeriesSource(path=str(tmp_path / "s")), TEXT, PARAMS, SEQ_LEN)
+    status = {s["step"]: s for s in result.status}
+    assert status[0]["status"] == "computed"
+    for step, path in ((10, truncated), (20, garbage)):
+        assert status[step]["status"] == "skipped"
+        assert status[step]["reason"].startswith(f"{path}: not a readable safetensors file")
+    assert set(pd.concat(result.features)["step"]) == {0}
+
+
+def test_safetensors_file_errors_name_the_file(tmp_path):
+    path = tmp_path / "empty.safetensors"
+    path.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=f"^{path}: not a readable safetensors file"):
+        SafetensorsFile(path)
+
+
+def test_a_diverged_checkpoint_gives_nulls_with_the_reason(local_series, tmp_path):
+    model = tiny_neox(7)
+    with torch.no_grad():
+        model.gpt_neox.layers[1].mlp.dense_4h_to_h.weight[0, 0] = float("nan")
+    model.save_pretrained(tmp_path / "step5", safe_serialization=True)
+    with pytest.warns(RuntimeWarning, match="diverged"):
+        result = series_features("d", SeriesSource(path=str(tmp_path)), TEXT, PARAMS, SEQ_LEN)
+    frame = pd.concat(result.features)
+    frame = frame[~frame["feature"].str.endswith("_prev")]  # distances: "diagram missing"
+    assert frame["value"].isna().all() and frame["reason"].str.startswith("diverged").all()
+    assert {"np_norm", "rep_tp0", "grad_norm"} <= set(frame["feature"])
+
+
+def test_uncached_revisions_offline_are_skipped_with_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    found = list(hub_checkpoints("acme/absent", ("step0", "main"), cache_dir=tmp_path))
+    assert [(s["revision"], s["status"]) for s in found] == [("main", "skipped"), ("step0", "skipped")]
+    assert "cannot tell the step" in found[0]["reason"]
+    assert found[1]["reason"].startswith("not cached and not downloadable (LocalEntryNotFoundError")
+
+
+def populate_hf_cache(hub: Path, repo_id: str, revisions: dict[str, Path], extra: list[Path]) -> None:
+    """Lay out a Hugging Face hub cache: blobs named by sha256, snapshots of symlinks, refs."""
+    repo = hub / f"models--{repo_id.replace('/', '--')}"
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    for revision, folder in revisions.items():
+        commit = hashlib.sha1(str(folder).encode()).hexdigest()
+        (repo / "refs" / revision).write_text(commit)
+        snapshot = repo / "snapshots" / commit
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for file in [*folder.iterdir(), *extra]:
+            blob = repo / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
+            shutil.copy(file, blob)
+            if not (snapshot / file.name).exists():
+                (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
+
+
+def test_stage_reads_hub_revisions_from_a_local_cache_offline(local_series, local_result, tmp_path):
+    root, _ = local_series
+    tokenizer_files = [root / "tokenizer.json", root / "tokenizer_config.json"]
+    revisions = {"step0": root / "step0", "step20": root / "checkpoint-20"}
+    revisions["step40"] = revisions["step20"]  # a branch serving the same files as another
+    populate_hf_cache(tmp_path / "hf" / "hub", "acme/tiny-neox", revisions, tokenizer_files)
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["features"].update(max_points=20, rep_points=60, rep_dim=5, rep_batch=2, betti_scales=4, workers=1)
+    wanted = ["step0", "step20", "step30", "step40"]  # step30 is not cached
+    params["series"] = {"seq_len": SEQ_LEN, "sources": {"tiny": {"model": "acme/tiny-neox", "revisions": wanted}}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    (tmp_path / "data" / "corpus").mkdir(parents=True)
+    encode(TEXT).tofile(tmp_path / "data" / "corpus" / "val.u8")
+    env = os.environ | {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    env.pop("HF_HUB_CACHE", None)
+    cmd = [sys.executable, str(REPO / "stages" / "series.py"), "--corpus", "data/corpus", "--out", "data/series"]
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "series tiny: 3 computed, 1 skipped" in run.stdout
+    status = json.loads((tmp_path / "data" / "series" / "status.json").read_text())["series"][0]
+    by_revision = {c["revision"]: c for c in status["checkpoints"]}
+    assert by_revision["step30"]["status"] == "skipped"
+    assert "LocalEntryNotFoundError" in by_revision["step30"]["reason"]
+    assert by_revision["step40"]["duplicate_of"] == "step20" and by_revision["step20"]["duplicate_of"] is None
+    frame = pd.read_parquet(tmp_path / "data" / "series" / "features.parquet")
+    assert set(frame["series"]) == {"acme/tiny-neox"} and set(frame["step"]) == {0, 20, 40}
+    got = {(r.step, r.layer, r.feature): r.value for r in frame.itertuples()}
+    for step in (0, 20):  # distances differ at 20: its previous checkpoint here is 0, there 10
+        for (layer, name), value in values(local_result.features, step).items():
+            if not name.endswith("_prev"):
+                assert got[(step, layer, name)] == pytest.approx(value, rel=1e-9, abs=1e-12) or np.isnan(value)
+    assert len(pd.read_parquet(tmp_path / "data" / "series" / "diagrams.parquet")) > 0
+
+
+# ---------------------------------------------------------------------------
+# Pieces: names, dtypes, params
+# ---------------------------------------------------------------------------
+
+
+def test_neox_mapping_is_in_our_network_order_and_rejects_incomplete_blocks():
+    names = [f"gpt_neox.layers.{i}.{m}.{kind}" for i in (1, 0) for _, m in MAPPING for kind in ("weight", "bias")]
+    layers = neox_linear_layers(names)
+    assert list(layers) == [f"block{i}.{part}" for i in (0, 1) for part, _ in MAPPING]
+    assert layers["block1.mlp.out"] == "gpt_neox.layers.1.mlp.dense_4h_to_h.weight"
+    assert neox_linear_layers([n.removeprefix("gpt_neox.") for n in names])["block0.attn.qkv"] == (
+        "layers.0.attention.query_key_value.weight"
+    )
+    with pytest.raises(CheckpointError, match="missing layers.1.mlp.dense_4h_to_h.weight"):
+        neox_linear_layers([n for n in names if "1.mlp.dense_4h_to_h" not in n])
+    with pytest.raises(CheckpointError, match="no GPT-NeoX linear layers"):
+        neox_linear_layers(["blocks.0.attn.qkv.weight"])
+
+
+@pytest.mark.parametrize(
+    ("name", "step"),
+    [("step0", 0), ("step143000", 143000), ("step_001000", 1000), ("checkpoint-500", 500), ("main", None)],
+)
+def test_step_from_name(name, step):
+    assert step_from_name(name) == step
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_streamed_reads_equal_torch_for_every_float_dtype(tmp_path, dtype):
+    gen = torch.Generator().manual_seed(0)
+    w = (torch.randn(300, 700, generator=gen) * 3).to(dtype)  # > 1 MiB in float32: several chunks
+    w[17, 5] = -100.0
+    save_file({"w": w, "b": torch.ones(3, dtype=dtype)}, str(tmp_path / "t.safetensors"))
+    f = SafetensorsFile(tmp_path / "t.safetensors")
+    np.testing.assert_array_equal(f.read("w"), w.float().numpy())
+    assert f.read("w").dtype == np.float32
+    assert f.absmax("w") == 100.0
+    w[200, 3] = float("nan")
+    save_file({"w": w}, str(tmp_path / "nan.safetensors"))
+    assert np.isnan(SafetensorsFile(tmp_path / "nan.safetensors").absmax("w"))
+
+
+def test_series_params_default_to_the_papers_pythia_validation_and_validate():
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw.pop("series", None)
+    pythia = parse_params(raw).series.sources["pythia-14m"]
+    assert pythia.model == "EleutherAI/pythia-14m"
+    assert pythia.revisions == ("step0", "step1000", "step5000", "step10000", "step50000", "step100000", "step143000")
+    for bad, message in [
+        ({"sources": {"x": {}}}, "series.sources.x: give exactly one of model"),
+        ({"sources": {"x": {"model": "a/b"}}}, "series.sources.x.revisions is empty"),
+        ({"sources": {"x": {"path": "/p", "revisions": ["step1"]}}}, "revisions applies to model only"),
+        ({"sources": {"x": {"model": "a/b", "revisions": ["s"], "typo": 1}}}, "unknown param series.sources.x.typo"),
+        ({"seq_len": 0}, "series.seq_len must be positive"),
+    ]:
+        with pytest.raises(ParamsError, match=message):
+            parse_params(raw | {"series": bad})
