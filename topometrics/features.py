@@ -21,6 +21,7 @@ import multiprocessing
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -103,14 +104,24 @@ def weight_features(weights: dict[str, np.ndarray], params: FeaturesParams) -> C
         Rows per layer and the ``layer='all'`` aggregates; diagrams ``('weights', layer)``.
     """
     global_max = max(float(np.abs(w).max()) for w in weights.values())
+    return loaded_weight_features({name: lambda w=w: w for name, w in weights.items()}, global_max, params)
+
+
+def loaded_weight_features(
+    loaders: dict[str, Callable[[], np.ndarray]], global_max: float, params: FeaturesParams
+) -> CheckpointFeatures:
+    """:func:`weight_features` with each layer produced by a loader, called once and in order, so a
+    caller that reads layers lazily (``topometrics.series``) holds one layer in memory at a time.
+
+    ``global_max`` is ``max |w|`` over all the layers (the caller's first pass when streaming).
+    """
     out = CheckpointFeatures()
     per_layer = {}
-    for i, (name, w) in enumerate(weights.items()):
-        values = layer_features(w, global_max, params.max_points, [params.seed, i], params.seed)
-        dgms = values.pop("_diagrams")
+    for i, (name, load) in enumerate(loaders.items()):
+        values = layer_features(load(), global_max, params.max_points, [params.seed, i], params.seed)
+        out.diagrams[("weights", name)] = values.pop("_diagrams")
         per_layer[name] = values
         out.add(name, values)
-        out.diagrams[("weights", name)] = dgms
     out.add(ALL, aggregate_layers(per_layer))
     return out
 

@@ -36,6 +36,7 @@ Vietoris-Rips diagram of all rows are invariant to a row permutation; only the s
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -61,11 +62,10 @@ from topometrics.features import (
     FEATURE_COLUMNS,
     GRAD_FEATURES,
     CheckpointFeatures,
-    aggregate_layers,
     diagrams_frame,
     distance_features,
     features_frame,
-    layer_features,
+    loaded_weight_features,
     null_features,
     rep_feature_names,
     representation_features,
@@ -244,26 +244,18 @@ def streamed_weight_features(
 ) -> CheckpointFeatures | None:
     """Weight features of every linear layer, one layer in memory at a time.
 
-    The per-layer work is :func:`topometrics.features.layer_features` and the aggregates are
-    :func:`topometrics.features.aggregate_layers` with the same seeds as
-    :func:`topometrics.features.weight_features` (shuffled null of layer ``i``: ``[seed, i]``),
-    so the values equal ``weight_features`` on the in-memory weights. Returns None (after a
-    ``RuntimeWarning``) when a linear layer has NaN/Inf: the checkpoint has diverged.
+    Pass 1 reads each layer's ``max |w|``; pass 2 is
+    :func:`topometrics.features.loaded_weight_features`, the same code as
+    :func:`topometrics.features.weight_features`, so the values equal it on the in-memory
+    weights. Returns None (after a ``RuntimeWarning``) when a linear layer has NaN/Inf: the
+    checkpoint has diverged.
     """
     absmax = {layer: where[tensor].absmax(tensor) for layer, tensor in layers.items()}  # pass 1
     if not np.isfinite(list(absmax.values())).all():
         return None
     global_max = max(absmax.values())
-    out, per_layer = CheckpointFeatures(), {}
-    for i, (layer, tensor) in enumerate(layers.items()):  # pass 2
-        values = layer_features(
-            where[tensor].read(tensor), global_max, params.max_points, [params.seed, i], params.seed
-        )
-        out.diagrams[("weights", layer)] = values.pop("_diagrams")
-        per_layer[layer] = values
-        out.add(layer, values)
-    out.add(ALL, aggregate_layers(per_layer))
-    return out
+    loaders = {layer: functools.partial(where[tensor].read, tensor) for layer, tensor in layers.items()}
+    return loaded_weight_features(loaders, global_max, params)  # pass 2, one layer at a time
 
 
 def load_causal_lm(ckpt: SeriesCheckpoint) -> torch.nn.Module:
