@@ -40,31 +40,26 @@ def rung_color(rungs: Iterable[str], title: str = "rung") -> alt.Color:
 def loss_curves(checkpoints: pd.DataFrame) -> alt.Chart:
     """Validation loss over training, one line per rung (and seed). Columns: rung, seed, step, val_loss."""
     _require(checkpoints, "loss_curves", ("rung", "seed", "step", "val_loss"))
-    return (
-        _chart(checkpoints, "Validation loss per rung")
-        .mark_line()
-        .encode(
-            x=alt.X("step:Q", title="step"),
-            y=alt.Y("val_loss:Q", title="validation loss (nats/char)", scale=alt.Scale(zero=False)),
-            color=rung_color(checkpoints["rung"]),
-            detail="seed:N",
-            tooltip=["rung:N", "seed:N", "step:Q", alt.Tooltip("val_loss:Q", format=".4f")],
-        )
-    )
+    return _rung_lines(checkpoints, "val_loss", "validation loss (nats/char)", "Validation loss per rung")
 
 
 def np_evolution(np_series: pd.DataFrame) -> alt.Chart:
     """Mean neural persistence over training per rung. Columns: rung, seed, step, np."""
     _require(np_series, "np_evolution", ("rung", "seed", "step", "np"))
+    return _rung_lines(np_series, "np", "mean NP (normalised)", "Neural persistence (mean over layers)")
+
+
+def _rung_lines(frame: pd.DataFrame, y: str, y_title: str, title: str) -> alt.Chart:
+    """``y`` against step, one line per rung and seed, in the fixed rung colours."""
     return (
-        _chart(np_series, "Neural persistence (mean over layers)")
+        _chart(frame, title)
         .mark_line()
         .encode(
             x=alt.X("step:Q", title="step"),
-            y=alt.Y("np:Q", title="mean NP (normalised)", scale=alt.Scale(zero=False)),
-            color=rung_color(np_series["rung"]),
+            y=alt.Y(f"{y}:Q", title=y_title, scale=alt.Scale(zero=False)),
+            color=rung_color(frame["rung"]),
             detail="seed:N",
-            tooltip=["rung:N", "seed:N", "step:Q", alt.Tooltip("np:Q", format=".4f")],
+            tooltip=["rung:N", "seed:N", "step:Q", alt.Tooltip(f"{y}:Q", format=".4f")],
         )
     )
 
