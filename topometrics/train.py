@@ -5,7 +5,7 @@ gradient clipping, a fixed seed, a checkpoint every ``ckpt_every`` steps includi
 step 0. Step ``s`` means "after ``s`` optimizer updates".
 
 Resumability: after every checkpoint the full training state (weights, AdamW moments,
-the data sampler's RNG state, the running loss sum) is written to ``resume.safetensors``
+the data sampler's RNG state) is written to ``resume.safetensors``
 + ``resume.json``. A killed run restarts from the last checkpoint and, because the
 learning rate is a pure function of the step and no other randomness exists, ends with
 weights bit-identical to an uninterrupted run on the same device and thread count.
@@ -235,7 +235,7 @@ def train_rung(
     start, loss_sum = 0, 0.0
     if info is not None:
         info = load_resume(run_dir, model, opt, data_gen)
-        start, loss_sum = info["step"], info["loss_sum"]
+        start = info["step"]  # resume points are checkpoints, where the running loss sum restarts at 0
         log(f"[{cfg.rung}] resuming from step {start} ({run_dir})")
     steps_log = run_dir / "steps.csv"
     _truncate_steps_log(steps_log, start)
@@ -245,7 +245,7 @@ def train_rung(
         meta = {"step": step, "rung": cfg.rung, "seed": r.seed, "config": cfg.model.to_dict()}
         meta |= {"recipe_fingerprint": fingerprint, "val_loss": val_loss, "train_loss": train_loss}
         save_checkpoint(run_dir, model, meta)
-        save_resume(run_dir, model, opt, data_gen, {"step": step, "loss_sum": 0.0, "recipe_fingerprint": fingerprint})
+        save_resume(run_dir, model, opt, data_gen, {"step": step, "recipe_fingerprint": fingerprint})
         return val_loss
 
     if start == 0:
