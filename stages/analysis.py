@@ -25,9 +25,11 @@ def main() -> None:
     ap.add_argument("--metrics", type=Path, default=Path("reports/metrics.json"))
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = ap.parse_args()
-    params = load_params(args.params).analysis
+    declared = load_params(args.params)
+    params = declared.analysis
 
-    inputs = warehouse.discover_inputs(args.configs, args.runs, args.corpus, args.features)
+    runs = declared.run_names()
+    inputs = warehouse.discover_inputs(args.configs, args.runs, args.corpus, args.features, runs=runs)
     inputs = warehouse.Inputs(**(inputs.__dict__ | {"diagram_files": []}))  # the analysis never reads diagrams
     con = duckdb.connect()
     warehouse.populate(con, inputs, params.settings(), {})

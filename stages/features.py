@@ -1,6 +1,6 @@
-"""DVC stage features@<rung>: topological and spectral features of every checkpoint of a rung.
+"""DVC stage features@<rung>-<seed>: topological and spectral features of every checkpoint of one run.
 
-    python stages/features.py --rung tiny --runs data/runs/tiny --corpus data/corpus --out data/features/tiny
+    python stages/features.py --rung tiny --runs data/runs/tiny-42 --corpus data/corpus --out data/features/tiny-42
 
 Writes ``features.parquet`` and ``diagrams.parquet`` into --out (tables: docs/features.md).
 """
@@ -19,7 +19,7 @@ from topometrics.params import load_params
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rung", required=True, help="rung name, e.g. tiny")
-    parser.add_argument("--runs", type=Path, required=True, help="the rung's run directory")
+    parser.add_argument("--runs", type=Path, required=True, help="the run directory (data/runs/<rung>-<seed>)")
     parser.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory (val.u8)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     diagrams.to_parquet(args.out / "diagrams.parquet", index=False)
     nulls = int(features.value.isna().sum())
     print(
-        f"features@{args.rung}: {features.step.nunique()} checkpoints, {len(features)} feature rows "
+        f"features@{args.runs.name}: {features.step.nunique()} checkpoints, {len(features)} feature rows "
         f"({nulls} NULL), {len(diagrams)} diagram bars, {time.monotonic() - start:.1f} s -> {args.out}"
     )
     return 0

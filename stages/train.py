@@ -1,4 +1,4 @@
-"""Stage `train@<rung>`: train one rung from its config file, with resumable checkpoints."""
+"""Stage `train@<rung>-<seed>`: train one rung with one seed from its config file, with resumable checkpoints."""
 
 import argparse
 import json
@@ -13,7 +13,7 @@ from topometrics.train import RungConfig, train_rung, write_checkpoint_table
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--config", type=Path, required=True, help="data/config/<rung>.json")
+    ap.add_argument("--config", type=Path, required=True, help="data/config/<rung>-<seed>.json")
     ap.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory")
     ap.add_argument("--out", type=Path, required=True, help="run directory (checkpoints and logs)")
     ap.add_argument("--metrics", type=Path, required=True, help="final metrics JSON")
@@ -39,9 +39,9 @@ def main() -> None:
     args.metrics.parent.mkdir(parents=True, exist_ok=True)
     args.metrics.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     if summary["status"] != "complete":
-        print(f"train@{cfg.rung}: STOPPED, {summary['status']}")
+        print(f"train@{cfg.name}: STOPPED, {summary['status']}")
     print(
-        f"train@{cfg.rung}: {summary['checkpoints']} checkpoints in {args.out}, "
+        f"train@{cfg.name}: {summary['checkpoints']} checkpoints in {args.out}, "
         f"final val loss {summary['final_val_loss']:.4f} ({summary['status']})"
     )
 

@@ -25,7 +25,8 @@ def main() -> None:
     params = load_params(args.params)
     settings = params.analysis.settings()
 
-    inputs = warehouse.discover_inputs(args.configs, args.runs, args.corpus, args.features, args.analysis)
+    runs = params.run_names()
+    inputs = warehouse.discover_inputs(args.configs, args.runs, args.corpus, args.features, args.analysis, runs)
     meta = {"code_version": warehouse.code_version(), "params": json.dumps(as_dict(params), sort_keys=True)}
     path = warehouse.build_warehouse(args.out, inputs, settings, meta)
     print(f"warehouse: {len(inputs.configs)} runs, {len(inputs.feature_files)} feature tables -> {path}")

@@ -12,6 +12,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.stats
 from test_warehouse import RUNGS, write_inputs
 
 from topometrics import analysis, warehouse
@@ -149,6 +150,22 @@ def test_several_seeds_get_leave_one_seed_out_and_across_seed_cis(tmp_path):
     assert kinds["spearman_across_seeds"] > 0 and kinds["mae_across_seeds"] == len(LEARNED) * 2 + 2
     across = tables["tests"].query("kind == 'spearman_across_seeds' and feature == 'vr_tp0' and layer == 'all'")
     assert (across["n"] == 2).all() and (across["ci_low"] <= across["estimate"]).all()
+
+    # metrics.json carries the across-seed intervals: mean of the per-seed rho with a Student-t CI (scipy)
+    for name, frame in tables.items():
+        frame.to_parquet(tmp_path / f"{name}.parquet", index=False)
+        warehouse.load_parquet(c, name, [tmp_path / f"{name}.parquet"])
+    metrics = json.loads(analysis.metrics_json(analysis.build_metrics(c, params)))
+    rhos = c.execute(
+        "SELECT rho FROM feature_loss_spearman WHERE rung = 'medium' AND feature = 'vr_tp0' AND layer = 'all'"
+    ).df()["rho"]
+    low, high = scipy.stats.t.interval(0.95, len(rhos) - 1, loc=rhos.mean(), scale=scipy.stats.sem(rhos))
+    got = metrics["rungs"]["medium"]["rho_across_seeds"]["vr_tp0"]
+    assert metrics["rungs"]["medium"]["n_seeds"] == 2 and got["n_seeds"] == 2
+    assert np.allclose([got["mean"], got["ci_low"], got["ci_high"]], [rhos.mean(), low, high], rtol=1e-5, atol=1e-9)
+    mae = metrics["prediction"]["mae_across_seeds"]
+    assert set(mae) >= {"loss_power_law", "topology", "topology_cv_seed"}
+    assert mae["loss_power_law"]["f50"]["n_seeds"] == 2
 
 
 def test_feature_families_are_read_from_names():

@@ -1,11 +1,13 @@
 """params.yaml validation: unknown keys, wrong types and impossible values name the key."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
-from topometrics.params import ParamsError, load_params, parse_params
+from topometrics.params import ParamsError, load_params, parse_params, run_name
+from topometrics.train import build_rung_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +27,7 @@ def test_the_repository_params_load_and_give_the_papers_ladder():
         "xl": {"hidden": 48, "layers": 3, "heads": 4},
     }
     t = params.train
-    assert (t.steps, t.ckpt_every, t.batch_size, t.lr, t.warmup, t.weight_decay, t.grad_clip, t.seed) == (
+    assert (t.steps, t.ckpt_every, t.batch_size, t.lr, t.warmup, t.weight_decay, t.grad_clip, t.seeds) == (
         5000,
         100,
         64,
@@ -33,7 +35,7 @@ def test_the_repository_params_load_and_give_the_papers_ladder():
         200,
         0.01,
         1.0,
-        42,
+        (42,),
     )
 
 
@@ -60,6 +62,11 @@ def test_empty_rung_inherits_and_partial_rung_overrides():
         ("data", "urls", "http://x", "data.urls must be a list of str"),
         ("analysis", "fractions", [0.2, 1.5], "analysis.fractions must be shares in"),
         ("features", "max_points", 0, "features.max_points must be positive"),
+        ("train", "seeds", [], "train.seeds must be a non-empty list of distinct integers"),
+        ("train", "seeds", [1, 1], "train.seeds must be a non-empty list of distinct integers"),
+        ("train", "seeds", [-1], "train.seeds must be a non-empty list of distinct integers"),
+        ("train", "seeds", 42, "train.seeds must be a list of int"),
+        ("train", "seed", 42, "unknown param train.seed: train.seed became train.seeds"),
     ],
 )
 def test_invalid_params_name_the_key(section, key, value, message):
@@ -83,3 +90,15 @@ def test_unknown_section_is_rejected():
     raw = default_raw() | {"trian": {}}
     with pytest.raises(ParamsError, match="unknown param trian"):
         parse_params(raw)
+
+
+def test_run_configs_are_one_per_rung_and_seed():
+    raw = default_raw()
+    raw["train"]["seeds"] = [42, 7]
+    params = parse_params(raw)
+    a, b = (build_rung_config(params, "tiny", seed) for seed in (42, 7))
+    assert (a.recipe.seed, b.recipe.seed) == (42, 7)
+    assert a.model == b.model and a.recipe == dataclasses.replace(b.recipe, seed=42)
+    assert run_name("tiny", 7) == "tiny-7"
+    with pytest.raises(ParamsError, match=r"seed 3 is not in train\.seeds=\[42, 7\]"):
+        build_rung_config(params, "tiny", 3)

@@ -64,9 +64,9 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
     project = make_project(tmp_path / "project")
     out = run(["dvc", "repro"], project)
     assert "OFFLINE FALLBACK" in out
-    for rung in ("a", "b"):
-        assert len(list((project / "data/runs" / rung).glob("step_*.safetensors"))) == 5
-        assert (project / "data/features" / rung / "features.parquet").exists()
+    for run_dir in ("a-42", "b-42"):  # one run per rung x train.seeds ([42] by default)
+        assert len(list((project / "data/runs" / run_dir).glob("step_*.safetensors"))) == 5
+        assert (project / "data/features" / run_dir / "features.parquet").exists()
     assert (project / "data/warehouse.duckdb").exists() and (project / "reports/report.html").exists()
     metrics = json.loads((project / "reports/metrics.json").read_text())
     assert metrics["corpus"]["used"] == "python-docs-offline"
@@ -79,22 +79,34 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
 
     # rung b inherits train.hidden, rung a overrides it: only b's chain re-runs, and the metrics show it.
     exp = run(["dvc", "exp", "run", "-S", "train.hidden=16", "analysis"], project)
-    assert "Running stage 'train@b'" in exp and "Running stage 'features@b'" in exp
-    assert "Running stage 'train@a'" not in exp and "Running stage 'features@a'" not in exp
+    assert "Running stage 'train@b-42'" in exp and "Running stage 'features@b-42'" in exp
+    assert "Running stage 'train@a-42'" not in exp and "Running stage 'features@a-42'" not in exp
     assert "train.hidden" in run(["dvc", "exp", "show", "--no-pager", "--csv"], project)
     diff = run(["dvc", "metrics", "diff", "--all", "--md"], project)
-    assert "reports/train/b.json" in diff and "n_params" in diff
+    assert "reports/train/b-42.json" in diff and "n_params" in diff
     assert "reports/metrics.json" in diff and "final_val_loss" in diff
 
     # overriding one rung re-runs only its chain; adding a rung adds its stages
     exp = run(
-        ["dvc", "exp", "run", "-S", "ladder.a.hidden=12", "-S", "ladder.a.heads=2", "train@a", "train@b"], project
+        ["dvc", "exp", "run", "-S", "ladder.a.hidden=12", "-S", "ladder.a.heads=2", "train@a-42", "train@b-42"],
+        project,
     )
-    assert "Running stage 'train@a'" in exp and "Running stage 'train@b'" not in exp
-    exp = run(["dvc", "exp", "run", "-S", "+ladder.c={hidden: 4, layers: 1, heads: 1}", "train@c"], project)
-    assert "Running stage 'train@c'" in exp and "Running stage 'train@a'" not in exp
-    run(["git", "checkout", "--", "."], project)  # back to the committed, fully reproduced baseline
-    run(["dvc", "checkout", "--force"], project)
+    assert "Running stage 'train@a-42'" in exp and "Running stage 'train@b-42'" not in exp
+    exp = run(["dvc", "exp", "run", "-S", "+ladder.c={hidden: 4, layers: 1, heads: 1}", "train@c-42"], project)
+    assert "Running stage 'train@c-42'" in exp and "Running stage 'train@a-42'" not in exp
+    back_to_baseline(project)
+
+    # a second seed trains only the new runs, and one warehouse holds both seeds with across-seed CIs
+    exp = run(["dvc", "exp", "run", "-S", "train.seeds=[42,7]"], project)
+    assert "Running stage 'train@a-7'" in exp and "Running stage 'features@b-7'" in exp
+    assert "Running stage 'train@a-42'" not in exp and "Running stage 'features@b-42'" not in exp
+    with duckdb.connect(str(project / "data/warehouse.duckdb"), read_only=True) as con:
+        seeds = con.execute("select rung, list(distinct seed order by seed) from checkpoints group by rung").fetchall()
+        assert sorted(seeds) == [("a", [7, 42]), ("b", [7, 42])]
+    metrics = json.loads((project / "reports/metrics.json").read_text())
+    assert metrics["rungs"]["a"]["n_seeds"] == 2  # MAE intervals need fits, which 5 checkpoints do not allow
+    assert metrics["rungs"]["a"]["rho_across_seeds"]["vr_tp0"]["n_seeds"] == 2
+    back_to_baseline(project)
 
     # share through a local-folder remote and pull in a second clone
     remote = tmp_path / "remote"
@@ -105,11 +117,17 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
     clone = tmp_path / "clone"
     run(["git", "clone", "-q", str(project), str(clone)], tmp_path)
     run(["dvc", "pull"], clone)
-    assert (clone / "data/runs/b/step_000020.safetensors").read_bytes() == (
-        project / "data/runs/b/step_000020.safetensors"
+    assert (clone / "data/runs/b-42/step_000020.safetensors").read_bytes() == (
+        project / "data/runs/b-42/step_000020.safetensors"
     ).read_bytes()
-    status = run(["dvc", "status", "train@a", "train@b", "config@a", "config@b"], clone)
+    status = run(["dvc", "status", "train@a-42", "train@b-42", "config@a-42", "config@b-42"], clone)
     assert "up to date" in status, status
+
+
+def back_to_baseline(project: Path) -> None:
+    """The committed, fully reproduced baseline: params and every DVC output."""
+    run(["git", "checkout", "--", "."], project)
+    run(["dvc", "checkout", "--force"], project)
 
 
 def test_invalid_params_stop_repro_before_any_work(tmp_path):

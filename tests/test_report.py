@@ -18,6 +18,7 @@ import pytest
 from test_warehouse import RUNGS, write_inputs
 
 from topometrics import analysis, charts, report, warehouse
+from topometrics.params import run_name
 from topometrics.warehouse import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,15 +35,16 @@ def _extra_features(root: Path, rungs: dict[str, int]) -> None:
     """
     rng = np.random.default_rng(1)
     for rung, n_params in rungs.items():
-        ck = pd.read_csv(root / "runs" / rung / "checkpoints.csv")
+        name = run_name(rung, 42)  # write_inputs' one seed
+        ck = pd.read_csv(root / "runs" / name / "checkpoints.csv")
         ck["val_loss"] = ck["val_loss"].clip(upper=4.85)
-        ck.to_csv(root / "runs" / rung / "checkpoints.csv", index=False)
-        feats = pd.read_parquet(root / "features" / rung / "features.parquet")
+        ck.to_csv(root / "runs" / name / "checkpoints.csv", index=False)
+        feats = pd.read_parquet(root / "features" / name / "features.parquet")
         first_tp0 = (feats["feature"] == "vr_tp0") & (feats["step"] == 0)
         feats.loc[first_tp0, "value"] = (
             np.log(n_params) * (6 - 4.85) * np.where(feats["layer"] == "all", 2, 1)[first_tp0]
         )
-        feats.to_parquet(root / "features" / rung / "features.parquet", index=False)
+        feats.to_parquet(root / "features" / name / "features.parquet", index=False)
         steps, loss, size = ck["step"].to_numpy(), ck["val_loss"].to_numpy(), np.log10(n_params)
         values = {"np_norm": 0.5 - 0.05 * loss, "np_shuffled_norm": 0.4 + rng.normal(0, 0.01, len(steps))}
         values |= {"np_norm_std": 0.02 + 0 * loss, "rep_tp0": 10 - loss, "w_rankme": 3 + rng.normal(0, 0.1, len(steps))}

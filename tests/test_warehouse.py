@@ -19,6 +19,7 @@ import pytest
 from scipy import stats
 
 from topometrics import warehouse
+from topometrics.params import run_name
 from topometrics.predict import Schedule, multi_power_law
 from topometrics.warehouse import Inputs, Settings, WarehouseError
 
@@ -38,7 +39,7 @@ def write_inputs(root: Path, rungs=RUNGS, seeds=(42,), steps=2000, ckpt_every=50
     for rung, n_params in rungs.items():
         floor = 1.2 * (n_params / 3000) ** -0.144 + 0.5
         for seed in seeds:
-            name = rung if len(seeds) == 1 else f"{rung}-s{seed}"
+            name = run_name(rung, seed)
             recipe = {"steps": steps, "ckpt_every": ckpt_every, "batch_size": 8, "lr": 3e-3, "warmup": warmup}
             recipe |= {"min_lr_ratio": 0.0, "weight_decay": 0.01, "grad_clip": 1.0, "seed": seed, "val_windows": 4}
             model = {"vocab_size": 128, "context": 16, "hidden": 8, "layers": 1, "heads": 1}
@@ -196,11 +197,28 @@ warehouse.build_warehouse(Path({str(target)!r}), inputs, warehouse.Settings(), {
 
 def test_missing_run_log_names_the_file_and_the_fix(tmp_path):
     inputs = write_inputs(tmp_path, rungs={"tiny": 2936})
-    (tmp_path / "runs" / "tiny" / "steps.csv").unlink()
-    with pytest.raises(WarehouseError, match=r"runs/tiny/steps.csv not found .* `dvc repro train@tiny`"):
+    (tmp_path / "runs" / "tiny-42" / "steps.csv").unlink()
+    with pytest.raises(WarehouseError, match=r"runs/tiny-42/steps.csv not found .* `dvc repro train@tiny-42`"):
         warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, Settings(), {})
     assert not (tmp_path / "w.duckdb").exists()
     assert not list(tmp_path.glob(".w.duckdb*")), "a failed build removes its temporary file"
+
+
+def test_only_declared_runs_are_loaded(tmp_path):
+    """DVC keeps the outputs of a rung or seed removed from params.yaml; the warehouse must not load them."""
+    write_inputs(tmp_path, rungs={"tiny": 2936, "small": 7408}, seeds=(42, 7))
+    _write_parquet(tmp_path / "features" / "features.parquet", pd.DataFrame())  # a root-level table is always kept
+    args = (tmp_path / "config", tmp_path / "runs", None, [tmp_path / "features"])
+    inputs = warehouse.discover_inputs(*args, runs=["tiny-42", "small-7"])
+    assert [p.stem for p in inputs.configs] == ["small-7", "tiny-42"]
+    assert sorted(str(p.relative_to(tmp_path / "features")) for p in inputs.feature_files) == [
+        "features.parquet",
+        "small-7/features.parquet",
+        "tiny-42/features.parquet",
+    ]
+    assert len(warehouse.discover_inputs(*args).configs) == 4  # without a declaration: every config found
+    with pytest.raises(WarehouseError, match=r"config/xl-42\.json not found; run `dvc repro config@xl-42` first"):
+        warehouse.discover_inputs(*args, runs=["xl-42"])
 
 
 def test_external_series_gets_runs_and_rungs_rows(tmp_path):

@@ -161,11 +161,18 @@ def build_metrics(con, params: AnalysisParams) -> dict:
     phases = con.execute(
         "SELECT rung, avg(peak_fraction) AS p, avg(diminishing_fraction) AS d FROM phases GROUP BY rung"
     ).df()
+    across = con.execute(
+        """SELECT rung, feature, estimate, ci_low, ci_high, n FROM tests
+           WHERE kind = 'spearman_across_seeds' AND layer = 'all' ORDER BY feature"""
+    ).df()
     rungs = {}
     for r in final.itertuples(index=False):
         mine = rho[(rho["rung"] == r.rung) & rho["feature"].isin(params.headline_features)]
         entry = {"n_params": _num(r.n_params), "final_val_loss": _num(r.final_val_loss), "n_seeds": int(r.n_seeds)}
         entry["rho"] = {f: _num(v) for f, v in sorted(zip(mine["feature"], mine["rho"], strict=True))}
+        spread = across[(across["rung"] == r.rung) & across["feature"].isin(params.headline_features)]
+        if len(spread):  # several seeds: the mean rho and its t-interval over seeds
+            entry["rho_across_seeds"] = {t.feature: _interval(t) for t in spread.itertuples(index=False)}
         ph = phases[phases["rung"] == r.rung]
         if len(ph):
             entry["phase"] = {"peak_fraction": _num(ph["p"].iloc[0]), "diminishing_fraction": _num(ph["d"].iloc[0])}
@@ -337,7 +344,20 @@ def _prediction_metrics(con) -> dict:
         out["mae"].setdefault(name, {})[key] = _num(r.mae)
         if r.method != LOSS_ONLY:
             out["improvement_pct"].setdefault(name, {})[key] = _num(r.improvement_pct)
+    across = con.execute(
+        "SELECT other, estimate, ci_low, ci_high, n FROM tests WHERE kind = 'mae_across_seeds' ORDER BY other"
+    ).df()
+    for t in across.itertuples(index=False):  # other = method/cv/fraction (see across_seed_tests)
+        method, cv, fraction = t.other.split("/")
+        name = method if cv in ("none", "rung") else f"{method}_cv_{cv}"
+        key = f"f{round(100 * float(fraction)):02d}"
+        out.setdefault("mae_across_seeds", {}).setdefault(name, {})[key] = _interval(t)
     return out
+
+
+def _interval(row) -> dict:
+    """Mean over seeds with its Student-t 95% interval (tests.estimate/ci_low/ci_high) and the number of seeds."""
+    return {"mean": _num(row.estimate), "ci_low": _num(row.ci_low), "ci_high": _num(row.ci_high), "n_seeds": int(row.n)}
 
 
 def _scaling(con) -> dict:

@@ -52,7 +52,7 @@ class TrainParams:
     min_lr_ratio: float = 0.0  # the cosine decays to lr * min_lr_ratio at the last step
     weight_decay: float = 0.01
     grad_clip: float = 1.0  # max global gradient 2-norm; 0 disables clipping
-    seed: int = 42
+    seeds: tuple[int, ...] = (42,)  # one run per rung x seed (stage instances train@<rung>-<seed>)
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda
     threads: int = 0  # torch intra-op threads; 0 = one per core shared by parallel rungs
     hidden: int = 48  # default shape, inherited by rungs that do not override it
@@ -61,7 +61,11 @@ class TrainParams:
 
     def check(self) -> None:
         _positive(self, "train", ("steps", "ckpt_every", "batch_size", "lr", "hidden", "layers", "heads"))
-        _non_negative(self, "train", ("warmup", "weight_decay", "grad_clip", "threads", "seed", "min_lr_ratio"))
+        _non_negative(self, "train", ("warmup", "weight_decay", "grad_clip", "threads", "min_lr_ratio"))
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
+            raise ParamsError(
+                f"train.seeds must be a non-empty list of distinct integers >= 0, got {list(self.seeds)}; e.g. [42, 43]"
+            )
         if self.steps % self.ckpt_every:
             raise ParamsError(
                 f"train.steps={self.steps} is not a multiple of train.ckpt_every={self.ckpt_every}; "
@@ -180,6 +184,10 @@ class Params:
     analysis: AnalysisParams = field(default_factory=AnalysisParams)
     series: SeriesParams = field(default_factory=SeriesParams)
 
+    def run_names(self) -> list[str]:
+        """Every training run params.yaml declares: ``<rung>-<seed>`` for each rung x ``train.seeds``."""
+        return [run_name(rung, seed) for rung in self.ladder for seed in self.train.seeds]
+
     def rung_shape(self, rung: str) -> dict[str, int]:
         """``train``'s shape with ``ladder.<rung>``'s overrides: the inheritance rule."""
         if rung not in self.ladder:
@@ -192,6 +200,11 @@ class Params:
                 "set ladder.{rung}.heads to a divisor of hidden"
             )
         return merged
+
+
+def run_name(rung: str, seed: int) -> str:
+    """Name of one training run: DVC's matrix key ``<rung>-<seed>`` (stage train@<rung>-<seed>, data/runs/<name>)."""
+    return f"{rung}-{seed}"
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
@@ -249,9 +262,15 @@ def _parse_series(raw: object) -> SeriesParams:
     return dataclasses.replace(params, sources=sources)
 
 
+# keys that were renamed, with what to write instead
+_RENAMED = {"train.seed": "train.seed became train.seeds, a list (one run per rung and seed): write seeds: [42]"}
+
+
 def _reject_unknown(raw: dict, cls: type, prefix: str) -> None:
     known = {f.name for f in fields(cls)}
     for key in raw:
+        if f"{prefix}{key}" in _RENAMED:
+            raise ParamsError(f"unknown param {prefix}{key}: {_RENAMED[prefix + key]}")
         if key not in known:
             raise ParamsError(f"unknown param {prefix}{key}; known keys: {', '.join(sorted(known))}")
 

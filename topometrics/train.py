@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from topometrics.checkpoints import atomic_write_text, list_checkpoints, load_state, save_checkpoint, save_tensors
 from topometrics.model import GPT, GPTConfig, count_parameters
+from topometrics.params import ParamsError, run_name
 
 STEPS_HEADER = "step,train_loss,grad_norm,lr\n"
 
@@ -59,6 +60,11 @@ class RungConfig:
     def to_dict(self) -> dict:
         body = {"rung": self.rung, "model": self.model.to_dict(), "recipe": asdict(self.recipe)}
         return body | {"seed": self.recipe.seed, "n_params": count_parameters(GPT(self.model))}
+
+    @property
+    def name(self) -> str:
+        """The run's name, ``<rung>-<seed>``: its DVC stage suffix and run directory."""
+        return run_name(self.rung, self.recipe.seed)
 
     @classmethod
     def from_dict(cls, d: dict) -> RungConfig:
@@ -236,7 +242,7 @@ def train_rung(
     if info is not None:
         info = load_resume(run_dir, model, opt, data_gen)
         start = info["step"]  # resume points are checkpoints, where the running loss sum restarts at 0
-        log(f"[{cfg.rung}] resuming from step {start} ({run_dir})")
+        log(f"[{cfg.name}] resuming from step {start} ({run_dir})")
     steps_log = run_dir / "steps.csv"
     _truncate_steps_log(steps_log, start)
 
@@ -255,7 +261,7 @@ def train_rung(
             checkpoint(0, model.loss(x0, y0).item())
 
     status, val_loss, tokens, t0 = "complete", math.nan, 0, time.perf_counter()
-    bar = tqdm(total=r.steps, initial=start, desc=cfg.rung, unit="step", disable=None, file=sys.stderr)
+    bar = tqdm(total=r.steps, initial=start, desc=cfg.name, unit="step", disable=None, file=sys.stderr)
     with steps_log.open("a") as steps_file:
         for step in range(start + 1, r.steps + 1):
             lr = learning_rate(step, r)
@@ -279,7 +285,7 @@ def train_rung(
                 bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{val_loss:.3f}", tok_s=f"{rate:,.0f}")
                 if bar.disable:
                     log(
-                        f"[{cfg.rung}] step {step}/{r.steps} loss {loss_value:.4f} val {val_loss:.4f} {rate:,.0f} tok/s"
+                        f"[{cfg.name}] step {step}/{r.steps} loss {loss_value:.4f} val {val_loss:.4f} {rate:,.0f} tok/s"
                     )
             bar.update(1)
     bar.close()
@@ -288,6 +294,7 @@ def train_rung(
     last = ckpts[-1].meta if ckpts else {}
     return {
         "rung": cfg.rung,
+        "seed": r.seed,
         "status": status,
         "n_params": count_parameters(model),
         "checkpoints": len(ckpts),
@@ -305,9 +312,14 @@ def write_checkpoint_table(run_dir: Path, path: Path) -> None:
     path.write_text("step,val_loss,train_loss\n" + "".join(rows))
 
 
-def build_rung_config(params, rung: str) -> RungConfig:
-    """Merge ``train`` with ``ladder.<rung>`` (topometrics.params.Params) into the rung's config."""
+def build_rung_config(params, rung: str, seed: int) -> RungConfig:
+    """Merge ``train`` with ``ladder.<rung>`` (topometrics.params.Params) into the config of one run.
+
+    ``seed`` must be one of ``train.seeds``: the config stage runs once per rung x seed.
+    """
     t = params.train
+    if seed not in t.seeds:
+        raise ParamsError(f"seed {seed} is not in train.seeds={list(t.seeds)}; add it there")
     model = GPTConfig(context=params.data.seq_len, **params.rung_shape(rung))
     recipe = Recipe(
         steps=t.steps,
@@ -318,7 +330,7 @@ def build_rung_config(params, rung: str) -> RungConfig:
         min_lr_ratio=t.min_lr_ratio,
         weight_decay=t.weight_decay,
         grad_clip=t.grad_clip,
-        seed=t.seed,
+        seed=seed,
         val_windows=params.data.val_windows,
     )
     return RungConfig(rung, model, recipe)

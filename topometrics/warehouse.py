@@ -74,21 +74,41 @@ class Settings:
 
 
 def discover_inputs(
-    config_dir: Path, runs_dir: Path, corpus_source: Path | None, feature_dirs: Iterable[Path], analysis_dir=None
+    config_dir: Path,
+    runs_dir: Path,
+    corpus_source: Path | None,
+    feature_dirs: Iterable[Path],
+    analysis_dir=None,
+    runs: Iterable[str] | None = None,
 ) -> Inputs:
-    """Collect the input files under the stage's directories (missing directories hold nothing)."""
+    """Collect the input files under the stage's directories (missing directories hold nothing).
+
+    ``runs`` (the names ``<rung>-<seed>`` that params.yaml declares) restricts the configs and the
+    per-run feature directories ``<feature dir>/<name>/`` to those runs: DVC never deletes the
+    outputs of a rung or seed that was removed from params.yaml, and they must not be analysed.
+    Tables directly in a feature directory (``data/series/features.parquet``) are always loaded.
+    """
+    declared = None if runs is None else set(runs)
     feature_files, diagram_files = [], []
-    for root in feature_dirs:
-        feature_files += sorted(Path(root).glob("**/features.parquet"))
-        diagram_files += sorted(Path(root).glob("**/diagrams.parquet"))
+    for root in map(Path, feature_dirs):
+        for name, found in (("features.parquet", feature_files), ("diagrams.parquet", diagram_files)):
+            for path in sorted(root.glob(f"**/{name}")):
+                parts = path.relative_to(root).parts
+                if declared is None or len(parts) == 1 or parts[0] in declared:
+                    found.append(path)
     analysis = {}
     if analysis_dir is not None:
         analysis = {t: Path(analysis_dir) / f"{t}.parquet" for t in ANALYSIS_TABLES}
         analysis = {t: p for t, p in analysis.items() if p.exists()}
     source = corpus_source if corpus_source is not None and Path(corpus_source).exists() else None
-    return Inputs(
-        sorted(Path(config_dir).glob("*.json")), Path(runs_dir), source, feature_files, diagram_files, analysis
-    )
+    if declared is None:
+        configs = sorted(Path(config_dir).glob("*.json"))
+    else:
+        configs = [Path(config_dir) / f"{name}.json" for name in sorted(declared)]
+        for path in configs:
+            if not path.exists():
+                raise WarehouseError(f"{path} not found; run `dvc repro config@{path.stem}` first")
+    return Inputs(configs, Path(runs_dir), source, feature_files, diagram_files, analysis)
 
 
 def sql_files() -> list[Path]:
@@ -182,7 +202,8 @@ def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str |
     for table, columns in (("steps", ("train_loss", "grad_norm", "lr")), ("checkpoints", ("val_loss", "train_loss"))):
         csv = Path(run_dir) / f"{table}.csv"
         if not csv.exists():
-            raise WarehouseError(f"{csv} not found for {config_path}; run `dvc repro train@{rung}` first")
+            run = Path(config_path).stem
+            raise WarehouseError(f"{csv} not found for {config_path}; run `dvc repro train@{run}` first")
         frame = pd.read_csv(csv)
         absent = {"step", *columns} - set(frame.columns)
         if absent:

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         modes.insert(0, "naive")
     params = load_params(args.params)
     rungs = args.rungs.split(",") if args.rungs else list(params.ladder)
-    cfgs = {k: build_rung_config(params, k) for k in rungs}
+    cfgs = {k: build_rung_config(params, k, params.train.seeds[0]) for k in rungs}
     default_threads = torch.get_num_threads()
     threads = {"naive": default_threads, "serial": params.train.threads or default_threads}
     threads |= {"serial1": 1, "serial2": 2, "compile2": 2}
