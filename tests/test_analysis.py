@@ -151,7 +151,7 @@ def test_several_seeds_get_leave_one_seed_out_and_across_seed_cis(tmp_path):
     across = tables["tests"].query("kind == 'spearman_across_seeds' and feature == 'vr_tp0' and layer == 'all'")
     assert (across["n"] == 2).all() and (across["ci_low"] <= across["estimate"]).all()
 
-    # metrics.json carries the across-seed intervals: mean of the per-seed rho with a Student-t CI (scipy)
+    # metrics.json carries the across-seed intervals: Student-t CI of the per-seed rho in Fisher-z space (scipy)
     for name, frame in tables.items():
         frame.to_parquet(tmp_path / f"{name}.parquet", index=False)
         warehouse.load_parquet(c, name, [tmp_path / f"{name}.parquet"])
@@ -159,10 +159,12 @@ def test_several_seeds_get_leave_one_seed_out_and_across_seed_cis(tmp_path):
     rhos = c.execute(
         "SELECT rho FROM feature_loss_spearman WHERE rung = 'medium' AND feature = 'vr_tp0' AND layer = 'all'"
     ).df()["rho"]
-    low, high = scipy.stats.t.interval(0.95, len(rhos) - 1, loc=rhos.mean(), scale=scipy.stats.sem(rhos))
+    z = np.arctanh(rhos)  # Fisher z: the interval is taken there and mapped back with tanh
+    low, high = scipy.stats.t.interval(0.95, len(z) - 1, loc=z.mean(), scale=scipy.stats.sem(z))
     got = metrics["rungs"]["medium"]["rho_across_seeds"]["vr_tp0"]
     assert metrics["rungs"]["medium"]["n_seeds"] == 2 and got["n_seeds"] == 2
-    assert np.allclose([got["mean"], got["ci_low"], got["ci_high"]], [rhos.mean(), low, high], rtol=1e-5, atol=1e-9)
+    want = np.tanh([z.mean(), low, high])
+    assert np.allclose([got["mean"], got["ci_low"], got["ci_high"]], want, rtol=1e-5, atol=1e-9)
     mae = metrics["prediction"]["mae_across_seeds"]
     assert set(mae) >= {"loss_power_law", "topology", "topology_cv_seed"}
     assert mae["loss_power_law"]["f50"]["n_seeds"] == 2

@@ -69,6 +69,17 @@ def test_mean_ci_is_the_student_t_interval():
     assert np.isnan(stats.mean_ci([0.3])[1])
 
 
+def test_correlation_mean_ci_is_the_t_interval_of_fisher_z_and_stays_in_bounds():
+    rhos = [-0.2, -0.9, -0.6]
+    z = np.arctanh(rhos)
+    ref = sps.t.interval(0.95, 2, loc=z.mean(), scale=sps.sem(z))
+    est, lo, hi = stats.correlation_mean_ci(rhos)
+    assert (est, lo, hi) == pytest.approx((np.tanh(z.mean()), *np.tanh(ref)))
+    assert -1 <= lo < est < hi <= 1 and stats.mean_ci(rhos)[1] < -1  # the plain t-interval leaves [-1, 1]
+    est, lo, hi = stats.correlation_mean_ci([-1.0, -1.0])  # perfect correlations: finite, degenerate
+    assert est == lo == hi == pytest.approx(-1.0)
+
+
 # --- power laws in N ----------------------------------------------------------------------------
 
 

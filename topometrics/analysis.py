@@ -93,13 +93,13 @@ def topo_vs_spectral_tests(con, params: AnalysisParams) -> pd.DataFrame:
 
 
 def across_seed_tests(con, predictions: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
-    """With several seeds: mean and t-CI over seeds of every rho (per rung) and of every MAE."""
+    """With several seeds: mean and t-CI over seeds of every rho (per rung, in Fisher-z space) and of every MAE."""
     rho = con.execute("SELECT * FROM feature_loss_spearman").df()
     if rho["seed"].nunique() < 2:
         return pd.DataFrame(columns=_TEST_COLUMNS)
     rows = []
     for (rung, feature, layer), g in rho.groupby(["rung", "feature", "layer"], sort=True):
-        mean, lo, hi = stats.mean_ci(g["rho"], level)
+        mean, lo, hi = stats.correlation_mean_ci(g["rho"], level)
         rows.append(_summary_row("spearman_across_seeds", rung, feature, layer, None, mean, lo, hi, len(g)))
     ok = predictions[predictions["status"] == "ok"].assign(err=lambda d: (d["predicted"] - d["actual"]).abs())
     per_seed = ok.groupby(["method", "cv", "fraction", "seed"])["err"].mean().reset_index()

@@ -125,6 +125,18 @@ def mean_ci(values, level: float = 0.95) -> tuple[float, float, float]:
     return float(v.mean()), float(v.mean() - half), float(v.mean() + half)
 
 
+def correlation_mean_ci(rhos, level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and CI of independent correlation coefficients (one per seed), in Fisher-z space.
+
+    z = arctanh(rho) is near-normal, so the Student-t interval is taken over the z values and mapped
+    back with tanh: the estimate is tanh(mean z) and the interval stays inside [-1, 1] (a t-interval
+    on the rho values themselves does not). |rho| = 1 is clipped to 1 - 1e-12 so z stays finite.
+    """
+    r = np.asarray(rhos, dtype=float)
+    z = np.arctanh(np.clip(r[np.isfinite(r)], -1 + 1e-12, 1 - 1e-12))
+    return tuple(float(np.tanh(v)) for v in mean_ci(z, level))
+
+
 def power_law(n, a: float, b: float, c: float):
     """f(N) = a * N**b + c (paper section 3.3)."""
     return a * np.power(n, b) + c
