@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -13,6 +16,8 @@ from topometrics.features import (
     ALL,
     DIAGRAM_COLUMNS,
     FEATURE_COLUMNS,
+    _map,
+    _pool,
     checkpoint_features,
     distance_features,
     run_features,
@@ -36,13 +41,11 @@ def batch():
     return validation_batch(tokens, CONFIG.context, PARAMS.rep_batch)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("features")
+def write_run(root, steps):
     (root / "run").mkdir()
     (root / "corpus").mkdir()
     np.random.default_rng(0).integers(0, 128, 500).astype(np.uint8).tofile(root / "corpus" / "val.u8")
-    for step in (0, 100, 200):
+    for step in steps:
         meta = {
             "step": step,
             "rung": "tiny",
@@ -53,6 +56,12 @@ def run(tmp_path_factory):
             "train_loss": 4.0,
         }
         save_checkpoint(root / "run", tiny_model(step), meta)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("features")
+    write_run(root, (0, 100, 200))
     return run_features(root / "run", root / "corpus", PARAMS, "tiny")
 
 
@@ -113,3 +122,35 @@ def test_features_are_deterministic():
     a = checkpoint_features(tiny_model(3).state_dict(), CONFIG, batch(), PARAMS)
     b = checkpoint_features(tiny_model(3).state_dict(), CONFIG, batch(), PARAMS)
     assert json.dumps(a.rows) == json.dumps(b.rows)
+
+
+def test_process_pool_gives_the_in_process_tables(tmp_path):
+    # 8 checkpoints = 4 per worker: the pool (fork-server workers) is used, not the in-process path.
+    write_run(tmp_path, range(0, 800, 100))
+    expected = run_features(tmp_path / "run", tmp_path / "corpus", PARAMS, "tiny")
+    pooled = run_features(tmp_path / "run", tmp_path / "corpus", dataclasses.replace(PARAMS, workers=2), "tiny")
+    for a, b in zip(expected, pooled, strict=True):
+        pd.testing.assert_frame_equal(a, b)
+
+
+def square_and_where(x):
+    """A pool job (module level, so it pickles): x^2 and the pid that computed it."""
+    return x * x, os.getpid()
+
+
+def fail_on_three(x):
+    if x == 3:
+        raise ValueError("job 3 failed")
+    return x
+
+
+def test_pool_map_keeps_the_order_and_runs_in_workers():
+    with _pool(2, 24) as pool:
+        out = _map(pool, square_and_where, list(range(24)), "test")
+    assert [value for value, _ in out] == [x * x for x in range(24)]
+    assert os.getpid() not in {pid for _, pid in out}
+
+
+def test_pool_map_raises_a_job_error():
+    with pytest.raises(ValueError, match="job 3 failed"), _pool(2, 8) as pool:
+        _map(pool, fail_on_three, list(range(8)), "test")

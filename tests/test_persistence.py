@@ -256,3 +256,115 @@ def test_infinite_bars_are_dropped_explicitly():
         assert wasserstein_distance(a, b) == pytest.approx(0.5)
         assert bottleneck_distance(a, b) == pytest.approx(0.5)
     assert wasserstein_distance(np.empty((0, 2)), np.empty((0, 2))) == 0.0
+
+
+# --- dense Boruvka (small layers, Euclidean MST) and the ripser core ------------------------
+
+
+def brute_force_min_tree(dist: np.ndarray) -> np.ndarray:
+    """Kruskal over the upper triangle sorted ascending, plain union-find (the reference)."""
+    n = dist.shape[0]
+    parent = list(range(n))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    rows, cols = np.triu_indices(n, k=1)
+    values = []
+    for e in np.argsort(dist[rows, cols], kind="stable"):
+        ru, cu = find(int(rows[e])), find(int(cols[e]))
+        if ru != cu:
+            parent[ru] = cu
+            values.append(dist[rows[e], cols[e]])
+    return np.sort(values)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_small_layer_path_matches_brute_force_with_heavy_ties(seed):
+    # Few distinct values (many ties), dead rows and columns, thin shapes, both dtypes.
+    rng = np.random.default_rng(100 + seed)
+    for n, m in [(1, 1), (1, 9), (9, 1), (2, 2), (5, 3), (3, 17), (24, 8), (8, 32), (48, 16)]:
+        w = rng.integers(-2, 3, (n, m)).astype(np.float32 if seed % 2 else np.float64)
+        w[rng.random(n) < 0.2] = 0.0
+        w[:, rng.random(m) < 0.2] = 0.0
+        assert w.size <= P._SMALL_LAYER_EDGES
+        np.testing.assert_array_equal(bipartite_max_spanning_tree(w), brute_force_tree(w))
+
+
+@pytest.mark.parametrize(
+    "w",
+    [
+        np.zeros((1, 6)),
+        np.zeros((6, 1)),
+        np.ones((1, 6)),
+        np.ones((7, 3)),
+        np.array([[5.0, 5.0, 1.0], [5.0, 5.0, 1.0], [1.0, 1.0, 5.0]]),
+        np.kron(np.eye(3), np.ones((2, 2))),  # three equal blocks joined only by zero edges
+    ],
+)
+def test_small_layer_path_on_degenerate_layers(w):
+    np.testing.assert_array_equal(bipartite_max_spanning_tree(w), brute_force_tree(w))
+
+
+def test_small_layer_path_agrees_with_the_banded_path(monkeypatch):
+    rng = np.random.default_rng(13)
+    layers = [trained_like((192, 48), 14), trained_like((48, 192), 15), np.round(rng.standard_normal((96, 24)) * 2)]
+    dense = [bipartite_max_spanning_tree(w) for w in layers]
+    monkeypatch.setattr(P, "_SMALL_LAYER_EDGES", 0)  # every layer through band + Kruskal
+    for w, expected in zip(layers, dense, strict=True):
+        np.testing.assert_array_equal(bipartite_max_spanning_tree(w), expected)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_dense_max_tree_matches_brute_force_on_tied_complete_graphs(seed):
+    rng = np.random.default_rng(200 + seed)
+    for k in (1, 2, 3, 5, 16, 40):
+        upper = np.triu(rng.integers(0, 4, (k, k)).astype(float), k=1)
+        weights = upper + upper.T
+        np.fill_diagonal(weights, -np.inf)
+        tree = np.sort(P._dense_max_tree(weights.copy()))
+        # max tree of w = min tree of (c - w): same edges, so compare through the min reference
+        np.testing.assert_array_equal(tree, np.sort(5.0 - brute_force_min_tree(5.0 - upper - upper.T)))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_euclidean_mst_matches_scipy_and_brute_force_with_ties(seed):
+    rng = np.random.default_rng(300 + seed)
+    for n in (2, 3, 7, 60, 200):
+        # Integer grid points: many equal distances; duplicates removed as in vietoris_rips_diagrams.
+        x = np.unique(rng.integers(0, 6, (n, 3)).astype(float), axis=0)
+        dist = squareform(pdist(x))
+        tree = np.sort(P.euclidean_mst_lengths(dist))
+        np.testing.assert_array_equal(tree, brute_force_min_tree(dist))
+        np.testing.assert_array_equal(tree, np.sort(minimum_spanning_tree(dist).data))
+
+
+def test_h0_equals_scipy_mst_on_gaussian_clouds():
+    for n in (1, 2, 5, 199):
+        x = np.random.default_rng(n).standard_normal((n, 48))
+        h0 = vietoris_rips_diagrams(x)[0]
+        expected = np.sort(minimum_spanning_tree(squareform(pdist(x))).data)
+        np.testing.assert_array_equal(h0[:-1, 1], expected)
+        np.testing.assert_array_equal(h0[-1], [0.0, np.inf])
+
+
+@pytest.mark.parametrize("cloud", ["gaussian", "grid"])
+def test_h1_equals_the_ripser_wrapper(cloud, monkeypatch):
+    from ripser import ripser
+
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((120, 8)) if cloud == "gaussian" else np.unique(rng.integers(0, 4, (80, 3)), axis=0) * 1.0
+    dist = squareform(pdist(x))
+    reference = ripser(dist, maxdim=1, distance_matrix=True)["dgms"]
+    for got, expected in zip(P._ripser_diagrams(dist), reference, strict=True):
+        np.testing.assert_array_equal(got, expected)
+    h1 = vietoris_rips_diagrams(x)[1]  # points reordered for ripser, bars put back in its order
+    np.testing.assert_array_equal(h1, reference[1])
+    assert np.all(np.diff(h1[:, 0]) <= 0)
+    if cloud == "grid":
+        assert np.any(np.diff(h1[:, 0]) == 0)  # equal births: the rerun in the original order
+    monkeypatch.setattr(P, "_rips_filtration", None)  # the fallback through the wrapper
+    np.testing.assert_array_equal(vietoris_rips_diagrams(x)[1], h1)

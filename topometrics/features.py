@@ -334,9 +334,10 @@ def run_features(
     """Features and diagrams of every checkpoint of one rung's run directory.
 
     Checkpoints are processed in a process pool of ``params.workers`` (each worker one torch
-    and one BLAS thread) when there are at least 4 checkpoints per worker; distances to the previous checkpoint
-    are a second parallel map over consecutive pairs. Progress goes to stderr: a tqdm bar on a
-    TTY, a plain line about every 10% otherwise.
+    and one BLAS thread) when there are at least 4
+    checkpoints per worker; distances to the previous checkpoint are a second parallel map over
+    consecutive pairs. Progress goes to stderr: a tqdm bar on a TTY, a plain line about every
+    10% otherwise.
 
     Parameters
     ----------
@@ -386,25 +387,49 @@ def _worker_init() -> None:
     threadpool_limits(1)
 
 
+# Imported once by the fork server; its children start with torch, scipy and ripser loaded.
+_PRELOAD = ["topometrics.features"]
+
+
 @contextmanager
 def _pool(workers: int, jobs: int):
-    """A spawn process pool when it pays (several jobs per worker), else None (run in-process).
+    """A process pool when it pays (several jobs per worker), else None (run in-process).
 
-    One pool serves both maps, so workers start (import torch) once. spawn, not fork: forking a
-    process that already runs torch threads can deadlock.
+    One pool serves both maps. Workers come from a fork server that imports this module
+    (torch, scipy, ripser) once per main process and forks a ready worker per slot: spawned
+    workers each paid the ~3-4 s import (both at once on two cores, and again for every pool
+    of a stage) and another ~1 s to exit. Not plain fork of this process: forking a process
+    that has run torch (OpenMP) threads can deadlock; the fork server only imports, so torch
+    has started no threads there, and OpenBLAS's idle pool shuts down around a fork by itself.
+    spawn where there is no fork server (Windows).
     """
     if workers <= 1 or jobs < 4 * workers:
-        threads = torch.get_num_threads()
-        try:
-            with threadpool_limits(1):
-                torch.set_num_threads(1)
-                yield None
-        finally:
-            torch.set_num_threads(threads)
+        with _one_thread():
+            yield None
         return
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(workers, mp_context=_pool_context(), initializer=_worker_init) as pool:
         yield pool
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # Only read when the server starts (the first pool of this process); harmless later.
+    context.set_forkserver_preload(_PRELOAD)
+    return context
+
+
+@contextmanager
+def _one_thread():
+    """torch and BLAS on one thread, as in a worker (so results match), restored afterwards."""
+    threads = torch.get_num_threads()
+    try:
+        with threadpool_limits(1):
+            torch.set_num_threads(1)
+            yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _map(pool: ProcessPoolExecutor | None, fn, jobs: list, label: str) -> list:

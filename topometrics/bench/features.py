@@ -1,11 +1,13 @@
 """Features speed on the default ladder: ``python -m topometrics.bench features [--runs DIR]``.
 
-Uses ``data/runs/<rung>`` when all five default rungs exist there, otherwise writes 255
-synthetic checkpoints (51 per rung, GPT-2 random init with a different seed per step) and a
-random ``val.u8`` into a temporary directory. Measures (1) the weight-space features (NP,
-shuffled NP, Vietoris-Rips of rows, spectral baselines) of all 255 checkpoints in a pool of
-``--workers`` processes and (2) the whole :func:`topometrics.features.run_features` per rung
-(weights, gradients, representation topology, distances). Ends with one JSON line.
+Uses ``data/runs/<rung>-42`` (or the older ``data/runs/<rung>``) when all five default rungs exist there (and, unless
+``--weights-only``, ``<corpus>/val.u8``), otherwise writes 255 synthetic checkpoints (51 per
+rung, GPT-2 random init with a different seed per step) and a random ``val.u8`` into a
+temporary directory. Measures (1) the weight-space features (NP, shuffled NP, Vietoris-Rips of
+rows, spectral baselines) of all 255 checkpoints in a pool of ``--workers`` processes and (2)
+the whole :func:`topometrics.features.run_features` per rung (weights, gradients,
+representation topology, distances). Ends with one JSON line, whose ``data`` says which
+checkpoints were measured (``real`` or ``synthetic``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from topometrics.checkpoints import list_checkpoints, load_state, save_checkpoint
 from topometrics.features import _map, _pool, run_features, weight_features
 from topometrics.model import GPT, GPTConfig, linear_weights
-from topometrics.params import FeaturesParams
+from topometrics.params import FeaturesParams, run_name
 
 LADDER = {"tiny": (8, 1), "small": (16, 1), "medium": (24, 2), "large": (32, 3), "xl": (48, 3)}
 STEPS = range(0, 5001, 100)
@@ -52,6 +54,12 @@ def synthetic_runs(root: Path) -> tuple[Path, Path]:
     return root / "runs", corpus
 
 
+def run_dir(runs: Path, rung: str) -> Path:
+    """The default seed's run of ``rung``: ``<runs>/<rung>-42``, else a run dir from before train.seeds."""
+    named = runs / run_name(rung, 42)
+    return named if named.exists() else runs / rung
+
+
 def _weights_job(job: tuple[Path, int, FeaturesParams]):
     path, layers, params = job
     return weight_features(linear_weights(load_state(path), layers), params)
@@ -67,22 +75,29 @@ def main(argv: list[str]) -> int:
     params = FeaturesParams(workers=args.workers)
     with tempfile.TemporaryDirectory() as tmp:
         runs, corpus = args.runs, args.corpus
-        if not all(list_checkpoints(runs / rung) for rung in LADDER) or not (corpus / "val.u8").exists():
+        dirs = {rung: run_dir(runs, rung) for rung in LADDER}
+        # The weight features need no corpus: --weights-only measures a real ladder without one.
+        need_corpus = not args.weights_only
+        if not all(list_checkpoints(d) for d in dirs.values()) or (need_corpus and not (corpus / "val.u8").exists()):
             print("no complete data/runs ladder: writing 255 synthetic checkpoints")
             runs, corpus = synthetic_runs(Path(tmp))
-        ckpts = [(c.path, c.config.layers, params) for rung in LADDER for c in list_checkpoints(runs / rung)]
+            dirs = {rung: runs / rung for rung in LADDER}
+            data = "synthetic"
+        else:
+            data = "real"
+        ckpts = [(c.path, c.config.layers, params) for d in dirs.values() for c in list_checkpoints(d)]
         start = time.perf_counter()
         with _pool(params.workers, len(ckpts)) as pool:
             _map(pool, _weights_job, ckpts, "weights")
         weights_s = time.perf_counter() - start
         print(f"weight features, {len(ckpts)} checkpoints: {weights_s:.1f} s")
         if args.weights_only:
-            print(json.dumps({"weight_features_s_255": round(weights_s, 2), "checkpoints": len(ckpts)}))
+            print(json.dumps({"weight_features_s_255": round(weights_s, 2), "checkpoints": len(ckpts), "data": data}))
             return 0
         start = time.perf_counter()
         for rung in LADDER:
             t0 = time.perf_counter()
-            features, diagrams = run_features(runs / rung, corpus, params, rung)
+            features, diagrams = run_features(dirs[rung], corpus, params, rung)
             print(f"features@{rung}: {time.perf_counter() - t0:.1f} s, {len(features)} rows, {len(diagrams)} bars")
         stage_s = time.perf_counter() - start
         print(f"whole features, {len(ckpts)} checkpoints: {stage_s:.1f} s")
@@ -93,6 +108,7 @@ def main(argv: list[str]) -> int:
                 "features_stage_s_255": round(stage_s, 2),
                 "checkpoints": len(ckpts),
                 "workers": params.workers,
+                "data": data,
             }
         )
     )
