@@ -16,7 +16,9 @@ import scipy.stats
 from test_warehouse import RUNGS, write_inputs
 
 from topometrics import analysis, warehouse
-from topometrics.analysis import AnalysisParams, feature_family
+from topometrics.analysis import AnalysisParams
+from topometrics.params import ParamsError
+from topometrics.vocabulary import kind
 
 REPO = Path(__file__).resolve().parents[1]
 LEARNED = ("loss_learned", "topology", "loss_topology", "gradnorm", "loss_gradnorm", "weightnorm", "loss_weightnorm")
@@ -88,9 +90,9 @@ def test_spearman_tests_agree_with_the_view_and_carry_bonferroni(con):
 
 def test_topological_and_spectral_correlations_are_compared(con):
     t = con.execute("SELECT * FROM tests WHERE kind = 'topo_vs_spectral'").df()
-    assert set(t["feature"].map(feature_family)) == {"topological"}
-    assert set(t["other"].map(feature_family)) == {"spectral"}
-    assert len(t) == len(RUNGS) * 3 * 2  # (np_norm_mean, vr_tp0, vr_tp1) x (frobenius, spectral_norm)
+    assert set(t["feature"].map(kind)) == {"topological"}
+    assert set(t["other"].map(kind)) == {"spectral"}
+    assert len(t) == len(RUNGS) * 4 * 2  # (np_norm, np_norm_std, vr_tp0, vr_tp1) x (w_fro, w_spec)
 
 
 def test_scaling_fit_recovers_the_loss_exponent(con):
@@ -170,12 +172,6 @@ def test_several_seeds_get_leave_one_seed_out_and_across_seed_cis(tmp_path):
     assert mae["loss_power_law"]["f50"]["n_seeds"] == 2
 
 
-def test_feature_families_are_read_from_names():
-    names = ["np_norm", "vr_tp0", "rep_tp1", "rep_rankme", "rep_pr", "w_fro", "w_spec", "frobenius", "grad_norm"]
-    families = [feature_family(n) for n in names]
-    assert families == ["topological"] * 3 + ["spectral"] * 5 + ["other"]
-
-
 def test_a_run_without_features_fails_the_learned_topology_models_with_a_reason(tmp_path):
     inputs = write_inputs(tmp_path, rungs={k: RUNGS[k] for k in ("tiny", "small", "medium", "large")})
     inputs = warehouse.Inputs(**(inputs.__dict__ | {"feature_files": inputs.feature_files[1:]}))  # 'large' has none
@@ -187,3 +183,8 @@ def test_a_run_without_features_fails_the_learned_topology_models_with_a_reason(
     assert p.loc[("topology", "large"), "reason"] == "missing feature values in the observed window"
     assert p.loc[("loss_power_law", "large"), "status"] == "ok"
     assert pd.isna(p.loc[("topology", "large"), "predicted"])
+
+
+def test_feature_lists_must_name_declared_features():
+    with pytest.raises(ParamsError, match=r"analysis.headline_features names undeclared features \['np_norm_mean'\]"):
+        analysis.run_analysis(duckdb.connect(), AnalysisParams(headline_features=("vr_tp0", "np_norm_mean")))

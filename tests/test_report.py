@@ -18,8 +18,7 @@ import pytest
 from test_warehouse import RUNGS, write_inputs
 
 from topometrics import analysis, charts, report, warehouse
-from topometrics.params import run_name
-from topometrics.warehouse import Settings
+from topometrics.params import AnalysisParams, run_name
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -44,7 +43,6 @@ def _extra_features(root: Path, rungs: dict[str, int]) -> None:
         feats.loc[first_tp0, "value"] = (
             np.log(n_params) * (6 - 4.85) * np.where(feats["layer"] == "all", 2, 1)[first_tp0]
         )
-        feats.to_parquet(root / "features" / name / "features.parquet", index=False)
         steps, loss, size = ck["step"].to_numpy(), ck["val_loss"].to_numpy(), np.log10(n_params)
         values = {"np_norm": 0.5 - 0.05 * loss, "np_shuffled_norm": 0.4 + rng.normal(0, 0.01, len(steps))}
         values |= {"np_norm_std": 0.02 + 0 * loss, "rep_tp0": 10 - loss, "w_rankme": 3 + rng.normal(0, 0.1, len(steps))}
@@ -52,6 +50,8 @@ def _extra_features(root: Path, rungs: dict[str, int]) -> None:
         for dim in (0, 1):
             for i in range(8):
                 values[f"rep_betti{dim}_{i:02d}"] = np.maximum(0, (8 - i) * size / (1 + dim) - steps / 200)
+        replaced = (feats["layer"] == "all") & feats["feature"].isin(list(values))  # the extra values win
+        feats[~replaced].to_parquet(root / "features" / name / "features.parquet", index=False)
         frame = pd.concat([pd.DataFrame({"step": steps, "feature": k, "value": v}) for k, v in values.items()])
         _parquet(root / "features" / f"{rung}-extra" / "features.parquet", frame.assign(rung=rung, layer="all"))
     steps = np.array([0, 1000, 5000, 10000, 50000, 100000, 143000])
@@ -85,12 +85,12 @@ def build_tiny_warehouse(root: Path, with_analysis=True, with_features=True) -> 
     inputs = warehouse.discover_inputs(root / "config", root / "runs", source, [root / "features"])
     if with_analysis:
         with duckdb.connect() as con:
-            warehouse.populate(con, inputs, Settings(), {"code_version": "test"})
+            warehouse.populate(con, inputs, AnalysisParams().settings(), {"code_version": "test"})
             for name, frame in analysis.run_analysis(con, analysis.AnalysisParams(bootstrap=200)).items():
                 frame.to_parquet(root / f"{name}.parquet", index=False)
         inputs = warehouse.discover_inputs(root / "config", root / "runs", source, [root / "features"], root)
     meta = {"code_version": "test", "params": json.dumps({"train": {"steps": 600}})}
-    return warehouse.build_warehouse(root / "warehouse.duckdb", inputs, Settings(), meta)
+    return warehouse.build_warehouse(root / "warehouse.duckdb", inputs, AnalysisParams().settings(), meta)
 
 
 def _status(computed: int) -> dict:

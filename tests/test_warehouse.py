@@ -19,9 +19,10 @@ import pytest
 from scipy import stats
 
 from topometrics import warehouse
-from topometrics.params import run_name
+from topometrics.features import aggregate_layers
+from topometrics.params import AnalysisParams, run_name
 from topometrics.predict import Schedule, multi_power_law
-from topometrics.warehouse import Inputs, Settings, WarehouseError
+from topometrics.warehouse import Inputs, WarehouseError
 
 REPO = Path(__file__).resolve().parents[1]
 RUNGS = {"tiny": 2936, "small": 7408, "medium": 20640, "large": 46368, "xl": 97200}
@@ -75,26 +76,27 @@ def write_inputs(root: Path, rungs=RUNGS, seeds=(42,), steps=2000, ckpt_every=50
 
 
 def _features(rung, seed, steps, val, n_params, rng) -> pd.DataFrame:
+    """Per-layer values of real feature names, and their layer-'all' rows from the features stage's own
+    aggregation (``topometrics.features.aggregate_layers``), so the names are exactly those it writes."""
     progress = 1 - np.exp(-steps / 300)
     per_layer = {
         "np_norm": 0.3 + 0.2 * progress + rng.normal(0, 0.005, len(steps)),
         "vr_tp0": np.log(n_params) * (6 - val) + rng.normal(0, 0.05, len(steps)),
         "vr_tp1": np.round(1 + progress + rng.normal(0, 0.3, len(steps)), 1),  # ties
-        "frobenius": 5 + 3 * progress + rng.normal(0, 0.05, len(steps)),
-        "spectral_norm": 2 + progress + rng.normal(0, 0.2, len(steps)),
+        "w_fro": 5 + 3 * progress + rng.normal(0, 0.05, len(steps)),
+        "w_spec": 2 + progress + rng.normal(0, 0.2, len(steps)),
     }
+    # the second layer drifts away from the first as training progresses (so the std over layers varies)
+    layers = {layer: {k: v + j * 0.01 * progress for k, v in per_layer.items()} for j, layer in enumerate(LAYERS)}
     rows = []
-    for layer in LAYERS:
-        for feature, values in per_layer.items():
+    for layer, values_of in layers.items():
+        for feature, values in values_of.items():
             rows.append(pd.DataFrame({"step": steps, "layer": layer, "feature": feature, "value": values}))
-    for feature, values in per_layer.items():
-        agg = np.sqrt(len(LAYERS)) * values if feature == "frobenius" else len(LAYERS) * values
-        name = "np_norm_mean" if feature == "np_norm" else feature
-        rows.append(
-            pd.DataFrame(
-                {"step": steps, "layer": "all", "feature": name, "value": values if name == "np_norm_mean" else agg}
-            )
+    for i, step in enumerate(steps):
+        model = aggregate_layers(
+            {layer: {k: v[i] for k, v in values_of.items()} for layer, values_of in layers.items()}
         )
+        rows.append(pd.DataFrame({"step": step, "layer": "all", "feature": list(model), "value": list(model.values())}))
     out = pd.concat(rows, ignore_index=True).assign(rung=rung, seed=seed, reason=None)
     out.loc[0, ["value", "reason"]] = [np.nan, "diverged checkpoint"]  # NaN becomes NULL in Parquet
     return out[["rung", "seed", "step", "layer", "feature", "value", "reason"]]
@@ -114,7 +116,9 @@ def _write_parquet(path: Path, frame: pd.DataFrame) -> None:
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("wh")
     inputs = write_inputs(root / "data", rungs={k: RUNGS[k] for k in ("tiny", "small", "medium")})
-    path = warehouse.build_warehouse(root / "data" / "warehouse.duckdb", inputs, Settings(), {"code_version": "test"})
+    path = warehouse.build_warehouse(
+        root / "data" / "warehouse.duckdb", inputs, AnalysisParams().settings(), {"code_version": "test"}
+    )
     return path, inputs
 
 
@@ -161,13 +165,14 @@ def test_null_feature_keeps_its_reason(built):
 def test_killed_build_leaves_previous_warehouse_intact(built, tmp_path):
     path, inputs = built
     target = tmp_path / "warehouse.duckdb"
-    warehouse.build_warehouse(target, inputs, Settings(), {"code_version": "v1"})
+    warehouse.build_warehouse(target, inputs, AnalysisParams().settings(), {"code_version": "v1"})
     ready = tmp_path / "ready"
     # The child builds a new warehouse but stalls after loading the inputs, as a long build would.
     child = f"""
 import time
 from pathlib import Path, PosixPath
 from topometrics import warehouse
+from topometrics.params import AnalysisParams
 from topometrics.warehouse import Inputs
 real = warehouse.load_parquet
 def slow(con, table, files):
@@ -176,7 +181,7 @@ def slow(con, table, files):
         Path({str(ready)!r}).touch(); time.sleep(60)
 warehouse.load_parquet = slow
 inputs = {inputs!r}
-warehouse.build_warehouse(Path({str(target)!r}), inputs, warehouse.Settings(), {{"code_version": "v2"}})
+warehouse.build_warehouse(Path({str(target)!r}), inputs, AnalysisParams().settings(), {{"code_version": "v2"}})
 """
     proc = subprocess.Popen([sys.executable, "-c", child], cwd=REPO)
     try:
@@ -191,7 +196,7 @@ warehouse.build_warehouse(Path({str(target)!r}), inputs, warehouse.Settings(), {
     with _con(target) as con:
         assert con.execute("SELECT value FROM meta WHERE key = 'code_version'").fetchone() == ("v1",)
         assert con.execute("SELECT count(*) FROM checkpoints").fetchone() == (3 * 41,)
-    warehouse.build_warehouse(target, inputs, Settings(), {"code_version": "v3"})
+    warehouse.build_warehouse(target, inputs, AnalysisParams().settings(), {"code_version": "v3"})
     assert not list(tmp_path.glob(".warehouse.duckdb.*")), "stale temporaries of dead builds are removed"
 
 
@@ -199,7 +204,7 @@ def test_missing_run_log_names_the_file_and_the_fix(tmp_path):
     inputs = write_inputs(tmp_path, rungs={"tiny": 2936})
     (tmp_path / "runs" / "tiny-42" / "steps.csv").unlink()
     with pytest.raises(WarehouseError, match=r"runs/tiny-42/steps.csv not found .* `dvc repro train@tiny-42`"):
-        warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, Settings(), {})
+        warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, AnalysisParams().settings(), {})
     assert not (tmp_path / "w.duckdb").exists()
     assert not list(tmp_path.glob(".w.duckdb*")), "a failed build removes its temporary file"
 
@@ -235,7 +240,7 @@ def test_external_series_gets_runs_and_rungs_rows(tmp_path):
         )
     )
     con = duckdb.connect()
-    warehouse.populate(con, inputs, Settings(), {})
+    warehouse.populate(con, inputs, AnalysisParams().settings(), {})
     assert con.execute("SELECT kind FROM runs WHERE rung = 'EleutherAI/pythia-14m'").fetchall() == [("series",)]
     assert con.execute("SELECT kind, n_params FROM rungs ORDER BY rung").fetchall() == [
         ("series", None),
@@ -279,7 +284,7 @@ def test_phases_on_a_hand_made_np_series():
     assert (row.peak_step, row.diminishing_step, row.total_steps) == (300, 700, 1000)
     assert row.peak_abs_delta == pytest.approx(0.10)
     assert (row.peak_fraction, row.diminishing_fraction) == pytest.approx((0.3, 0.7))
-    assert row.np_source == "all/np_norm_mean"
+    assert row.np_source == "all/np_norm"
 
 
 def test_phases_fall_back_to_the_mean_of_layer_np_norm():
@@ -298,7 +303,7 @@ def test_phases_fall_back_to_the_mean_of_layer_np_norm():
 def test_early_stopping_follows_rieck_patience_rule():
     # NP improves by more than min_delta (0.001) up to step 300, then wobbles: patience 3 fires at step 600
     np_values = [0.30, 0.32, 0.34, 0.36, 0.3605, 0.359, 0.3609, 0.40, 0.41, 0.42, 0.43]
-    con = _hand_made_db(np_values=np_values, settings=Settings(np_patience=3, loss_patience=2))
+    con = _hand_made_db(np_values=np_values, settings=AnalysisParams(np_patience=3, loss_patience=2).settings())
     # val loss improves until step 500, then stalls: patience 2 fires at step 700
     _checkpoint_rows(con, "t", [4.0, 3.0, 2.5, 2.2, 2.1, 2.0, 2.0, 2.0, 1.99, 1.98, 1.97])
     row = con.execute("SELECT * FROM early_stopping").df().iloc[0]
@@ -349,15 +354,17 @@ def test_scaling_view_holds_final_values_and_final_loss(built):
 # --- hand-made databases -------------------------------------------------------------------------
 
 
-def _hand_made_db(np_values, settings: Settings | None = None) -> duckdb.DuckDBPyConnection:
+def _hand_made_db(np_values, settings=None) -> duckdb.DuckDBPyConnection:
     """An in-memory warehouse with one run 't' (1000 steps) and, optionally, an NP series every 100 steps."""
     con = duckdb.connect()
     schema, *views = warehouse.sql_files()
     con.execute(schema.read_text())
-    con.execute("INSERT INTO settings VALUES (?, ?, ?, ?, ?)", list((settings or Settings()).__dict__.values()))
+    con.execute(
+        "INSERT INTO settings VALUES (?, ?, ?, ?, ?)", list((settings or AnalysisParams().settings()).__dict__.values())
+    )
     con.execute("INSERT INTO runs (rung, seed, kind, steps) VALUES ('t', 0, 'ladder', 1000)")
     if np_values is not None:
-        _features_rows(con, "t", "np_norm_mean", "all", np_values)
+        _features_rows(con, "t", "np_norm", "all", np_values)
     for view in views:
         con.execute(view.read_text())
     return con

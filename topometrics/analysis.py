@@ -15,25 +15,10 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from topometrics import predict, stats
-from topometrics.params import AnalysisParams
+from topometrics.params import AnalysisParams, ParamsError
+from topometrics.vocabulary import kind, lookup
 
 LOSS_ONLY = "loss_power_law"
-
-
-def feature_family(name: str) -> str:
-    """'topological', 'spectral' or 'other', from the feature name (names are data, so rules are by prefix).
-
-    Topological: neural persistence (``np_*``), weight Vietoris-Rips (``vr_*``) and representation
-    persistence (``rep_*`` except the spectral ``rep_rankme``/``rep_pr``). Spectral: singular-value
-    summaries of weights (``w_*``: ``w_rankme``, ``w_pr``, ``w_fro``, ``w_spec``) and of hidden states
-    (``*rankme*``, ``*_pr``), and any ``*spectral*``, ``*frobenius*``, ``*stable_rank*``.
-    """
-    spectral_parts = ("spectral", "frobenius", "rankme", "stable_rank")
-    if name.startswith("w_") or any(s in name for s in spectral_parts) or name.endswith("_pr"):
-        return "spectral"
-    if name.startswith(("np_", "vr_", "rep_")):
-        return "topological"
-    return "other"
 
 
 def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
@@ -44,6 +29,7 @@ def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
     dict
         ``predictions``, ``fits`` and ``tests`` DataFrames with the columns of ``sql/00_schema.sql``.
     """
+    check_feature_names(params)
     predictions, curve_fits = prediction_table(con, params)
     tests = pd.concat(
         [spearman_tests(con, params), topo_vs_spectral_tests(con, params), across_seed_tests(con, predictions)],
@@ -51,6 +37,14 @@ def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
     )
     fits = pd.concat([scaling_fits(con), curve_fits], ignore_index=True)
     return {"predictions": predictions, "fits": fits, "tests": tests}
+
+
+def check_feature_names(params: AnalysisParams) -> None:
+    """Raise :class:`ParamsError` naming the key when an ``analysis.*_features`` list has an undeclared name."""
+    for key in ("topology_features", "weight_norm_features", "headline_features"):
+        unknown = [name for name in getattr(params, key) if lookup(name) is None]
+        if unknown:
+            raise ParamsError(f"analysis.{key} names undeclared features {unknown}; use names of docs/features.md")
 
 
 def spearman_tests(con, params: AnalysisParams) -> pd.DataFrame:
@@ -84,8 +78,8 @@ def topo_vs_spectral_tests(con, params: AnalysisParams) -> pd.DataFrame:
     for (rung, seed), g in wide.groupby(["rung", "seed"], sort=True):
         table = g.pivot_table(index="step", columns="feature", values="value", dropna=False)
         loss = g.drop_duplicates("step").set_index("step")["val_loss"].reindex(table.index)
-        topo = [f for f in table.columns if feature_family(f) == "topological"]
-        spectral = [f for f in table.columns if feature_family(f) == "spectral"]
+        topo = [f for f in table.columns if kind(f) == "topological"]
+        spectral = [f for f in table.columns if kind(f) == "spectral"]
         for x in topo:
             for z in spectral:
                 rows.append(_steiger_row(rung, seed, x, z, table[x], table[z], loss))

@@ -47,19 +47,10 @@ from topometrics.persistence import (
     wasserstein_distance,
 )
 from topometrics.spectral import covariance_spectrum, weight_spectrum
+from topometrics.vocabulary import ALL, DISTANCE, FAMILIES, REPRESENTATION, lookup, model_level, model_only, per_layer
 
-ALL = "all"
 FEATURE_COLUMNS = ["rung", "seed", "step", "layer", "feature", "value", "reason"]
 DIAGRAM_COLUMNS = ["rung", "seed", "step", "source", "layer", "dim", "birth", "death"]
-
-# Per linear layer, and how each is aggregated into layer='all'.
-NP_FEATURES = ("np_norm", "np_sum", "np_shuffled_norm")  # all: mean, plus <name>_std
-VR_SUM_FEATURES = ("vr_tp0", "vr_tp1", "vr_entropy0", "vr_entropy1", "vr_count1")  # all: sum
-VR_MAX_FEATURES = ("vr_maxpers1",)  # all: max
-SPECTRAL_FEATURES = ("w_rankme", "w_pr", "w_fro", "w_spec")  # all: mean, mean, global norm, max
-GRAD_FEATURES = ("grad_norm",)  # all: global norm
-DISTANCE_FEATURES = ("vr_w1_prev", "vr_bneck_prev")  # all: sum
-REP_DISTANCE_FEATURES = ("rep_w1_prev", "rep_bneck_prev")  # layer='all' only
 
 
 @dataclass
@@ -143,19 +134,35 @@ def layer_features(
     }
 
 
-def aggregate_layers(per_layer: dict[str, dict[str, float]]) -> dict[str, float]:
-    """The ``layer='all'`` values: NP mean and population std, VR sums (max for maxpers1),
-    spectral means, the global Frobenius norm and the largest spectral norm."""
-    col = {name: np.array([v[name] for v in per_layer.values()]) for name in next(iter(per_layer.values()))}
+def aggregate_layers(per_layer_values: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The ``layer='all'`` values of per-layer features, by each feature's declared aggregation
+    (``topometrics.vocabulary``): e.g. NP mean and population std, VR sums, the global Frobenius norm.
+
+    Parameters
+    ----------
+    per_layer_values : {layer name: {feature name: value}}, the same feature names for every layer
+    """
+    first = next(iter(per_layer_values.values()))
+    columns = {name: np.array([v[name] for v in per_layer_values.values()]) for name in first}
     out = {}
-    for name in NP_FEATURES:
-        out[name] = col[name].mean()
-        out[f"{name}_std"] = col[name].std()
-    out.update({name: col[name].sum() for name in VR_SUM_FEATURES})
-    out.update({name: col[name].max() for name in VR_MAX_FEATURES})
-    out.update(w_rankme=col["w_rankme"].mean(), w_pr=col["w_pr"].mean())
-    out.update(w_fro=np.sqrt(np.sum(col["w_fro"] ** 2)), w_spec=col["w_spec"].max())
+    for name, values in columns.items():
+        feature = lookup(name)
+        if feature is None or feature.aggregate not in _AGGREGATIONS:
+            raise ValueError(f"{name} is not a declared per-layer feature; declare it in topometrics/vocabulary.py")
+        if feature.aggregate == "mean_std":
+            out[name], out[f"{name}_std"] = values.mean(), values.std()
+        else:
+            out[name] = _AGGREGATIONS[feature.aggregate](values)
     return out
+
+
+_AGGREGATIONS = {
+    "mean_std": np.mean,
+    "mean": np.mean,
+    "sum": np.sum,
+    "max": np.max,
+    "norm": lambda values: np.sqrt(np.sum(values**2)),
+}
 
 
 # ---------------------------------------------------------------------------
@@ -218,11 +225,9 @@ def representation_features(states: np.ndarray, params: FeaturesParams) -> Check
     return out
 
 
-def rep_feature_names(params: FeaturesParams) -> list[str]:
-    names = ["rep_tp0", "rep_tp1", "rep_entropy0", "rep_entropy1", "rep_count1", "rep_maxpers1"]
-    names += ["rep_significant0", "rep_significant1", "rep_diameter"]
-    names += [f"rep_betti{dim}_{i:02d}" for dim in (0, 1) for i in range(params.betti_scales)]
-    return names + ["rep_rankme", "rep_pr"]
+def rep_feature_names(params: FeaturesParams) -> tuple[str, ...]:
+    """Names of the representation features, in the order they are written."""
+    return model_only(REPRESENTATION, params.betti_scales)
 
 
 # ---------------------------------------------------------------------------
@@ -257,11 +262,11 @@ def checkpoint_features(
 def null_features(layers: int, params: FeaturesParams, reason: str) -> CheckpointFeatures:
     """The full set of feature rows of a checkpoint, all NULL with ``reason``."""
     out = CheckpointFeatures()
-    per_layer = NP_FEATURES + VR_SUM_FEATURES + VR_MAX_FEATURES + SPECTRAL_FEATURES + GRAD_FEATURES
+    computed = [family for family in FAMILIES if family not in (REPRESENTATION, DISTANCE)]
     for name in linear_layer_names(layers):
-        out.add(name, dict.fromkeys(per_layer, np.nan), reason)
-    aggregate = [*NP_FEATURES, *(f"{n}_std" for n in NP_FEATURES), *per_layer[3:], "batch_loss"]
-    out.add(ALL, dict.fromkeys(aggregate + rep_feature_names(params), np.nan), reason)
+        out.add(name, dict.fromkeys([n for family in computed for n in per_layer(family)], np.nan), reason)
+    aggregate = [n for family in computed for n in model_level(family)]
+    out.add(ALL, dict.fromkeys(aggregate + list(rep_feature_names(params)), np.nan), reason)
     return out
 
 
@@ -276,15 +281,16 @@ def distance_features(
     checkpoint or when either diagram is missing (diverged checkpoint).
     """
     out = CheckpointFeatures()
-    totals = {name: 0.0 for name in DISTANCE_FEATURES}
+    layer_names, model_names = per_layer(DISTANCE), model_only(DISTANCE)
+    totals = {name: 0.0 for name in layer_names}
     total_reason = None
     for layer in layers:
-        values, reason = _graded_distances(prev, cur, ("weights", layer), DISTANCE_FEATURES)
+        values, reason = _graded_distances(prev, cur, ("weights", layer), layer_names)
         out.add(layer, values, reason)
         total_reason = total_reason or reason
         totals = {k: totals[k] + values[k] for k in totals}
     out.add(ALL, totals, total_reason)
-    values, reason = _graded_distances(prev, cur, ("representation", ALL), REP_DISTANCE_FEATURES)
+    values, reason = _graded_distances(prev, cur, ("representation", ALL), model_names)
     out.add(ALL, values, reason)
     return out
 

@@ -147,18 +147,11 @@ class AnalysisParams:
     np_min_delta: float = 0.001  # ... minimum NP increase that counts as an improvement
     loss_patience: int = 5  # validation-loss early stopping, in checkpoints
     loss_min_delta: float = 0.001  # ... minimum val-loss decrease (nats) that counts
+    # Feature names (topometrics.vocabulary; checked by topometrics.analysis, which reads them):
     topology_features: tuple[str, ...] = ("vr_tp0", "vr_tp1")  # layer-'all' series used with NP for prediction
-    weight_norm_features: tuple[str, ...] = ("w_fro", "frobenius")  # weight-norm baseline: the first present
+    weight_norm_features: tuple[str, ...] = ("w_fro",)  # weight-norm baseline: the first present
     # features whose rho(feature, val loss) goes into metrics.json (those present)
-    headline_features: tuple[str, ...] = (
-        "vr_tp0",
-        "vr_tp1",
-        "np_norm",
-        "np_norm_mean",
-        "rep_tp0",
-        "w_spec",
-        "w_rankme",
-    )
+    headline_features: tuple[str, ...] = ("vr_tp0", "vr_tp1", "np_norm", "rep_tp0", "w_spec", "w_rankme")
 
     def check(self) -> None:
         _positive(self, "analysis", ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold"))
@@ -166,13 +159,22 @@ class AnalysisParams:
         if not self.fractions or not all(0.0 < f < 1.0 for f in self.fractions):
             raise ParamsError(f"analysis.fractions must be shares in (0, 1), got {list(self.fractions)}")
 
-    def settings(self):
+    def settings(self) -> ViewSettings:
         """The subset the SQL views read from the warehouse's ``settings`` table."""
-        from topometrics.warehouse import Settings  # the warehouse depends on params, not the reverse
-
-        return Settings(
+        return ViewSettings(
             self.phase_threshold, self.np_patience, self.np_min_delta, self.loss_patience, self.loss_min_delta
         )
+
+
+@dataclass(frozen=True)
+class ViewSettings:
+    """The analysis params the SQL views read from the warehouse's ``settings`` table (one row)."""
+
+    phase_threshold: float
+    np_patience: int
+    np_min_delta: float
+    loss_patience: int
+    loss_min_delta: float
 
 
 @dataclass(frozen=True)

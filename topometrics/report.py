@@ -24,6 +24,7 @@ import pandas as pd
 import vl_convert as vlc
 
 from topometrics import charts
+from topometrics.vocabulary import names
 
 # Vega-Lite version of altair's specs ("6.4"): vl-convert must render them with the same one.
 VL_VERSION = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
@@ -106,11 +107,13 @@ PAPER_TABLE8 = pd.DataFrame(
     columns=["step", "paper NP mean", "paper NP std", "paper H0 total"],
 )  # fmt: skip
 
-# Layer-'all' feature names written by the features stage (docs/features.md).
-H0, H1, NP_FEATURES = "vr_tp0", "vr_tp1", ("np_norm", "np_sum")
-TOPO_HEADLINE = ("vr_tp0", "vr_tp1", "np_norm", "np_sum", "rep_tp0", "rep_tp1")
-SCALING_FEATURES = ("val_loss", "vr_tp0", "vr_tp1", "np_norm", "np_sum", "rep_tp0")
-BETTI = re.compile(r"^rep_betti(\d)_(\d+)$")
+# Layer-'all' features the report shows (names declared in topometrics.vocabulary).
+H0_TOTAL, H1_TOTAL = names("vr_tp0", "vr_tp1")
+NP_FEATURES = names("np_norm", "np_sum")
+TOPO_HEADLINE = names("vr_tp0", "vr_tp1", "np_norm", "np_sum", "rep_tp0", "rep_tp1")
+SCALING_FEATURES = ("val_loss", *names("vr_tp0", "vr_tp1", "np_norm", "np_sum", "rep_tp0"))
+NP_SHUFFLED, NP_STD, REP_W1_PREV = names("np_shuffled_norm", "np_norm_std", "rep_w1_prev")
+BETTI = re.compile(r"^rep_betti(\d)_(\d+)$")  # the per-scale names of rep_betti0 / rep_betti1
 
 QUERIES = {
     "runs": "SELECT * FROM runs ORDER BY kind, rung, seed",
@@ -175,9 +178,9 @@ def build(frames: dict[str, pd.DataFrame | Missing], series_status: dict | None 
     report = Report(*banner(f["runs"], f["meta"], series_status))
     report.tables = {
         "Table 1 — model configurations and final loss": table1(f["rungs"], f["final"]),
-        "Table 2 — ρ(VR H0 total persistence, loss)": rho_table(f["spearman"], f["rho"], (H0,), PAPER_TABLE2),
+        "Table 2 — ρ(VR H0 total persistence, loss)": rho_table(f["spearman"], f["rho"], (H0_TOTAL,), PAPER_TABLE2),
         "Table 3 — ρ(neural persistence, loss)": rho_table(f["spearman"], f["rho"], NP_FEATURES, PAPER_TABLE3),
-        "Table 4 — ρ(VR H1 total persistence, loss)": rho_table(f["spearman"], f["rho"], (H1,), PAPER_TABLE4),
+        "Table 4 — ρ(VR H1 total persistence, loss)": rho_table(f["spearman"], f["rho"], (H1_TOTAL,), PAPER_TABLE4),
         "Table 5 — final-loss prediction MAE": table5(f["mae"]),
         "Table 6 — phases of neural persistence": table6(f["phases"]),
         "Early stopping — NP patience vs validation-loss patience": _ordered(f["early_stopping"]),
@@ -315,8 +318,8 @@ def table8(np_series, features, status: dict | None) -> pd.DataFrame | Missing:
     ours_np = np_series[np_series["kind"] == "series"][["rung", "step", "np"]].rename(columns={"np": "NP mean"})
     if ours_np.empty:
         return Missing(f"no external series in the warehouse; series stage: {series_line(None, status)}")
-    wide = _wide(features[features["kind"] == "series"], ["np_norm_std", H0])
-    wide = wide.rename(columns={"np_norm_std": "NP std", H0: "H0 total"})
+    wide = _wide(features[features["kind"] == "series"], [NP_STD, H0_TOTAL])
+    wide = wide.rename(columns={NP_STD: "NP std", H0_TOTAL: "H0 total"})
     out = ours_np.merge(wide, on=["rung", "step"], how="left").merge(PAPER_TABLE8, on="step", how="outer")
     cols = ["rung", "step", "NP mean", "paper NP mean", "NP std", "paper NP std", "H0 total", "paper H0 total"]
     return out.reindex(columns=cols).sort_values("step").reset_index(drop=True)
@@ -344,8 +347,8 @@ def shuffled_null(spearman, rho) -> pd.DataFrame | Missing:
     if isinstance(source, Missing):
         return source
     source = source.rename(columns={"estimate": "rho"})
-    real = source[source["feature"] == "np_norm"][["rung", "seed", "rho"]]
-    null = source[source["feature"] == "np_shuffled_norm"][["rung", "seed", "rho"]]
+    real = source[source["feature"] == NP_FEATURES[0]][["rung", "seed", "rho"]]
+    null = source[source["feature"] == NP_SHUFFLED][["rung", "seed", "rho"]]
     if real.empty or null.empty:
         return Missing("np_norm or np_shuffled_norm has no correlations in the warehouse")
     out = real.merge(null, on=["rung", "seed"], suffixes=("", "_shuffled"))
@@ -362,14 +365,14 @@ def figures(f: dict[str, pd.DataFrame | Missing]) -> dict[str, alt.TopLevelMixin
     out = {
         "loss_curves": _chart(charts.loss_curves, ladder["checkpoints"], "no checkpoints"),
         "np_evolution": _chart(charts.np_evolution, ladder["np"], "no neural persistence features"),
-        "vr_evolution": _chart(charts.vr_evolution, _select(feats, (H0, H1)), "no vr_tp0/vr_tp1 features"),
+        "vr_evolution": _chart(charts.vr_evolution, _select(feats, (H0_TOTAL, H1_TOTAL)), "no vr_tp0/vr_tp1 features"),
         "tp0_vs_loss": _chart(charts.tp0_vs_loss, _tp0_loss(feats, ladder["checkpoints"]), "no vr_tp0 features"),
         "correlation_heatmap": _chart(charts.correlation_heatmap, _heatmap(f["rho"]), "no correlations"),
         "prediction_comparison": _chart(charts.prediction_comparison, _mae(f["mae"]), "no predictions"),
         "scaling": _scaling(f["scaling"], f["scaling_fits"]),
         "betti_curves": _chart(charts.betti_curves, _betti(feats), "no rep_betti* features"),
         "wasserstein_to_previous": _chart(
-            charts.wasserstein_to_previous, _select(feats, ("rep_w1_prev",)), "no rep_w1_prev features"
+            charts.wasserstein_to_previous, _select(feats, (REP_W1_PREV,)), "no rep_w1_prev features"
         ),
         "validation_series": _chart(charts.validation_series, _series(f["np"], f["features"]), "no external series"),
     }
@@ -556,7 +559,9 @@ def _wide(features: pd.DataFrame, names: list[str]) -> pd.DataFrame:
 def _tp0_loss(features, checkpoints):
     if isinstance(features, Missing) or isinstance(checkpoints, Missing):
         return features if isinstance(features, Missing) else checkpoints
-    tp0 = features[features["feature"] == H0][["rung", "seed", "step", "value"]].rename(columns={"value": H0})
+    tp0 = features[features["feature"] == H0_TOTAL][["rung", "seed", "step", "value"]].rename(
+        columns={"value": H0_TOTAL}
+    )
     return tp0.merge(checkpoints[["rung", "seed", "step", "val_loss"]], on=["rung", "seed", "step"])
 
 
@@ -620,7 +625,7 @@ def _series(np_series, features):
     if isinstance(np_series, Missing) or isinstance(features, Missing):
         return np_series if isinstance(np_series, Missing) else features
     ours_np = np_series[np_series["kind"] == "series"].assign(quantity="NP mean", value=lambda d: d["np"])
-    ours_h0 = features[(features["kind"] == "series") & (features["feature"] == H0)].assign(quantity="H0 total")
+    ours_h0 = features[(features["kind"] == "series") & (features["feature"] == H0_TOTAL)].assign(quantity="H0 total")
     ours = pd.concat([ours_np, ours_h0], ignore_index=True)
     if ours.empty:
         return ours

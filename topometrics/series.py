@@ -60,7 +60,6 @@ from topometrics.features import (
     ALL,
     DIAGRAM_COLUMNS,
     FEATURE_COLUMNS,
-    GRAD_FEATURES,
     CheckpointFeatures,
     diagrams_frame,
     distance_features,
@@ -72,6 +71,7 @@ from topometrics.features import (
     validation_batch,
 )
 from topometrics.params import FeaturesParams, SeriesParams, SeriesSource
+from topometrics.vocabulary import GRADIENT, model_level, per_layer
 
 # Files fetched per hub revision: weights, configs, tokenizer. Never *.bin (pickle).
 HUB_PATTERNS = ["*.safetensors", "*.json", "tokenizer*"]
@@ -339,8 +339,8 @@ def model_features(ckpt: SeriesCheckpoint, layers: dict[str, str], text: str, pa
         out = CheckpointFeatures()
         reason = f"model not loadable by transformers: {err}".splitlines()[0]
         for name in layers:
-            out.add(name, dict.fromkeys(GRAD_FEATURES, np.nan), reason)
-        out.add(ALL, dict.fromkeys(["grad_norm", "batch_loss", *rep_feature_names(params)], np.nan), reason)
+            out.add(name, dict.fromkeys(per_layer(GRADIENT), np.nan), reason)
+        out.add(ALL, dict.fromkeys([*model_level(GRADIENT), *rep_feature_names(params)], np.nan), reason)
         return out
     states, grads, loss = causal_lm_on_batch(model, x, y, layers)
     out = CheckpointFeatures()

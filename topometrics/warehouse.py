@@ -24,6 +24,7 @@ import duckdb
 import pandas as pd
 
 import topometrics
+from topometrics.params import ViewSettings
 
 SCHEMA_VERSION = 1
 SQL_DIR = Path(__file__).parent / "sql"
@@ -60,17 +61,6 @@ class Inputs:
     feature_files: list[Path] = field(default_factory=list)
     diagram_files: list[Path] = field(default_factory=list)
     analysis_files: dict[str, Path] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The analysis params the views read from the ``settings`` table (see :class:`AnalysisParams`)."""
-
-    phase_threshold: float = 0.1
-    np_patience: int = 5
-    np_min_delta: float = 0.001
-    loss_patience: int = 5
-    loss_min_delta: float = 0.001
 
 
 def discover_inputs(
@@ -116,7 +106,7 @@ def sql_files() -> list[Path]:
     return sorted(SQL_DIR.glob("*.sql"))
 
 
-def populate(con: duckdb.DuckDBPyConnection, inputs: Inputs, settings: Settings, meta: Mapping[str, str]) -> None:
+def populate(con: duckdb.DuckDBPyConnection, inputs: Inputs, settings: ViewSettings, meta: Mapping[str, str]) -> None:
     """Create the schema in an empty database, load every input, and create the views."""
     schema, *views = sql_files()
     con.execute(schema.read_text())
@@ -137,7 +127,7 @@ def populate(con: duckdb.DuckDBPyConnection, inputs: Inputs, settings: Settings,
     _insert(con, "meta", pd.DataFrame({"key": list(rows), "value": [str(v) for v in rows.values()]}))
 
 
-def build_warehouse(path: Path, inputs: Inputs, settings: Settings, meta: Mapping[str, str]) -> Path:
+def build_warehouse(path: Path, inputs: Inputs, settings: ViewSettings, meta: Mapping[str, str]) -> Path:
     """Build the warehouse file atomically.
 
     Built in ``.<name>.<pid>.tmp`` beside ``path`` (same filesystem, so :func:`os.replace` is atomic),

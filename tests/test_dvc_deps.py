@@ -1,0 +1,89 @@
+"""dvc.yaml's stage deps list exactly the topometrics/ modules each stage script imports, directly or not.
+
+The import closure is computed from the source with ``ast`` (every ``import``/``from ... import``
+anywhere in a module, lazy imports inside functions included), so a change to any module a stage
+runs re-runs that stage, and no stage re-runs for a module it never loads. Package ``__init__.py``
+files hold only the version string and are not listed. A stage whose closure reaches
+``warehouse.py`` also reads the versioned SQL files, so it depends on ``topometrics/sql``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = "topometrics"
+
+
+def module_path(name: str) -> Path | None:
+    """The file of a dotted module name inside the package (None for anything outside it)."""
+    if name != PACKAGE and not name.startswith(PACKAGE + "."):
+        return None
+    base = REPO.joinpath(*name.split("."))
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    return None
+
+
+def imported_modules(path: Path) -> set[Path]:
+    """Package files imported by one file (``from topometrics import x`` counts submodule x)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            candidates = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in candidates:
+            parts = name.split(".")
+            # importing a.b.c runs a/__init__, a/b/__init__ and a/b/c
+            found |= {p for i in range(1, len(parts) + 1) if (p := module_path(".".join(parts[:i])))}
+    return found
+
+
+def import_closure(script: Path) -> set[Path]:
+    """Every package file the script loads, transitively."""
+    seen, todo = set(), [script]
+    while todo:
+        for module in imported_modules(todo.pop()) - seen:
+            seen.add(module)
+            todo.append(module)
+    return seen
+
+
+def listed_module_deps(deps: list[str]) -> set[str]:
+    return {d for d in deps if d.startswith(f"{PACKAGE}/") and d.endswith(".py")}
+
+
+def expected_module_deps(script: Path) -> set[str]:
+    closure = {p for p in import_closure(script) if p.name != "__init__.py"}
+    return {p.relative_to(REPO).as_posix() for p in closure}
+
+
+STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_stage_deps_are_the_import_closure_of_its_script(stage):
+    deps = STAGES[stage]["deps"]
+    script = REPO / "stages" / f"{stage}.py"
+    assert f"stages/{stage}.py" in deps and f"python stages/{stage}.py" in STAGES[stage]["cmd"]
+    expected = expected_module_deps(script)
+    listed = listed_module_deps(deps)
+    assert listed == expected, f"missing: {sorted(expected - listed)}; not imported: {sorted(listed - expected)}"
+    needs_sql = f"{PACKAGE}/warehouse.py" in expected
+    assert (f"{PACKAGE}/sql" in deps) == needs_sql
+
+
+def test_the_closure_follows_lazy_and_package_imports(tmp_path):
+    # stages/report.py imports `from topometrics import report`; report imports charts: both are found.
+    closure = expected_module_deps(REPO / "stages" / "report.py")
+    assert {"topometrics/report.py", "topometrics/charts.py"} <= closure
+    assert all((REPO / p).is_file() for p in closure)

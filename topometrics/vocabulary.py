@@ -1,0 +1,192 @@
+"""The feature vocabulary: every feature's name, definition, family and layer aggregation, declared once.
+
+Computing modules compute values under these names; the features tables, the analysis
+(:func:`kind`), the SQL views, ``params.yaml``'s feature lists and the report read them from here.
+``docs/features.md`` documents the same table in prose (a test checks that every name is there).
+
+A feature is computed either for every linear layer (``aggregate`` says how the per-layer values
+become the ``layer='all'`` value) or once per checkpoint (``aggregate = MODEL``: a ``layer='all'``
+row only). Aggregations:
+
+``mean_std``  the mean over layers, plus ``<name>_std``, the population standard deviation (ddof 0)
+``mean``      the mean over layers
+``sum``       the sum over layers
+``max``       the largest value over layers
+``norm``      the 2-norm over layers, ``sqrt(sum v^2)`` (a global Frobenius norm)
+
+``kind`` is what the analysis compares: ``topological`` features against ``spectral`` ones
+(Steiger's test); ``other`` features are not compared.
+
+To add a measure: compute it in its module (a pure function of arrays), add a :class:`Feature`
+to its family below (or a new :class:`Family` to :data:`FAMILIES`), emit it where that family is
+computed (``topometrics.features``), and add a row to ``docs/features.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MODEL = "model"  # aggregate of a feature computed once per checkpoint (layer 'all' only)
+AGGREGATIONS = ("mean_std", "mean", "sum", "max", "norm", MODEL)
+KINDS = ("topological", "spectral", "other")
+ALL = "all"  # the layer of model-level rows
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One feature: its name in the ``feature`` column, how it reaches ``layer='all'``, what it means."""
+
+    name: str
+    aggregate: str  # one of AGGREGATIONS
+    definition: str
+    kind: str | None = None  # overrides the family's kind
+    per_scale: bool = False  # a curve: one feature per filtration scale, named <name>_00 ... (features.betti_scales)
+
+
+@dataclass(frozen=True)
+class Family:
+    """Features computed together by one function, in the order that function returns them."""
+
+    name: str
+    kind: str  # one of KINDS
+    features: tuple[Feature, ...]
+
+
+NP = Family(
+    "np",
+    "topological",
+    (
+        Feature(
+            "np_norm",
+            "mean_std",
+            "neural persistence, reference normalisation: sqrt(sum_e (1 - a_e)^2 + 1) / sqrt(|V| - 1) over the "
+            "maximum spanning tree of the layer's bipartite graph, a = |w| / max |w| over all linear layers",
+        ),
+        Feature("np_sum", "mean_std", "neural persistence as Rieck et al.'s eq. 1: sum_e (1 - a_e) / (|V| - 1)"),
+        Feature(
+            "np_shuffled_norm",
+            "mean_std",
+            "np_norm after a seeded permutation of the layer's entries (a null model: same spread, no structure)",
+        ),
+    ),
+)
+VR = Family(
+    "vr",
+    "topological",
+    (
+        Feature("vr_tp0", "sum", "total persistence of the finite H0 bars of the Vietoris-Rips filtration of the rows"),
+        Feature("vr_tp1", "sum", "total persistence of the H1 bars of the Vietoris-Rips filtration of the rows"),
+        Feature("vr_entropy0", "sum", "persistence entropy (nats, not normalised) of the finite H0 bars"),
+        Feature("vr_entropy1", "sum", "persistence entropy (nats, not normalised) of the H1 bars"),
+        Feature("vr_count1", "sum", "number of H1 bars"),
+        Feature("vr_maxpers1", "max", "largest H1 lifetime (0 without bars)"),
+    ),
+)
+SPECTRAL = Family(
+    "spectral",
+    "spectral",
+    (
+        Feature("w_rankme", "mean", "RankMe exp(-sum p_k ln p_k), p_k = s_k / sum s, of the weight's singular values"),
+        Feature("w_pr", "mean", "participation ratio (sum s^2)^2 / sum s^4 of the weight's singular values"),
+        Feature("w_fro", "norm", "Frobenius norm of the weight matrix"),
+        Feature("w_spec", "max", "spectral norm (largest singular value) of the weight matrix"),
+    ),
+)
+GRADIENT = Family(
+    "gradient",
+    "other",
+    (
+        Feature("grad_norm", "norm", "Frobenius norm of d loss / d W (bias excluded) on the fixed validation batch"),
+        Feature("batch_loss", MODEL, "mean next-token cross-entropy (nats) on the fixed validation batch"),
+    ),
+)
+REPRESENTATION = Family(
+    "representation",
+    "topological",
+    (
+        Feature("rep_tp0", MODEL, "total persistence of the hidden-state cloud's finite H0 bars"),
+        Feature("rep_tp1", MODEL, "total persistence of the hidden-state cloud's H1 bars"),
+        Feature("rep_entropy0", MODEL, "persistence entropy of the hidden-state cloud's finite H0 bars"),
+        Feature("rep_entropy1", MODEL, "persistence entropy of the hidden-state cloud's H1 bars"),
+        Feature("rep_count1", MODEL, "number of H1 bars of the hidden-state cloud"),
+        Feature("rep_maxpers1", MODEL, "largest H1 lifetime of the hidden-state cloud"),
+        Feature("rep_significant0", MODEL, "finite H0 bars longer than features.significance x the longest"),
+        Feature("rep_significant1", MODEL, "H1 bars longer than features.significance x the longest"),
+        Feature("rep_diameter", MODEL, "diameter of the subsampled, projected cloud (the Betti scale unit)"),
+        Feature("rep_betti0", MODEL, "H0 Betti curve: bars alive at scale XX / (S - 1) x rep_diameter", per_scale=True),
+        Feature("rep_betti1", MODEL, "H1 Betti curve: bars alive at scale XX / (S - 1) x rep_diameter", per_scale=True),
+        Feature("rep_rankme", MODEL, "RankMe of the singular values of the centred hidden states", kind="spectral"),
+        Feature("rep_pr", MODEL, "participation ratio of the hidden-state covariance eigenvalues", kind="spectral"),
+    ),
+)
+DISTANCE = Family(
+    "distance",
+    "topological",
+    (
+        Feature("vr_w1_prev", "sum", "1-Wasserstein distance of the layer's [H0, H1] diagram to the previous one"),
+        Feature("vr_bneck_prev", "sum", "bottleneck distance of the layer's diagram to the previous checkpoint's"),
+        Feature("rep_w1_prev", MODEL, "1-Wasserstein distance of the representation diagram to the previous one"),
+        Feature("rep_bneck_prev", MODEL, "bottleneck distance of the representation diagram to the previous one"),
+    ),
+)
+FAMILIES = (NP, VR, SPECTRAL, GRADIENT, REPRESENTATION, DISTANCE)
+
+_DECLARED = {feature.name: (family, feature) for family in FAMILIES for feature in family.features}
+_SCALE = re.compile(r"^(?P<name>.+)_\d{2,}$")
+_STD = "_std"
+
+
+def per_layer(family: Family) -> tuple[str, ...]:
+    """Names of the family's features computed for every linear layer, in order."""
+    return tuple(f.name for f in family.features if f.aggregate != MODEL)
+
+
+def model_level(family: Family, scales: int = 0) -> tuple[str, ...]:
+    """Names of the family's ``layer='all'`` rows, in order: each per-layer feature's aggregate
+    (and ``<name>_std`` right after a ``mean_std`` one), then the model-level features, curves
+    expanded to ``scales`` names each."""
+    names = []
+    for feature in family.features:
+        if feature.per_scale:
+            names += [f"{feature.name}_{i:02d}" for i in range(scales)]
+            continue
+        names.append(feature.name)
+        if feature.aggregate == "mean_std":
+            names.append(feature.name + _STD)
+    return tuple(names)
+
+
+def model_only(family: Family, scales: int = 0) -> tuple[str, ...]:
+    """Names of the family's features computed once per checkpoint (``layer='all'`` only), in order."""
+    return tuple(n for n in model_level(family, scales) if lookup(n).aggregate == MODEL)
+
+
+def lookup(name: str) -> Feature | None:
+    """The declaration behind a name in the ``feature`` column (``np_norm_std`` -> ``np_norm``,
+    ``rep_betti0_07`` -> ``rep_betti0``), or None for an undeclared name."""
+    if name in _DECLARED:
+        return _DECLARED[name][1]
+    if name.endswith(_STD) and name[: -len(_STD)] in _DECLARED:
+        feature = _DECLARED[name[: -len(_STD)]][1]
+        return feature if feature.aggregate == "mean_std" else None
+    match = _SCALE.match(name)
+    if match and match["name"] in _DECLARED and _DECLARED[match["name"]][1].per_scale:
+        return _DECLARED[match["name"]][1]
+    return None
+
+
+def kind(name: str) -> str:
+    """'topological', 'spectral' or 'other' for a name in the ``feature`` column ('other' if undeclared)."""
+    feature = lookup(name)
+    if feature is None:
+        return "other"
+    return feature.kind or _DECLARED[feature.name][0].kind
+
+
+def names(*wanted: str) -> tuple[str, ...]:
+    """``wanted`` unchanged, after checking that each is a declared feature name (a typo fails at import)."""
+    unknown = [n for n in wanted if lookup(n) is None]
+    if unknown:
+        raise ValueError(f"undeclared feature names {unknown}; declare them in topometrics/vocabulary.py")
+    return wanted
