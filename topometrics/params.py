@@ -137,6 +137,27 @@ class SeriesParams:
 
 
 @dataclass(frozen=True)
+class SecurityParams:
+    """TLS files of a Dask cluster: paths only, never keys or passwords (docs/scaling.md)."""
+
+    ca: str = ""  # PEM certificate of the CA that signed the scheduler's and this client's certificates
+    cert: str = ""  # PEM certificate of this client
+    key: str | None = None  # its PEM private key (None: appended to cert)
+
+
+@dataclass(frozen=True)
+class ComputeParams:
+    cluster: str = "local"  # local (this machine) | tcp://host:8786 | tls://host:8786 | a scheduler file
+    security: SecurityParams | None = None  # TLS files, required for tls://
+    connect_timeout_s: float = 10.0  # wait this long for the scheduler and its first worker, then fail
+
+    def check(self) -> None:
+        _positive(self, "compute", ("connect_timeout_s",))
+        if not self.cluster:
+            raise ParamsError("compute.cluster is empty; use local, tcp://host:8786, tls://host:8786 or a file")
+
+
+@dataclass(frozen=True)
 class AnalysisParams:
     fractions: tuple[float, ...] = (0.2, 0.3, 0.5)  # share of training observed before predicting (Table 5)
     bootstrap: int = 1000  # resamples per bootstrap CI (paper section 3.3)
@@ -185,6 +206,7 @@ class Params:
     features: FeaturesParams = field(default_factory=FeaturesParams)
     analysis: AnalysisParams = field(default_factory=AnalysisParams)
     series: SeriesParams = field(default_factory=SeriesParams)
+    compute: ComputeParams = field(default_factory=ComputeParams)
 
     def run_names(self) -> list[str]:
         """Every training run params.yaml declares: ``<rung>-<seed>`` for each rung x ``train.seeds``."""
@@ -238,8 +260,9 @@ def parse_params(raw: dict) -> Params:
         features=_build(FeaturesParams, raw.get("features") or {}, "features"),
         analysis=_build(AnalysisParams, raw.get("analysis") or {}, "analysis"),
         series=_parse_series(raw.get("series") or {}),
+        compute=_parse_compute(raw.get("compute") or {}),
     )
-    for section in (params.data, params.train, params.features, params.analysis, params.series):
+    for section in (params.data, params.train, params.features, params.analysis, params.series, params.compute):
         section.check()
     for rung in ladder:
         params.rung_shape(rung)
@@ -262,6 +285,19 @@ def _parse_series(raw: object) -> SeriesParams:
             raise ParamsError(f"series.sources.{name}: series names must be letters, digits, '-', '_' or '.'")
         sources[name] = _build(SeriesSource, source or {}, f"series.sources.{name}")
     return dataclasses.replace(params, sources=sources)
+
+
+def _parse_compute(raw: object) -> ComputeParams:
+    """``compute``: scalar keys as usual; ``security`` maps ca, cert (and key) to PEM file paths."""
+    if not isinstance(raw, dict):
+        raise ParamsError(f"compute must be a mapping, got {type(raw).__name__}")
+    params = _build(ComputeParams, {k: v for k, v in raw.items() if k != "security"}, "compute")
+    if raw.get("security") is None:
+        return params
+    security = _build(SecurityParams, raw["security"], "compute.security")
+    if not security.ca or not security.cert:
+        raise ParamsError("compute.security needs ca and cert (PEM file paths), and key unless cert holds it")
+    return dataclasses.replace(params, security=security)
 
 
 # keys that were renamed, with what to write instead

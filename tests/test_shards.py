@@ -1,0 +1,252 @@
+"""Parquet shards: layout, fingerprints in the metadata, atomic writes, resume after a real kill,
+and reading a folder of mixed feature params with DuckDB."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from topometrics.params import FeaturesParams
+from topometrics.shards import (
+    META_KEY,
+    Fingerprint,
+    ShardError,
+    ShardKey,
+    Task,
+    code_version,
+    compute_shards,
+    file_sha256,
+    is_current,
+    params_digest,
+    prune,
+    remove_temporaries,
+    scan,
+    stored_fingerprint,
+    write_shard,
+)
+
+FP = Fingerprint(inputs="abc", params="p1", code="c1")
+
+
+def frame(step: int, n: int = 3) -> pd.DataFrame:
+    return pd.DataFrame({"rung": "tiny", "seed": 1, "step": step, "feature": [f"f{i}" for i in range(n)],
+                         "value": np.arange(n, dtype=float) + step})  # fmt: skip
+
+
+def in_process(fn, jobs):
+    for i, job in enumerate(jobs):
+        try:
+            yield i, fn(job)
+        except ValueError as err:
+            yield i, err
+
+
+# ---------------------------------------------------------------------------
+# Keys, fingerprints, versions
+# ---------------------------------------------------------------------------
+
+
+def test_shard_folder_is_hive_partitioned(tmp_path):
+    assert ShardKey("tiny", "base", 42, 100).folder(tmp_path) == tmp_path / "rung=tiny/variant=base/seed=42/step=100"
+
+
+@pytest.mark.parametrize("rung", ["a/b", "a=b", "", ".hidden"])
+def test_shard_key_rejects_names_that_cannot_be_folders(rung):
+    with pytest.raises(ShardError, match="cannot name a folder"):
+        ShardKey(rung, "base", 0, 0)
+
+
+def test_fingerprint_digest_depends_on_every_part():
+    digests = {FP.digest, Fingerprint("abd", "p1", "c1").digest, Fingerprint("abc", "p2", "c1").digest,
+               Fingerprint("abc", "p1", "c2").digest}  # fmt: skip
+    assert len(digests) == 4
+    assert Fingerprint.from_json(FP.to_json()) == FP
+
+
+def test_params_digest_ignores_workers_only():
+    base = FeaturesParams()
+    assert params_digest(base) == params_digest(FeaturesParams(workers=7))
+    assert params_digest(base) != params_digest(FeaturesParams(max_points=base.max_points + 1))
+    assert params_digest({"a": 1, "b": 2}) == params_digest({"b": 2, "a": 1})
+
+
+def test_file_sha256_is_hashlib_of_the_bytes(tmp_path):
+    import hashlib
+
+    path = tmp_path / "w.bin"
+    path.write_bytes(os.urandom(3 * 2**20 + 5))
+    assert file_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_code_version_follows_the_import_closure(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkgcv"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkgcv.b import g\nimport numpy\n")
+    (pkg / "b.py").write_text("def g():\n    return 1\n")
+    (pkg / "c.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = code_version("pkgcv.a")
+    (pkg / "c.py").write_text("x = 2\n")  # not imported by a
+    assert code_version("pkgcv.a") == before
+    (pkg / "b.py").write_text("def g():\n    return 2\n")  # imported by a
+    assert code_version("pkgcv.a") != before
+
+
+def test_code_version_of_features_covers_its_computing_modules():
+    assert code_version("topometrics.features") != code_version("topometrics.spectral")
+
+
+# ---------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------
+
+
+def test_write_shard_round_trips_tables_and_fingerprint(tmp_path):
+    key = ShardKey("tiny", "base", 1, 200)
+    folder = write_shard(tmp_path, key, FP, {"features": frame(200), "diagrams": frame(200, 5)})
+    assert sorted(p.name for p in folder.iterdir()) == ["diagrams.parquet", "features.parquet"]
+    pd.testing.assert_frame_equal(pd.read_parquet(folder / "features.parquet"), frame(200))
+    meta = json.loads(pq.read_schema(folder / "diagrams.parquet").metadata[META_KEY.encode()])
+    assert meta == {"inputs": "abc", "params": "p1", "code": "c1", "digest": FP.digest}
+    assert stored_fingerprint(folder / "features.parquet") == FP
+    assert is_current(tmp_path, key, FP, ["features", "diagrams"])
+    assert not is_current(tmp_path, key, Fingerprint("abc", "p2", "c1"), ["features"])
+    assert not is_current(tmp_path, key, FP, ["features", "distances"])  # a table is missing
+
+
+def test_a_failed_write_leaves_neither_a_file_nor_a_temporary(tmp_path):
+    key = ShardKey("tiny", "base", 1, 0)
+    write_shard(tmp_path, key, FP, {"features": frame(0)})
+    bad = pd.DataFrame({"value": [1.0, "not a number"]})  # pyarrow cannot type this column
+    with pytest.raises(Exception, match="Could not convert|object"):
+        write_shard(tmp_path, key, Fingerprint("new", "p1", "c1"), {"features": bad})
+    assert [p.name for p in key.folder(tmp_path).iterdir()] == ["features.parquet"]
+    assert stored_fingerprint(key.folder(tmp_path) / "features.parquet") == FP  # the old shard is intact
+
+
+def test_remove_temporaries_and_prune(tmp_path):
+    keep, gone = ShardKey("tiny", "base", 1, 0), ShardKey("tiny", "base", 1, 100)
+    for key in (keep, gone):
+        write_shard(tmp_path, key, FP, {"features": frame(key.step)})
+    leftover = keep.folder(tmp_path) / ".features.parquet.123.abcd.tmp"
+    leftover.write_bytes(b"half a file")
+    assert remove_temporaries(tmp_path) == [leftover]
+    assert prune(tmp_path, [keep]) == [gone.folder(tmp_path)]
+    assert not gone.folder(tmp_path).exists() and keep.folder(tmp_path).is_dir()
+
+
+# ---------------------------------------------------------------------------
+# compute_shards: reuse, failures, resume after a kill
+# ---------------------------------------------------------------------------
+
+
+def double(job):
+    if job < 0:
+        raise ValueError(f"negative job {job}")
+    return {"features": frame(job)}
+
+
+def tasks_for(steps, params="p1"):
+    return [Task(ShardKey("tiny", "base", 1, s), Fingerprint(f"w{s}", params, "c1"), s) for s in steps]
+
+
+def test_compute_shards_reuses_current_shards_and_recomputes_changed_ones(tmp_path):
+    run = compute_shards(tmp_path, tasks_for([0, 100, 200]), double, in_process, ("features",))
+    assert [k.step for k in run.computed] == [0, 100, 200] and not run.reused
+    again = compute_shards(tmp_path, tasks_for([0, 100, 200]), double, in_process, ("features",))
+    assert not again.computed and [k.step for k in again.reused] == [0, 100, 200]
+    changed = tasks_for([0, 100, 200])
+    changed[1] = Task(changed[1].key, Fingerprint("new weights", "p1", "c1"), 100)
+    third = compute_shards(tmp_path, changed, double, in_process, ("features",))
+    assert [k.step for k in third.computed] == [100] and len(third.reused) == 2
+
+
+def test_compute_shards_records_a_failed_checkpoint_and_writes_the_others(tmp_path):
+    tasks = tasks_for([0, 100]) + [Task(ShardKey("tiny", "base", 1, 200), FP, -1)]
+    run = compute_shards(tmp_path, tasks, double, in_process, ("features",))
+    assert [k.step for k in run.computed] == [0, 100]
+    assert run.failed == {ShardKey("tiny", "base", 1, 200): "negative job -1"}
+    assert not ShardKey("tiny", "base", 1, 200).folder(tmp_path).exists()
+
+
+RESUME_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from test_shards import in_process, tasks_for, frame
+    from topometrics.shards import compute_shards
+
+    def slow(job):
+        time.sleep(0.3)
+        print(job, flush=True)
+        return {{"features": frame(job)}}
+
+    run = compute_shards(Path(sys.argv[1]), tasks_for(range(0, 1000, 100)), slow, in_process, ("features",))
+    print("computed", len(run.computed), "reused", len(run.reused), flush=True)
+    """
+)
+
+
+def test_a_killed_run_resumes_where_it_stopped(tmp_path):
+    script = tmp_path / "resume.py"
+    script.write_text(RESUME_SCRIPT.format(tests=str(Path(__file__).parent)))
+    root = tmp_path / "shards"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, str(script), str(root)], stdout=subprocess.PIPE, text=True, env=env)
+    while len(list(root.glob("**/features.parquet"))) < 3:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = {p: p.stat().st_mtime_ns for p in root.glob("**/features.parquet")}
+    assert 3 <= len(done) < 10
+    out = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.splitlines()[-1] == f"computed {10 - len(done)} reused {len(done)}"
+    assert all(p.stat().st_mtime_ns == t for p, t in done.items())  # finished shards were not rewritten
+    con = duckdb.connect()
+    rows = con.execute(f"SELECT step, count(*) FROM {scan(con, root, 'features', 'p1').relation()} GROUP BY step")
+    assert sorted(rows.fetchall()) == [(s, 3) for s in range(0, 1000, 100)]  # none missing, none twice
+
+
+# ---------------------------------------------------------------------------
+# Reading with DuckDB
+# ---------------------------------------------------------------------------
+
+
+def test_scan_reads_only_matching_params_and_reports_the_rest(tmp_path):
+    for step in (0, 100, 200):
+        write_shard(tmp_path, ShardKey("tiny", "base", 1, step), FP, {"features": frame(step)})
+    other = Fingerprint("abc", "p2", "c1")
+    write_shard(tmp_path, ShardKey("small", "base", 1, 0), other, {"features": frame(0)})
+    write_shard(tmp_path, ShardKey("small", "base", 1, 100), other, {"features": frame(100)})
+    stray = tmp_path / "rung=x" / "features.parquet"
+    stray.parent.mkdir()
+    frame(7).to_parquet(stray)  # a Parquet file without a fingerprint
+    con = duckdb.connect()
+    found = scan(con, tmp_path, "features", "p1")
+    assert len(found.matching) == 3 and sorted(found.other) == ["none", "p2"] and len(found.other["p2"]) == 2
+    got = con.execute(f"SELECT * FROM {found.relation()} ORDER BY step, feature").df()
+    pd.testing.assert_frame_equal(got, pd.concat([frame(s) for s in (0, 100, 200)], ignore_index=True))
+    line = found.report()
+    assert "\n" not in line
+    assert line.startswith(f"{tmp_path}: 3 features shards computed with other feature params are not read: ")
+    assert "2 with params p2" in line and "1 with params none" in line
+
+
+def test_scan_of_an_empty_or_missing_folder_reads_no_rows(tmp_path):
+    con = duckdb.connect()
+    found = scan(con, tmp_path / "missing", "features", "p1")
+    assert found.matching == [] and found.report() is None
+    assert con.execute(f"SELECT count(*) FROM {found.relation()}").fetchone() == (0,)

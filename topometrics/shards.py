@@ -1,0 +1,298 @@
+"""Per-checkpoint result shards: Parquet files with the fingerprint of their inputs, written atomically.
+
+Layout (Hive-style partition folders; the same columns are also inside every file)::
+
+    <root>/rung=<rung>/variant=<variant>/seed=<seed>/step=<step>/<table>.parquet
+
+``rung`` is a ladder rung or an external series' name. Each file's Parquet key-value metadata
+holds, under :data:`META_KEY`, the JSON :class:`Fingerprint` of what it was computed from: the
+inputs (weights hash, or hub model and revision), the feature params and the code version. A
+shard whose stored fingerprint equals the one the inputs have now is *current*: it is not
+computed again, so a killed stage resumes where it stopped. Files are written under a temporary
+name and renamed, so a shard is either whole or absent.
+
+Readers select shards by feature params (:func:`scan`, DuckDB ``parquet_kv_metadata`` over the
+folder, local or ``s3://``): the matching ones are read, the others are counted and reported.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+META_KEY = "topometrics"
+EXECUTION_PARAMS = frozenset({"workers"})  # how the work runs, not what it computes: not fingerprinted
+
+
+class ShardError(ValueError):
+    """A shard key or folder that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True)
+class ShardKey:
+    """Which checkpoint a shard belongs to (its partition folder)."""
+
+    rung: str  # ladder rung or series name
+    variant: str  # recipe variant ('base' when there is none)
+    seed: int
+    step: int
+
+    def __post_init__(self) -> None:
+        for name in ("rung", "variant"):
+            value = getattr(self, name)
+            if not value or any(c in value for c in "/\\=") or value.startswith("."):
+                raise ShardError(f"shard {name} {value!r} cannot name a folder (no '/', '\\', '=' or leading '.')")
+
+    def folder(self, root: Path) -> Path:
+        return Path(root) / f"rung={self.rung}" / f"variant={self.variant}" / f"seed={self.seed}" / f"step={self.step}"
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a shard was computed from; equal fingerprints mean equal shards."""
+
+    inputs: str  # sha256 of the weights, or '<hub model>@<revision>' (+ anything else the input depends on)
+    params: str  # params_digest of the feature params
+    code: str  # code_version of the computing modules
+
+    @property
+    def digest(self) -> str:
+        return _sha256(json.dumps(asdict(self), sort_keys=True).encode())[:16]
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "digest": self.digest}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Fingerprint:
+        values = json.loads(text)
+        return cls(values["inputs"], values["params"], values["code"])
+
+
+def params_digest(params) -> str:
+    """A short hash of feature params (a dataclass or mapping), without the execution-only keys."""
+    values = asdict(params) if is_dataclass(params) else dict(params)
+    values = {k: v for k, v in values.items() if k not in EXECUTION_PARAMS}
+    return _sha256(json.dumps(values, sort_keys=True, default=list).encode())[:16]
+
+
+def file_sha256(*paths: Path) -> str:
+    """sha256 of the files' bytes, in order (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def code_version(module: str) -> str:
+    """A short hash of the source of ``module`` and every module of its package it imports, transitively.
+
+    The same closure a DVC stage lists as deps: a change in any of those files changes the
+    version (and so every fingerprint); a change elsewhere in the package does not.
+    """
+    package = module.split(".")[0]
+    todo, seen = [module], {}
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except ModuleNotFoundError:  # ``from pkg.mod import name``: name is not a module
+            continue
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            continue
+        source = Path(spec.origin).read_bytes()
+        seen[name] = source
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                todo += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+        todo = [t for t in todo if t == package or t.startswith(package + ".")]
+    digest = hashlib.sha256()
+    for name in sorted(seen):
+        digest.update(name.encode() + b"\0" + seen[name] + b"\0")
+    return digest.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------
+# Writing and checking
+# ---------------------------------------------------------------------------
+
+
+def write_shard(root: Path, key: ShardKey, fingerprint: Fingerprint, tables: Mapping[str, pd.DataFrame]) -> Path:
+    """Write each table as ``<folder>/<name>.parquet`` with the fingerprint in its metadata; return the folder.
+
+    Each file goes to a temporary name in the same folder and is renamed over the target, so a
+    reader or a killed writer never sees half a file.
+    """
+    folder = key.folder(root)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, frame in tables.items():
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        metadata = {**(table.schema.metadata or {}), META_KEY.encode(): fingerprint.to_json().encode()}
+        path = folder / f"{name}.parquet"
+        tmp = folder / f".{name}.parquet.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            pq.write_table(table.replace_schema_metadata(metadata), tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return folder
+
+
+def stored_fingerprint(path: Path) -> Fingerprint | None:
+    """The fingerprint in a shard file's metadata (None: no such file, or not a shard)."""
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid):
+        return None
+    raw = metadata.get(META_KEY.encode())
+    return Fingerprint.from_json(raw) if raw else None
+
+
+def is_current(root: Path, key: ShardKey, fingerprint: Fingerprint, tables: Iterable[str]) -> bool:
+    """Whether every table of the shard exists with this fingerprint (footers only are read)."""
+    folder = key.folder(root)
+    return all(stored_fingerprint(folder / f"{name}.parquet") == fingerprint for name in tables)
+
+
+def remove_temporaries(root: Path) -> list[Path]:
+    """Delete temporary files left under ``root`` by killed writers (call before writing starts)."""
+    found = list(Path(root).glob("**/.*.parquet.*.tmp")) if Path(root).is_dir() else []
+    for path in found:
+        path.unlink(missing_ok=True)
+    return found
+
+
+def prune(root: Path, keep: Iterable[ShardKey]) -> list[Path]:
+    """Delete the shard folders under ``root`` whose checkpoint is not in ``keep`` (e.g. retrained away)."""
+    wanted = {key.folder(root) for key in keep}
+    removed = []
+    for folder in sorted(Path(root).glob("rung=*/variant=*/seed=*/step=*")):
+        if folder not in wanted:
+            for path in folder.iterdir():
+                path.unlink()
+            folder.rmdir()
+            removed.append(folder)
+    return removed
+
+
+@dataclass(frozen=True)
+class Task:
+    """One checkpoint's work: its shard key, the fingerprint it will have, and the job for ``fn``."""
+
+    key: ShardKey
+    fingerprint: Fingerprint
+    job: object
+
+
+@dataclass
+class ShardRun:
+    """What :func:`compute_shards` did: keys computed, reused (already current) and failed (with why)."""
+
+    computed: list[ShardKey] = field(default_factory=list)
+    reused: list[ShardKey] = field(default_factory=list)
+    failed: dict[ShardKey, str] = field(default_factory=dict)
+
+
+def compute_shards(
+    root: Path,
+    tasks: list[Task],
+    fn: Callable,
+    map_jobs: Callable[[Callable, list], Iterator[tuple[int, object]]],
+    tables: tuple[str, ...],
+) -> ShardRun:
+    """Compute the shards of ``tasks`` that are not current; reuse the rest.
+
+    ``fn(job)`` returns ``{table name: DataFrame}`` for one checkpoint (or an exception instance:
+    that checkpoint failed); ``map_jobs(fn, jobs)`` runs it wherever the execution seam says and
+    yields ``(index, result)``. Each result is written as soon as it arrives, so a killed run keeps
+    what it finished.
+    """
+    remove_temporaries(root)
+    run, todo = ShardRun(), []
+    for task in tasks:
+        if is_current(root, task.key, task.fingerprint, tables):
+            run.reused.append(task.key)
+        else:
+            todo.append(task)
+    for i, result in map_jobs(fn, [t.job for t in todo]):
+        task = todo[i]
+        if isinstance(result, BaseException):
+            run.failed[task.key] = str(result)
+            continue
+        write_shard(root, task.key, task.fingerprint, result)
+        run.computed.append(task.key)
+    return run
+
+
+# ---------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardScan:
+    """The shard files of one table under a root, split by whether their feature params match."""
+
+    root: str
+    table: str
+    matching: list[str]
+    other: dict[str, list[str]]  # params digest ('none': not a shard) -> files
+
+    def report(self) -> str | None:
+        """One line on the shards that are not read (None when all match)."""
+        if not self.other:
+            return None
+        n = sum(map(len, self.other.values()))
+        kinds = ", ".join(
+            f"{len(files)} with params {digest} (e.g. {files[0]})" for digest, files in self.other.items()
+        )
+        return f"{self.root}: {n} {self.table} shards computed with other feature params are not read: {kinds}"
+
+    def relation(self) -> str:
+        """SQL for the matching files' rows (``read_parquet`` over the list); no rows when none match."""
+        if not self.matching:
+            return "(SELECT NULL LIMIT 0)"
+        files = ", ".join("'" + f.replace("'", "''") + "'" for f in self.matching)
+        return f"read_parquet([{files}], union_by_name = true, hive_partitioning = false)"
+
+
+def scan(con, root: str | Path, table: str, params: str) -> ShardScan:
+    """Find ``<root>/**/<table>.parquet`` with DuckDB and split the files by feature-params digest.
+
+    ``root`` may be a local folder or an object-store URL (``s3://bucket/prefix``; DuckDB's httpfs,
+    credentials from a DuckDB secret, never from params.yaml). Only footers are read.
+    """
+    pattern = f"{str(root).rstrip('/')}/**/{table}.parquet"
+    files = sorted(r[0] for r in con.execute("SELECT file FROM glob(?)", [pattern]).fetchall())
+    if not files:
+        return ShardScan(str(root), table, [], {})
+    rows = con.execute(
+        "SELECT file_name, decode(value) FROM parquet_kv_metadata(?) WHERE decode(key) = ?", [files, META_KEY]
+    ).fetchall()
+    digests = {file: json.loads(value)["params"] for file, value in rows}
+    matching = [f for f in files if digests.get(f) == params]
+    other: dict[str, list[str]] = {}
+    for f in files:
+        if digests.get(f) != params:
+            other.setdefault(digests.get(f, "none"), []).append(f)
+    return ShardScan(str(root), table, matching, other)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
