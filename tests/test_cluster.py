@@ -270,3 +270,21 @@ def test_a_worker_out_of_memory_fails_that_job_only():
     assert isinstance(results[1], CheckpointJobError)
     assert results[1].kind == "WorkerOutOfMemory"
     assert "exceeded the worker memory limit (0.29 GiB) on 2 workers" in str(results[1])
+
+
+def kill_own_worker(x):
+    if x == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def test_a_job_that_kills_its_workers_is_named_worker_lost():
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+        local_cluster(1, memory_limit=None) as cluster,
+        Client(cluster) as client,
+    ):
+        results = dict(map_on_cluster(client, kill_own_worker, [0, 1]))
+    assert results[0] == 0
+    assert results[1].kind == "WorkerLost"
+    assert str(results[1]).startswith("WorkerLost: 1 workers died running this job (last tcp://127.0.0.1:")

@@ -150,19 +150,27 @@ def map_on_cluster(client, fn: Callable, jobs: list, keys: list[str] | None = No
 
 
 def _lost(client, err) -> CheckpointJobError:
-    """Name a job whose workers all died: out of memory when a nanny says it restarted one for that."""
-    tries = err.allowed_failures + 1
-    logs = client.get_worker_logs(nanny=True)
-    oom = any("memory budget" in message for lines in logs.values() for _level, message in lines)
-    if oom:
-        limits = {w.get("memory_limit") for w in client.scheduler_info()["workers"].values()}
-        limit = ", ".join(f"{b / 2**30:.2f} GiB" for b in sorted(x for x in limits if x))
+    """Name a job whose workers all died: out of memory when the last one's nanny restarted it for that."""
+    tries, last = err.allowed_failures + 1, err.last_worker
+    try:
+        logs = client.sync(_nanny_logs, last.nanny, client.connection_args) if last.nanny else []
+    except OSError:  # the nanny itself is gone (e.g. its machine)
+        logs = []
+    if any("memory budget" in message for _level, message in logs):
+        limit = f"{last.memory_limit / 2**30:.2f} GiB" if last.memory_limit else "unknown"
         return CheckpointJobError(
             "WorkerOutOfMemory",
-            f"the job exceeded the worker memory limit ({limit or 'unknown'}) on {tries} workers; "
+            f"the job exceeded the worker memory limit ({limit}) on {tries} workers; "
             "give workers more memory (dask worker --memory-limit) or run fewer per machine",
         )
-    return CheckpointJobError("WorkerLost", f"{tries} workers died running this job (last {err.last_worker.address})")
+    return CheckpointJobError("WorkerLost", f"{tries} workers died running this job (last {last.address})")
+
+
+async def _nanny_logs(address: str, connection_args: dict) -> list:
+    from distributed.core import rpc
+
+    async with rpc(address, connection_args=connection_args) as nanny:
+        return await nanny.get_logs()
 
 
 def local_cluster(workers: int, memory_limit: str | int | None = "auto", processes: bool = True):
