@@ -1,0 +1,113 @@
+"""Tests of topometrics.scale_free: independent computations and exact scale/permutation invariance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.sparse.csgraph import minimum_spanning_tree
+
+from topometrics import scale_free as S
+from topometrics.persistence import neural_persistence, vietoris_rips_diagrams
+
+
+def trained_like(shape, seed):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(shape) * np.exp(rng.standard_normal((shape[0], 1)))
+    return w * np.exp(0.5 * rng.standard_normal((1, shape[1])))
+
+
+def brute_force_max_tree(a: np.ndarray) -> np.ndarray:
+    """Kruskal over every bipartite edge by |w| descending with a plain union-find."""
+    n, m = a.shape
+    parent = list(range(n + m))
+
+    def find(x):
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    values = []
+    for flat in np.argsort(-a.ravel(), kind="stable"):
+        r, c = divmod(int(flat), m)
+        ru, cu = find(r), find(n + c)
+        if ru != cu:
+            parent[ru] = cu
+            values.append(a.ravel()[flat])
+    return np.sort(values)[::-1]
+
+
+def test_unit_row_h0_is_the_mst_of_chord_distances():
+    w = trained_like((40, 12), 0)
+    cos = (w @ w.T) / np.outer(np.linalg.norm(w, axis=1), np.linalg.norm(w, axis=1))
+    chord = np.sqrt(np.clip(2 - 2 * cos, 0, None))
+    np.fill_diagonal(chord, 0)
+    mst = minimum_spanning_tree(chord).data
+    f = S.scale_free_features(w, 200, 0, [0, 0], 2)
+    assert f["vr_unit_tp0"] == pytest.approx(mst.sum(), abs=1e-9)
+    assert np.all(mst <= 2 + 1e-12)  # chords of unit vectors
+
+
+def test_fnorm_diagrams_are_the_plain_diagrams_divided_by_the_norm():
+    w = trained_like((30, 10), 1)
+    plain = vietoris_rips_diagrams(w)
+    f = S.scale_free_features(w, 200, 0, [0, 0], 2)
+    norm = np.linalg.norm(w)
+    finite = plain[0][np.isfinite(plain[0][:, 1])]
+    assert f["vr_fnorm_tp0"] == pytest.approx(finite[:, 1].sum() / norm, rel=1e-12)
+    h1 = plain[1][:, 1] - plain[1][:, 0]
+    assert f["vr_fnorm_tp1"] == pytest.approx(h1.sum() / norm, rel=1e-5)  # ripser is float32
+    assert f["vr_fnorm_count1"] == len(h1)
+
+
+def test_np_excess_is_np_minus_the_mean_null_by_direct_subtraction():
+    w = trained_like((12, 9), 2)
+    a = np.abs(w)
+    top = a.max()
+
+    def direct_np(matrix):  # reference normalisation from a brute-force tree
+        pers = 1 - brute_force_max_tree(matrix) / top
+        return np.sqrt((np.sum(pers**2) + 1) / pers.size)
+
+    nulls = [
+        direct_np(np.random.default_rng([5, 1, k]).permutation(np.sort(a.ravel())).reshape(a.shape)) for k in range(4)
+    ]
+    assert S.np_excess(w, 4, [5, 1]) == pytest.approx(direct_np(a) - np.mean(nulls), abs=1e-12)
+    assert direct_np(a) == pytest.approx(neural_persistence(w, top).np_norm, abs=1e-12)
+
+
+def test_np_z_by_hand():
+    w = np.array([[3.0, -1.0], [0.0, 2.0]])  # |w| = 3, 1, 0, 2; tree = 3, 2, 1 (3 vertices... 4 - 1 edges)
+    a = np.abs(w)
+    sd = a.std()
+    tree = np.array([3.0, 2.0, 1.0])
+    assert S.np_zscored(w) == pytest.approx(np.sqrt(np.mean(((3 - tree) / sd) ** 2)), abs=1e-12)
+    assert np.isnan(S.np_zscored(np.ones((3, 3))))  # constant |w|: no spread to standardise by
+
+
+@pytest.mark.parametrize("c", [1e-3, 0.37, 1.0, 7.0, 1e4])
+def test_scaling_and_row_permutation_leave_every_scale_free_feature_unchanged(c):
+    w = trained_like((48, 16), 3)
+    base = S.scale_free_features(w, 200, 0, [0, 1], 3)
+    perm = np.random.default_rng(9).permutation(w.shape[0])
+    moved = S.scale_free_features(c * w[perm], 200, 0, [0, 1], 3)
+    assert set(base) == set(S.FEATURES)
+    for name in S.FEATURES:
+        assert moved[name] == pytest.approx(base[name], abs=1e-9), name
+
+
+def test_dead_rows_and_all_zero_layers():
+    w = trained_like((10, 6), 4)
+    w[3] = 0
+    assert S.unit_rows(w).shape == (9, 6)
+    np.testing.assert_allclose(np.linalg.norm(S.unit_rows(w), axis=1), 1.0)
+    zero = S.scale_free_features(np.zeros((5, 4)), 200, 0, [0, 0], 2)
+    assert zero["vr_unit_tp0"] == 0 and zero["vr_fnorm_tp0"] == 0
+    assert np.isnan(zero["np_excess"]) and np.isnan(zero["np_z"])
+
+
+def test_aggregate_sums_vr_takes_max_of_maxpers_and_means_np_over_finite_layers():
+    a = dict.fromkeys(S.FEATURES, 1.0) | {"vr_unit_maxpers1": 0.5, "np_excess": np.nan}
+    b = dict.fromkeys(S.FEATURES, 2.0) | {"vr_unit_maxpers1": 0.25}
+    out = S.aggregate({"x": a, "y": b})
+    assert out["vr_unit_tp0"] == 3.0 and out["vr_unit_maxpers1"] == 0.5
+    assert out["np_excess"] == 2.0 and out["np_z"] == 1.5
