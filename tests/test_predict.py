@@ -99,3 +99,36 @@ def test_cross_validation_reports_runs_it_cannot_predict():
     predicted, trained_on, reasons = predict.cross_validate(x, np.arange(4.0), ["a", "b", "c", "d"])
     assert np.isnan(predicted[1]) and reasons[1] == "missing feature values in the observed window"
     assert np.isnan(predicted[0]) and reasons[0] == "only 2 training runs outside group a; need 3"
+
+
+def test_annealing_areas_by_direct_sums():
+    sched = Schedule(300, 50, 2e-3, 0.1)
+    s1, s2 = predict.annealing_areas(sched)
+    eta = np.array([sched.rate(i) / 2e-3 for i in range(301)])
+    assert s1[137] == pytest.approx(eta[:138].sum() / 300, rel=1e-12)
+    m, total = 0.0, []
+    for i in range(301):  # the momentum recursion, step by step
+        m = predict.ANNEALING_DECAY * m + (eta[i - 1] - eta[i] if i > 50 else 0.0)
+        total.append(m)
+    np.testing.assert_allclose(s2, np.cumsum(total) / 300, rtol=1e-10, atol=1e-15)
+    assert np.all(s2[:51] == 0) and s2[-1] > 0
+
+
+def test_lr_annealing_law_recovers_known_parameters_and_extrapolates():
+    sched = Schedule(5000, 200, 3e-3)
+    s1, s2 = predict.annealing_areas(sched)
+    truth = (1.4, 0.5, 0.45, 0.3)
+    rng = np.random.default_rng(2)
+    loss = predict.lr_annealing_law(s1[T], s2[T], *truth) + rng.normal(0, 0.002, len(T))
+    fit, final = predict.fit_lr_annealing(T[:25], loss[:25], sched)
+    assert fit.ok, fit.reason
+    assert (fit.params["L0"], fit.params["A"], fit.params["alpha"]) == pytest.approx(truth[:3], rel=0.15)
+    assert final == pytest.approx(predict.lr_annealing_law(s1[-1], s2[-1], *truth), abs=0.03)
+    full, final_full = predict.fit_lr_annealing(T, loss, sched)
+    assert full.params["C"] == pytest.approx(0.3, rel=0.15)
+    assert final_full == pytest.approx(predict.lr_annealing_law(s1[-1], s2[-1], *truth), abs=0.005)
+
+
+def test_lr_annealing_failure_is_recorded():
+    fit, final = predict.fit_lr_annealing([0, 100, 200, 300], [4.0, 3.0, 2.6, 2.4], Schedule(1000, 100))
+    assert (fit.status, final) == ("failed", None) and "at least 5 checkpoints" in fit.reason

@@ -114,3 +114,72 @@ def test_curve_fit_bounded_reports_non_finite_models():
         lambda x, a: np.full_like(x, np.nan), np.arange(5.0), np.arange(5.0), [1.0], ([0], [2])
     )
     assert params is None and reason.startswith("curve_fit did not converge")
+
+
+# --- partial Spearman and paired comparisons ----------------------------------------------------
+
+
+def direct_partial(x, y, z):
+    """Rank, regress each rank vector on z's ranks with lstsq, correlate the residuals."""
+    rx, ry, rz = (sps.rankdata(v) for v in (x, y, z))
+    design = np.column_stack([np.ones_like(rz), rz])
+    ex = rx - design @ np.linalg.lstsq(design, rx, rcond=None)[0]
+    ey = ry - design @ np.linalg.lstsq(design, ry, rcond=None)[0]
+    return np.corrcoef(ex, ey)[0, 1]
+
+
+def test_partial_spearman_equals_rank_residuals_and_the_formula():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=60)
+    y = np.round(-z + rng.normal(0, 0.8, 60), 1)  # ties
+    x = z + rng.normal(0, 0.5, 60) + 0.5 * y
+    r = stats.partial_spearman(x, y, z, n_boot=500, seed=1)
+    assert r.rho == pytest.approx(direct_partial(x, y, z), abs=1e-12)
+    rxy, rxz, ryz = sps.spearmanr(x, y)[0], sps.spearmanr(x, z)[0], sps.spearmanr(y, z)[0]
+    assert r.rho == pytest.approx((rxy - rxz * ryz) / np.sqrt((1 - rxz**2) * (1 - ryz**2)), abs=1e-12)
+    t = r.rho * np.sqrt(57 / (1 - r.rho**2))
+    assert r.p_value == pytest.approx(2 * sps.t.sf(abs(t), 57), rel=1e-9)
+    assert r.ci_low < r.rho < r.ci_high and r.n == 60 and r.reason is None
+
+
+def test_monotone_function_of_the_control_gives_partial_rho_zero():
+    rng = np.random.default_rng(1)
+    norm = np.sort(rng.uniform(1, 5, 51))  # grows with training
+    loss = 3 / norm + rng.normal(0, 0.02, 51)
+    r = stats.partial_spearman(np.exp(norm), loss, norm)
+    assert r.rho == 0.0 and "monotone function of the control" in r.reason
+    assert stats.spearman_bootstrap(np.exp(norm), loss).rho < -0.9  # raw rho is strong
+    noisy = stats.partial_spearman(np.exp(norm) + rng.normal(0, 1e-3, 51), loss, norm)
+    assert abs(noisy.rho) < 0.3
+
+
+def test_an_independent_component_is_recovered():
+    rng = np.random.default_rng(2)
+    norm = np.sort(rng.uniform(1, 5, 200))
+    u = rng.normal(size=200)
+    loss = -norm + 0.5 * u
+    feature = norm**2 + 2.0 * u + rng.normal(0, 0.5, 200)
+    r = stats.partial_spearman(feature, loss, norm, n_boot=300)
+    assert r.rho > 0.7 and r.ci_low > 0.5
+    assert r.rho == pytest.approx(direct_partial(feature, loss, norm), abs=1e-12)
+
+
+def test_partial_spearman_undefined_cases_carry_reasons():
+    z = np.arange(10.0)
+    assert "constant" in stats.partial_spearman(np.ones(10), z[::-1], z).reason
+    assert "3 finite triples" in stats.partial_spearman([1, 2, 3], [3, 1, 2], [1, 2, 3]).reason
+    r = stats.partial_spearman(np.sin(z), -z, z)
+    assert np.isnan(r.rho) and "val_loss is a monotone function of the control" in r.reason
+
+
+def test_paired_difference_matches_numpy_and_scipy_wilcoxon():
+    rng = np.random.default_rng(3)
+    a, b = rng.gamma(2, 0.1, 30), rng.gamma(2, 0.1, 30) + 0.05
+    r = stats.paired_difference(a, b, n_boot=2000, seed=4)
+    w = sps.wilcoxon(a, b)
+    assert r.delta == pytest.approx(np.mean(a - b), abs=1e-15)
+    assert (r.statistic, r.p_value) == pytest.approx((w.statistic, w.pvalue), abs=1e-15)
+    assert r.ci_low < r.delta < r.ci_high and r.n == 30
+    same = stats.paired_difference(a, a)
+    assert same.delta == 0 and np.isnan(same.p_value) and same.reason == "every paired difference is 0"
+    assert stats.paired_difference([1.0], [2.0]).reason == "1 paired values"

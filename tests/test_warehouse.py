@@ -359,9 +359,8 @@ def _hand_made_db(np_values, settings=None) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     schema, *views = warehouse.sql_files()
     con.execute(schema.read_text())
-    con.execute(
-        "INSERT INTO settings VALUES (?, ?, ?, ?, ?)", list((settings or AnalysisParams().settings()).__dict__.values())
-    )
+    values = list((settings or AnalysisParams().settings()).__dict__.values())
+    con.execute(f"INSERT INTO settings VALUES ({', '.join('?' * len(values))})", values)
     con.execute("INSERT INTO runs (rung, seed, kind, steps) VALUES ('t', 0, 'ladder', 1000)")
     if np_values is not None:
         _features_rows(con, "t", "np_norm", "all", np_values)

@@ -182,9 +182,8 @@ class AnalysisParams:
 
     def settings(self) -> ViewSettings:
         """The subset the SQL views read from the warehouse's ``settings`` table."""
-        return ViewSettings(
-            self.phase_threshold, self.np_patience, self.np_min_delta, self.loss_patience, self.loss_min_delta
-        )
+        names = ("phase_threshold", "np_patience", "np_min_delta", "loss_patience", "loss_min_delta", "alpha")
+        return ViewSettings(**{name: getattr(self, name) for name in names})
 
 
 @dataclass(frozen=True)
@@ -196,6 +195,7 @@ class ViewSettings:
     np_min_delta: float
     loss_patience: int
     loss_min_delta: float
+    alpha: float = 0.05
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ Every method is fitted to data, none is hand-set:
 1. ``loss_power_law``: L(t) = a t^(-b) + c fitted to the observed validation losses.
 2. ``schedule_aware``: a simplified multi-power law (Luo et al. 2025, arXiv:2503.12811) that
    reads the learning-rate schedule, known in advance from the recipe (see :func:`multi_power_law`).
+   ``lr_annealing``: the learning-rate annealing law of Tissue et al. 2024 (arXiv:2408.11029),
+   L = L0 + A S1^(-alpha) - C S2, from the same schedule (see :func:`lr_annealing_law`).
 3. Learned models (``topology``, ``loss_topology``, gradient- and weight-norm baselines): ridge
    regressions of the remaining loss drop, fitted with leave-one-group-out cross-validation
    (:func:`cross_validate`): the held-out rung (or seed) never contributes to its own model.
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.signal import lfilter
 from sklearn.linear_model import RidgeCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -27,6 +30,7 @@ from topometrics.stats import Fit, curve_fit_bounded, r_squared
 # 10-25 early checkpoints available here cannot identify all seven MPL parameters.
 MPL_BETA = 0.5
 MPL_GAMMA = 0.5
+ANNEALING_DECAY = 0.999  # lambda of the annealing momentum (Tissue et al. 2024 use 0.999)
 RIDGE_ALPHAS = np.logspace(-3, 3, 13)  # chosen per fold by efficient leave-one-out inside the training rungs
 
 
@@ -179,6 +183,59 @@ def fit_multi_power_law(t, loss, schedule: Schedule) -> tuple[Fit, float | None]
     named |= {"beta": MPL_BETA, "gamma": MPL_GAMMA}
     fit = Fit("ok", named, r_squared(loss, model(t, *params)), len(t))
     return fit, float(multi_power_law([schedule.steps], schedule, *params)[0])
+
+
+def annealing_areas(schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
+    """S1 and S2 of Tissue et al. 2024 after every step ``0..steps``, in units of (peak LR x steps).
+
+    S1(s) = sum_{i<=s} eta_i, the forward area (warm-up included); S2(s) = sum_{i<=s} m_i with the
+    annealing momentum m_i = lambda m_{i-1} + (eta_{i-1} - eta_i) after the warm-up (0 during it),
+    lambda = :data:`ANNEALING_DECAY`. eta is the schedule's LR divided by its peak.
+    """
+    eta = schedule.rate(np.arange(0, schedule.steps + 1)) / schedule.lr
+    drop = np.zeros_like(eta)
+    drop[1:] = eta[:-1] - eta[1:]
+    drop[: schedule.warmup + 1] = 0.0
+    momentum = lfilter([1.0], [1.0, -ANNEALING_DECAY], drop)
+    return np.cumsum(eta) / schedule.steps, np.cumsum(momentum) / schedule.steps
+
+
+def lr_annealing_law(s1, s2, l0: float, a: float, alpha: float, c: float) -> np.ndarray:
+    """L = L0 + A S1^(-alpha) - C S2 (Tissue et al. 2024, "Scaling law with learning rate annealing")."""
+    return l0 + a * np.power(np.maximum(s1, 1e-12), -alpha) - c * s2
+
+
+def fit_lr_annealing(t, loss, schedule: Schedule) -> tuple[Fit, float | None]:
+    """Fit :func:`lr_annealing_law` (L0, A, alpha, C) to observed checkpoints; extrapolate to the last step.
+
+    Checkpoints at step 0 are dropped, and those inside the warm-up when at least 5 remain. Bounds:
+    0 <= L0 <= min(L), A >= 0, 0 <= alpha <= 3, and 0 <= C with the annealing bonus at the end
+    C S2(steps) at most the observed loss range: early in a decaying schedule S2 is still near 0, so
+    C is barely identified and an unbounded C extrapolates to absurd end-of-schedule drops (the
+    same reasoning bounds the multi-power law's B).
+    """
+    t, loss = np.asarray(t, float), np.asarray(loss, float)
+    keep = (t > 0) & np.isfinite(loss)
+    if (keep & (t > schedule.warmup)).sum() >= 5:
+        keep &= t > schedule.warmup
+    t, loss = t[keep].astype(int), loss[keep]
+    if len(t) < 5:
+        return Fit("failed", n=len(t), reason=f"need at least 5 checkpoints for 4 parameters, got {len(t)}"), None
+    s1, s2 = annealing_areas(schedule)
+    lo, spread = float(loss.min()), float(np.ptp(loss)) or 1.0
+    c_max = spread / s2[-1] if s2[-1] > 0 else 1e-9
+    (a0, alpha0, _), _ = _loglog_start(s1[t], loss, 0.9 * lo)
+    bounds = ([0.0, 0.0, 0.0, 0.0], [lo, np.inf, 3.0, c_max])
+
+    def model(_t, *p):
+        return lr_annealing_law(s1[t], s2[t], *p)
+
+    params, reason = curve_fit_bounded(model, t, loss, [0.9 * lo, a0, alpha0, 0.0], bounds)
+    if params is None:
+        return Fit("failed", n=len(t), reason=reason), None
+    named = dict(zip(("L0", "A", "alpha", "C"), map(float, params), strict=True)) | {"lambda": ANNEALING_DECAY}
+    fit = Fit("ok", named, r_squared(loss, model(t, *params)), len(t))
+    return fit, float(lr_annealing_law(s1[-1], s2[-1], *params))
 
 
 def window_summary(t, values, cutoff: float) -> tuple[float, float]:

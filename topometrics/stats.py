@@ -79,6 +79,111 @@ def spearman_bootstrap(x, y, n_boot: int = 1000, seed: int = 0, level: float = 0
     return SpearmanResult(float(res.statistic), float(res.pvalue), float(lo), float(hi), n, len(boot))
 
 
+@dataclass(frozen=True)
+class PartialResult:
+    """Partial Spearman rho of x and y given a control z, its p-value and a bootstrap CI."""
+
+    rho: float
+    p_value: float
+    ci_low: float
+    ci_high: float
+    n: int
+    reason: str | None = None  # why rho is undefined, or why it is 0 by definition
+
+
+def partial_spearman(x, y, z, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> PartialResult:
+    """Spearman's rho of ``x`` and ``y`` with the control ``z`` partialled out.
+
+    The ranks of x and y (average ranks for ties) are each regressed on the ranks of z by least
+    squares; rho is the Pearson correlation of the two residuals (equal to the partial-correlation
+    formula over the three Spearman rhos). The p-value is the t-test with n - 3 degrees of freedom;
+    the CI is a percentile bootstrap over the triples (seeded). Triples with a NaN are dropped.
+
+    When x's ranks are a linear function of z's (x a monotone function of the control) nothing
+    of x is left beyond z: rho is 0 by definition, with that reason. When y's are, rho is undefined.
+    """
+    x, y, z = (np.asarray(v, dtype=float) for v in (x, y, z))
+    if not x.shape == y.shape == z.shape or x.ndim != 1:
+        raise ValueError(f"x, y and z must be 1-D of equal length, got shapes {x.shape}, {y.shape}, {z.shape}")
+    keep = np.isfinite(x) & np.isfinite(y) & np.isfinite(z)
+    x, y, z = x[keep], y[keep], z[keep]
+    n = len(x)
+    if n < 4 or min(np.ptp(x), np.ptp(y), np.ptp(z)) == 0:
+        why = f"{n} finite triples" if n < 4 else "a constant series"
+        return PartialResult(np.nan, np.nan, np.nan, np.nan, n, f"partial rho undefined: {why}")
+    rho, degenerate = _partial_rank_corr(*(stats.rankdata(v)[None, :] for v in (x, y, z)))
+    if degenerate[0] == "y":
+        why = "val_loss is a monotone function of the control"
+        return PartialResult(np.nan, np.nan, np.nan, np.nan, n, f"partial rho undefined: {why}")
+    if degenerate[0] == "x":
+        return PartialResult(0.0, 1.0, 0.0, 0.0, n, "feature is a monotone function of the control: 0 by definition")
+    r = float(rho[0])
+    t = r * np.sqrt((n - 3) / max(1 - r * r, 1e-300))
+    p = float(2 * stats.t.sf(abs(t), n - 3))
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    boot, bad = _partial_rank_corr(*(stats.rankdata(v[idx], axis=1) for v in (x, y, z)))
+    boot = np.where(bad == "x", 0.0, boot)[bad != "y"]
+    boot = boot[np.isfinite(boot)]
+    if len(boot) < 2:
+        return PartialResult(r, p, np.nan, np.nan, n, "no valid resample")
+    lo, hi = np.percentile(boot, [50 * (1 - level), 50 * (1 + level)])
+    return PartialResult(r, p, float(lo), float(hi), n)
+
+
+def _partial_rank_corr(rx: np.ndarray, ry: np.ndarray, rz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise Pearson correlation of the residuals of rx and ry after regressing each on rz.
+
+    Returns the correlations and, per row, ``'x'``/``'y'`` when that residual vanishes (relative
+    sum of squares below 1e-20), ``''`` otherwise.
+    """
+
+    def residual(r):
+        rc, zc = r - r.mean(axis=1, keepdims=True), rz - rz.mean(axis=1, keepdims=True)
+        zz = (zc * zc).sum(axis=1, keepdims=True)
+        slope = np.divide((rc * zc).sum(axis=1, keepdims=True), zz, out=np.zeros_like(zz), where=zz > 0)
+        res = rc - slope * zc
+        tiny = (res * res).sum(axis=1) <= 1e-20 * np.maximum((rc * rc).sum(axis=1), 1e-300)
+        return res, tiny
+
+    (ex, tiny_x), (ey, tiny_y) = residual(rx), residual(ry)
+    flag = np.where(tiny_y, "y", np.where(tiny_x, "x", ""))
+    return _row_pearson(np.where(tiny_x[:, None], 0.0, ex), np.where(tiny_y[:, None], 0.0, ey)), flag
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """Paired comparison of two error vectors: mean difference, bootstrap CI, Wilcoxon signed-rank test."""
+
+    delta: float  # mean(a - b)
+    ci_low: float
+    ci_high: float
+    statistic: float  # Wilcoxon W
+    p_value: float
+    n: int
+    reason: str | None = None
+
+
+def paired_difference(a, b, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> PairedResult:
+    """Mean of ``a - b`` over pairs with a percentile paired-bootstrap CI and scipy's Wilcoxon signed-rank p.
+
+    Pairs with a NaN are dropped. The bootstrap resamples pairs (seeded). Wilcoxon is two-sided,
+    zero differences dropped (scipy's default); when every difference is 0 the p-value is NULL with a
+    reason and the CI is [0, 0].
+    """
+    a, b = _paired(a, b)
+    d = a - b
+    n = len(d)
+    if n < 2:
+        return PairedResult(np.nan, np.nan, np.nan, np.nan, np.nan, n, f"{n} paired values")
+    delta = float(d.mean())
+    boot = d[np.random.default_rng(seed).integers(0, n, size=(n_boot, n))].mean(axis=1)
+    lo, hi = np.percentile(boot, [50 * (1 - level), 50 * (1 + level)])
+    if not np.any(d != 0):
+        return PairedResult(delta, 0.0, 0.0, np.nan, np.nan, n, "every paired difference is 0")
+    res = stats.wilcoxon(a, b)
+    return PairedResult(delta, float(lo), float(hi), float(res.statistic), float(res.pvalue), n)
+
+
 def steiger_z(r_xy: float, r_zy: float, r_xz: float, n: int) -> tuple[float, float]:
     """Compare two dependent correlations that share variable ``y`` (Steiger 1980, eq. 14).
 

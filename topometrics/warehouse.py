@@ -29,7 +29,7 @@ from topometrics.params import ViewSettings
 SCHEMA_VERSION = 1
 SQL_DIR = Path(__file__).parent / "sql"
 # Analysis tables the warehouse stage loads from the analysis stage's Parquet files.
-ANALYSIS_TABLES = ("predictions", "fits", "tests")
+ANALYSIS_TABLES = ("predictions", "fits", "tests", "incremental_validity", "incremental_errors")
 _OPTIONAL_FEATURE_COLUMNS = {"reason": "VARCHAR"}
 
 

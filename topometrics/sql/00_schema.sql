@@ -11,7 +11,8 @@ CREATE TABLE settings (
     np_patience INTEGER NOT NULL,      -- Rieck et al. 2019 Algorithm 2: checkpoints without NP improvement
     np_min_delta DOUBLE NOT NULL,      -- ... an improvement must beat the best NP by more than this
     loss_patience INTEGER NOT NULL,    -- validation-loss patience, in checkpoints
-    loss_min_delta DOUBLE NOT NULL     -- ... an improvement must lower the best val loss by more than this
+    loss_min_delta DOUBLE NOT NULL,    -- ... an improvement must lower the best val loss by more than this
+    alpha DOUBLE NOT NULL DEFAULT 0.05 -- family-wise level of Bonferroni-corrected verdicts
 );
 
 -- One row per training run (rung x seed): params snapshot, corpus used, code version.
@@ -108,4 +109,30 @@ CREATE TABLE tests (
     estimate DOUBLE, ci_low DOUBLE, ci_high DOUBLE,
     statistic DOUBLE, p_value DOUBLE, n INTEGER,
     p_bonferroni DOUBLE, significant BOOLEAN, reason VARCHAR
+);
+
+-- Between-run incremental validity (topometrics.verdict): per cv scheme x fraction x nested comparison,
+-- the paired difference of absolute final-loss errors (model with the family minus without).
+CREATE TABLE incremental_validity (
+    cv VARCHAR NOT NULL,               -- leave-one-<cv>-out: seed, variant or rung
+    fraction DOUBLE NOT NULL,
+    family VARCHAR NOT NULL,           -- weight_norm, weights_np, weights_vr, scale_free, heavy_tail, representation, everything
+    comparison VARCHAR NOT NULL,       -- '(2) vs (1)', '(3) vs (2)', '(4) vs (2)'
+    n INTEGER,                         -- runs predicted by both models (the pairs)
+    n_groups INTEGER,
+    mae_without DOUBLE, mae_with DOUBLE,
+    delta_mae DOUBLE,                  -- mean(error_with - error_without); negative = the family helps
+    ci_low DOUBLE, ci_high DOUBLE,     -- paired-bootstrap percentile 95% CI of delta_mae
+    statistic DOUBLE, p_value DOUBLE,  -- Wilcoxon signed-rank (scipy), two-sided
+    status VARCHAR NOT NULL,           -- 'ok' or 'skipped'
+    reason VARCHAR,                    -- why skipped, or notes (inputs not used)
+    inputs VARCHAR                     -- input columns of the larger model
+);
+
+-- The paired per-run predictions behind every 'ok' row of incremental_validity.
+CREATE TABLE incremental_errors (
+    cv VARCHAR NOT NULL, fraction DOUBLE NOT NULL, family VARCHAR NOT NULL,
+    rung VARCHAR NOT NULL, seed INTEGER NOT NULL, variant VARCHAR,
+    actual DOUBLE, predicted_without DOUBLE, predicted_with DOUBLE,
+    error_without DOUBLE, error_with DOUBLE
 );
