@@ -377,3 +377,30 @@ def _features_rows(con, rung, feature, layer, values, every=100):
 def _checkpoint_rows(con, rung, losses, every=100):
     for i, v in enumerate(losses):
         con.execute("INSERT INTO checkpoints VALUES (?, 0, ?, ?, NULL)", [rung, i * every, v])
+
+
+def test_feature_shards_of_other_params_are_reported_not_read(tmp_path):
+    from topometrics.shards import Fingerprint, ShardKey, write_shard
+
+    root = tmp_path / "data"
+    write_inputs(root, rungs={"tiny": RUNGS["tiny"]})
+    flat = pd.read_parquet(root / "features" / "tiny-42" / "features.parquet")
+    (root / "features" / "tiny-42" / "features.parquet").unlink()
+    shards = root / "features" / "tiny-42"
+    for step, part in flat.groupby("step"):  # the same rows as per-checkpoint shards; every 4th from other params
+        params = "other" if step % 200 == 0 else "mine"
+        write_shard(shards, ShardKey("tiny", "base", 42, int(step)), Fingerprint("w", params, "c"), {"features": part})
+    args = (root / "config", root / "runs", root / "corpus" / "source.json", [root / "features"])
+    inputs = warehouse.discover_inputs(*args, feature_params="mine")
+    assert inputs.not_read == [
+        f"{root / 'features'}: 11 features shards computed with other feature params are not read "
+        f"(e.g. {shards / 'rung=tiny/variant=base/seed=42/step=0/features.parquet'})",
+        f"{root / 'features'}: 1 diagrams shards computed with other feature params are not read "
+        f"(e.g. {shards / 'diagrams.parquet'})",  # a file without a fingerprint is not read either
+    ]
+    con = duckdb.connect()
+    warehouse.populate(con, inputs, AnalysisParams().settings(), {})
+    got = con.execute("SELECT DISTINCT step FROM features ORDER BY step").fetchall()
+    assert [s for (s,) in got] == sorted(s for s in flat.step.unique() if s % 200)
+    assert con.execute("SELECT count(*) FROM features").fetchone()[0] == (flat.step % 200 != 0).sum()
+    assert len(warehouse.discover_inputs(*args).feature_files) == flat.step.nunique()  # no params: every shard

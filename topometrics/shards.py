@@ -164,6 +164,16 @@ def stored_fingerprint(path: Path) -> Fingerprint | None:
     return Fingerprint.from_json(raw) if raw else None
 
 
+def split_by_params(files: Iterable[Path], params: str) -> tuple[list[Path], list[Path]]:
+    """Shard files computed with feature params ``params`` (a :func:`params_digest`), and the others
+    (other params, or no fingerprint at all). Footers only are read."""
+    matching, other = [], []
+    for path in files:
+        found = stored_fingerprint(path)
+        (matching if found is not None and found.params == params else other).append(path)
+    return matching, other
+
+
 def is_current(root: Path, key: ShardKey, fingerprint: Fingerprint, tables: Iterable[str]) -> bool:
     """Whether every table of the shard exists with this fingerprint (footers only are read)."""
     folder = key.folder(root)

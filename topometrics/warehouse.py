@@ -25,6 +25,7 @@ import pandas as pd
 
 import topometrics
 from topometrics.params import ViewSettings
+from topometrics.shards import split_by_params
 
 SCHEMA_VERSION = 1
 SQL_DIR = Path(__file__).parent / "sql"
@@ -61,6 +62,7 @@ class Inputs:
     feature_files: list[Path] = field(default_factory=list)
     diagram_files: list[Path] = field(default_factory=list)
     analysis_files: dict[str, Path] = field(default_factory=dict)
+    not_read: list[str] = field(default_factory=list)  # one line per folder of shards from other feature params
 
 
 def discover_inputs(
@@ -70,22 +72,39 @@ def discover_inputs(
     feature_dirs: Iterable[Path],
     analysis_dir=None,
     runs: Iterable[str] | None = None,
+    feature_params: str | None = None,
 ) -> Inputs:
     """Collect the input files under the stage's directories (missing directories hold nothing).
 
     ``runs`` (the names ``<rung>-<seed>`` that params.yaml declares) restricts the configs and the
     per-run feature directories ``<feature dir>/<name>/`` to those runs: DVC never deletes the
     outputs of a rung or seed that was removed from params.yaml, and they must not be analysed.
-    Tables directly in a feature directory (``data/series/features.parquet``) are always loaded.
+    Tables directly in a feature directory (``data/series/rung=.../``, ``data/series/features.parquet``)
+    are always loaded. Feature rows are ``features.parquet`` and ``distances.parquet`` shards.
+
+    ``feature_params`` (:func:`topometrics.shards.params_digest` of the feature params) keeps only
+    the shards computed with those params; the others are listed, one line per folder, in
+    ``not_read``. None reads every file.
     """
     declared = None if runs is None else set(runs)
-    feature_files, diagram_files = [], []
+    found: dict[str, list[Path]] = {"features": [], "distances": [], "diagrams": []}
+    not_read = []
     for root in map(Path, feature_dirs):
-        for name, found in (("features.parquet", feature_files), ("diagrams.parquet", diagram_files)):
-            for path in sorted(root.glob(f"**/{name}")):
+        for name, files in found.items():
+            paths = []
+            for path in sorted(root.glob(f"**/{name}.parquet")):
                 parts = path.relative_to(root).parts
-                if declared is None or len(parts) == 1 or parts[0] in declared:
-                    found.append(path)
+                if declared is None or len(parts) == 1 or parts[0].startswith("rung=") or parts[0] in declared:
+                    paths.append(path)
+            if feature_params is not None:
+                paths, other = split_by_params(paths, feature_params)
+                if other:
+                    not_read.append(
+                        f"{root}: {len(other)} {name} shards computed with other feature params are not read "
+                        f"(e.g. {other[0]})"
+                    )
+            files += paths
+    feature_files, diagram_files = found["features"] + found["distances"], found["diagrams"]
     analysis = {}
     if analysis_dir is not None:
         analysis = {t: Path(analysis_dir) / f"{t}.parquet" for t in ANALYSIS_TABLES}
@@ -98,7 +117,7 @@ def discover_inputs(
         for path in configs:
             if not path.exists():
                 raise WarehouseError(f"{path} not found; run `dvc repro config@{path.stem}` first")
-    return Inputs(configs, Path(runs_dir), source, feature_files, diagram_files, analysis)
+    return Inputs(configs, Path(runs_dir), source, feature_files, diagram_files, analysis, not_read)
 
 
 def sql_files() -> list[Path]:
@@ -202,20 +221,31 @@ def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str |
 
 
 def load_parquet(con, table: str, files: list[Path]) -> None:
-    """Append Parquet files to ``table`` by column name; optional columns absent from a file become NULL."""
+    """Append Parquet files to ``table`` by column name, in one ``read_parquet`` over the list.
+
+    Optional columns absent from a file become NULL; a file that lacks a required column is an
+    error naming it. The partition folders of shards (``rung=...``) are not read as columns.
+    """
+    if not files:
+        return
     table_columns = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
+    listing = "[" + ", ".join(f"'{_quote(path)}'" for path in files) + "]"
+    columns: dict[str, set[str]] = {str(path): set() for path in files}
+    for file_name, column in con.execute(f"SELECT file_name, name FROM parquet_schema({listing})").fetchall():
+        columns[file_name].add(column)
+    optional = _OPTIONAL_FEATURE_COLUMNS if table == "features" else {}
     for path in files:
-        rel = f"read_parquet('{_quote(path)}')"
-        present = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {rel}").fetchall()}
-        optional = _OPTIONAL_FEATURE_COLUMNS if table == "features" else {}
-        missing = [c for c in table_columns if c not in present and c not in optional]
+        missing = [c for c in table_columns if c not in columns[str(path)] and c not in optional]
         if missing and table not in ANALYSIS_TABLES:
             raise WarehouseError(f"{path} lacks columns {missing} of table {table}; see docs/warehouse.md")
-        select = ", ".join(c if c in present else f"NULL::{optional.get(c, 'VARCHAR')} AS {c}" for c in table_columns)
-        try:
-            con.execute(f"INSERT INTO {table} BY NAME SELECT {select} FROM {rel}")
-        except duckdb.ConstraintException as err:
-            raise WarehouseError(f"{path}: duplicate rows for table {table} ({err}); rebuild that file") from err
+    present = set().union(*columns.values())
+    select = ", ".join(c if c in present else f"NULL::{optional.get(c, 'VARCHAR')} AS {c}" for c in table_columns)
+    rel = f"read_parquet({listing}, union_by_name = true, hive_partitioning = false)"
+    try:
+        con.execute(f"INSERT INTO {table} BY NAME SELECT {select} FROM {rel}")
+    except duckdb.ConstraintException as err:
+        where = str(files[0]) if len(files) == 1 else f"{len(files)} files from {files[0].parent} on"
+        raise WarehouseError(f"{where}: duplicate rows for table {table} ({err}); rebuild those files") from err
 
 
 def _add_series_runs(con, corpus: Mapping, code: str | None) -> None:

@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-BENCHMARKS = ("train", "np", "features", "series")
+BENCHMARKS = ("train", "np", "features", "series", "scale")
 
 
 def main(argv: list[str]) -> int:

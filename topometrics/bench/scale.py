@@ -1,0 +1,153 @@
+"""``python -m topometrics.bench scale``: per-checkpoint work on 1 and 2 workers of a Dask LocalCluster.
+
+Writes ``--checkpoints`` synthetic Pythia-70m-shaped checkpoints (every tensor of GPT-NeoX 70M:
+hidden 512, 6 blocks, MLP 2048, vocabulary 50304, float16 as published, N(0, 0.02) with a seed
+per step) into a temporary folder, then computes their weight-feature shards (the streamed,
+one-layer-at-a-time path of external series, written as Parquet shards) on a LocalCluster of 1
+and then 2 single-threaded workers, each a fresh cluster and a fresh shard folder. Also times the
+same work on the default ``local`` execution (the process pool) and on a LocalCluster including
+its start, which is what ``compute.cluster: local`` would cost either way.
+
+Per worker count: seconds per checkpoint (wall / checkpoints), bytes read per second (the workers'
+``read_chars``: both streaming passes, from the page cache since the files were just written),
+and each worker's peak RSS above its RSS after the imports (the fixed overhead), against 2x the
+largest linear layer as float32. Scaling efficiency = 2-worker speed / (2 x 1-worker speed).
+The load average is printed with the numbers: the machine may be shared. The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+PYTHIA_70M = {"hidden": 512, "layers": 6, "intermediate": 2048, "vocab": 50304}
+WORKER_COUNTS = (1, 2)
+
+
+def pythia_70m_shapes() -> dict[str, tuple[int, ...]]:
+    """Every tensor of a GPT-NeoX 70M state dict, in its safetensors order."""
+    d, f, v = PYTHIA_70M["hidden"], PYTHIA_70M["intermediate"], PYTHIA_70M["vocab"]
+    shapes: dict[str, tuple[int, ...]] = {"gpt_neox.embed_in.weight": (v, d)}
+    block = {
+        "input_layernorm.weight": (d,), "input_layernorm.bias": (d,),
+        "post_attention_layernorm.weight": (d,), "post_attention_layernorm.bias": (d,),
+        "attention.query_key_value.weight": (3 * d, d), "attention.query_key_value.bias": (3 * d,),
+        "attention.dense.weight": (d, d), "attention.dense.bias": (d,),
+        "mlp.dense_h_to_4h.weight": (f, d), "mlp.dense_h_to_4h.bias": (f,),
+        "mlp.dense_4h_to_h.weight": (d, f), "mlp.dense_4h_to_h.bias": (d,),
+    }  # fmt: skip
+    for i in range(PYTHIA_70M["layers"]):
+        shapes |= {f"gpt_neox.layers.{i}.{name}": shape for name, shape in block.items()}
+    return shapes | {"gpt_neox.final_layer_norm.weight": (d,), "gpt_neox.final_layer_norm.bias": (d,),
+                     "embed_out.weight": (v, d)}  # fmt: skip
+
+
+def largest_linear_bytes() -> int:
+    d, f = PYTHIA_70M["hidden"], PYTHIA_70M["intermediate"]
+    return f * d * 4  # mlp.dense_h_to_4h (and 4h_to_h) as float32, the dtype a layer is read into
+
+
+def weight_shard(path: str) -> dict:
+    """The weight-feature tables of one checkpoint file, streamed (the job each worker runs)."""
+    from topometrics.features import diagrams_frame, features_frame
+    from topometrics.params import FeaturesParams
+    from topometrics.series import open_weights, streamed_weight_features
+
+    result = streamed_weight_features(*open_weights((Path(path),)), FeaturesParams())
+    step = int(Path(path).stem.removeprefix("step"))
+    return {
+        "features": features_frame(result, "pythia-70m", 0, step),
+        "diagrams": diagrams_frame(result, "pythia-70m", 0, step),
+    }
+
+
+def worker_baseline() -> dict:
+    """Import what the job needs, then report this process's RSS and bytes read so far."""
+    import psutil
+
+    import topometrics.series  # noqa: F401
+
+    proc = psutil.Process()
+    return {"rss": proc.memory_info().rss, "read": proc.io_counters().read_chars}
+
+
+def worker_after() -> dict:
+    import psutil
+
+    return {
+        "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "read": psutil.Process().io_counters().read_chars,
+    }
+
+
+def run_on_cluster(files: list[Path], workers: int, shard_root: Path) -> dict:
+    """Shards of ``files`` on a fresh LocalCluster of ``workers`` workers; times exclude its start."""
+    from distributed import Client
+
+    from topometrics.cluster import local_cluster, map_on_cluster
+    from topometrics.shards import Fingerprint, ShardKey, Task, compute_shards
+
+    tasks = [
+        Task(ShardKey("pythia-70m", "base", 0, i), Fingerprint(f.name, "bench", "bench"), str(f))
+        for i, f in enumerate(files)
+    ]
+    with local_cluster(workers, memory_limit=None) as cluster, Client(cluster) as client:
+        before = client.run(worker_baseline)
+        start = time.perf_counter()
+        run = compute_shards(
+            shard_root, tasks, weight_shard, lambda fn, jobs: map_on_cluster(client, fn, jobs), ("features", "diagrams")
+        )
+        seconds = time.perf_counter() - start
+        after = client.run(worker_after)
+    assert len(run.computed) == len(files) and not run.failed, run.failed
+    read = sum(after[w]["read"] - before[w]["read"] for w in before)
+    extra = [(after[w]["peak"] - before[w]["rss"]) / 2**20 for w in before]
+    baseline = max(b["rss"] for b in before.values()) / 2**20
+    return {"workers": workers, "seconds": seconds, "s_per_checkpoint": seconds / len(files),
+            "read_mb_s": read / seconds / 2**20, "read_bytes": read,
+            "baseline_rss_mb": baseline, "peak_over_baseline_mb": max(extra)}  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    from topometrics.bench.series import write_random_safetensors
+
+    ap = argparse.ArgumentParser(prog="python -m topometrics.bench scale", description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoints", type=int, default=8, help="synthetic Pythia-70m-shaped checkpoints")
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="topometrics-bench-scale-"))
+    try:
+        shapes = pythia_70m_shapes()
+        files = [tmp / "weights" / f"step{1000 * i}.safetensors" for i in range(args.checkpoints)]
+        files[0].parent.mkdir()
+        for i, path in enumerate(files):
+            write_random_safetensors(path, shapes, "float16", seed=i)
+        size = files[0].stat().st_size
+        runs = {n: run_on_cluster(files, n, tmp / f"shards-{n}") for n in WORKER_COUNTS}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    one, two = runs[1], runs[2]
+    efficiency = (one["seconds"] / two["seconds"]) / 2
+    limit_mb = 2 * largest_linear_bytes() / 2**20
+    load = os.getloadavg()
+    for n, r in runs.items():
+        print(f"{n} worker(s): {r['s_per_checkpoint']:.2f} s/checkpoint, {r['read_mb_s']:.0f} MB/s read, peak "
+              f"{r['peak_over_baseline_mb']:.0f} MB over a {r['baseline_rss_mb']:.0f} MB baseline/worker")  # fmt: skip
+    print(f"scaling efficiency {efficiency:.2f}; 2 x largest layer {limit_mb:.0f} MB; "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")  # fmt: skip
+    print(json.dumps({
+        "checkpoints": args.checkpoints, "checkpoint_bytes": size, "largest_layer_bytes": largest_linear_bytes(),
+        "s_per_checkpoint": {n: round(r["s_per_checkpoint"], 3) for n, r in runs.items()},
+        "read_mb_per_s": {n: round(r["read_mb_s"], 1) for n, r in runs.items()},
+        "read_bytes_per_checkpoint": round(one["read_bytes"] / args.checkpoints),
+        "scaling_efficiency": round(efficiency, 3),
+        "peak_over_baseline_mb": {n: round(r["peak_over_baseline_mb"], 1) for n, r in runs.items()},
+        "baseline_rss_mb": round(one["baseline_rss_mb"], 1), "two_largest_layers_mb": round(limit_mb, 1),
+        "loadavg": [round(x, 2) for x in load], "cores": os.cpu_count(),
+    }))  # fmt: skip
+    return 0
