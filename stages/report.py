@@ -7,7 +7,8 @@ from pathlib import Path
 
 import duckdb
 
-from topometrics import report
+from topometrics import report, report_html
+from topometrics.report_frames import Missing, load
 
 
 def main() -> None:
@@ -21,20 +22,20 @@ def main() -> None:
     if args.series_status is not None and args.series_status.exists():
         status = json.loads(args.series_status.read_text())
     with duckdb.connect(str(args.warehouse), read_only=True) as con:
-        doc = report.build(report.load(con), status)
+        doc = report.build(load(con), status)
     figures_dir, plots_dir = args.out / "figures", args.out / "plots"
     figures_dir.mkdir(parents=True, exist_ok=True)
     plots_dir.mkdir(parents=True, exist_ok=True)
-    drawn = {name: chart for name, chart in doc.figures.items() if not isinstance(chart, report.Missing)}
+    drawn = {name: chart for name, chart in doc.figures.items() if not isinstance(chart, Missing)}
     for name, chart in drawn.items():
-        svg, png = report.export_figure(chart)
+        svg, png = report_html.export_figure(chart)
         (figures_dir / f"{name}.svg").write_text(svg)
         (figures_dir / f"{name}.png").write_bytes(png)
     for name, frame in doc.plots.items():
         frame.to_csv(plots_dir / f"{name}.csv", index=False)
-    (args.out / "report.html").write_text(report.render_html(doc, report.vega_bundle()))
+    (args.out / "report.html").write_text(report_html.render_html(doc, report_html.vega_bundle()))
     corpus = f"{doc.corpus_used}{' (OFFLINE FALLBACK)' if doc.corpus_fallback else ''}"
-    missing = sum(isinstance(t, report.Missing) for t in [*doc.tables.values(), *doc.figures.values()])
+    missing = sum(isinstance(t, Missing) for t in [*doc.tables.values(), *doc.figures.values()])
     print(
         f"report: {args.out / 'report.html'}, {len(drawn)}/{len(doc.figures)} figures, "
         f"{len(doc.tables)} tables ({missing} pieces not available), corpus {corpus}, "

@@ -9,14 +9,13 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 from threadpoolctl import threadpool_limits
 from transformers.utils import logging as hf_logging
 
-from topometrics.checkpoints import atomic_write_text
-from topometrics.corpus import decode
+from topometrics.atomic import write_text
 from topometrics.params import load_params
 from topometrics.series import run_series
+from topometrics.tokens import decode, load_tokens
 
 
 def main() -> None:
@@ -26,7 +25,7 @@ def main() -> None:
     args = ap.parse_args()
     params = load_params()
     hf_logging.disable_progress_bar()  # one progress line per checkpoint, not a bar per file
-    text = decode(np.fromfile(args.corpus / "val.u8", dtype=np.uint8))
+    text = decode(load_tokens(args.corpus, "val"))
     # One BLAS thread: the per-layer SVDs are small, and extra BLAS threads only contend (docs/series.md).
     with threadpool_limits(limits=1, user_api="blas"):
         features, diagrams, status = run_series(
@@ -35,7 +34,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     features.to_parquet(args.out / "features.parquet", index=False)
     diagrams.to_parquet(args.out / "diagrams.parquet", index=False)
-    atomic_write_text(args.out / "status.json", json.dumps(status, indent=1))
+    write_text(args.out / "status.json", json.dumps(status, indent=1))
     for s in status["series"]:
         note = "" if not s["skipped"] else " (see status.json; rerun `dvc repro` when the hub or cache has them)"
         print(f"series {s['name']}: {s['computed']} computed, {s['skipped']} skipped{note}")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from topometrics.corpus import load_tokens
 from topometrics.params import load_params
+from topometrics.tokens import load_tokens
 from topometrics.train import RungConfig, train_rung, write_checkpoint_table
 
 

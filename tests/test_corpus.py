@@ -13,26 +13,10 @@ import numpy as np
 import pytest
 
 from topometrics import corpus
-from topometrics.corpus import CorpusError, FallbackWarning, decode, encode, prepare, split_local
+from topometrics.corpus import CorpusError, FallbackWarning, prepare, split_local
+from topometrics.tokens import decode, encode
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
-
-
-# ---------------------------------------------------------------- tokenizer
-
-
-def test_ascii_text_round_trips():
-    text = "The quick brown fox = 3.14 ; \n\t{ascii} ~"
-    ids = encode(text)
-    assert ids.dtype == np.uint8 and ids.size == len(text)
-    assert decode(ids) == text
-
-
-def test_non_ascii_characters_map_to_the_reserved_id():
-    ids = encode("café — ∑\x7f")
-    assert ids.tolist() == [99, 97, 102, 127, 32, 127, 32, 127, 127]
-    assert decode(ids) == "caf\ufffd \ufffd \ufffd\ufffd"
-    assert len(corpus.vocabulary()) == corpus.VOCAB_SIZE == 128
 
 
 @pytest.mark.skipif(not SHARED.exists(), reason="../shared/data/wikitext-2 is absent on this machine")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import numpy as np
 import pandas as pd
@@ -16,8 +15,6 @@ from topometrics.features import (
     ALL,
     DIAGRAM_COLUMNS,
     FEATURE_COLUMNS,
-    _map,
-    _pool,
     checkpoint_features,
     distance_features,
     run_features,
@@ -131,26 +128,3 @@ def test_process_pool_gives_the_in_process_tables(tmp_path):
     pooled = run_features(tmp_path / "run", tmp_path / "corpus", dataclasses.replace(PARAMS, workers=2), "tiny")
     for a, b in zip(expected, pooled, strict=True):
         pd.testing.assert_frame_equal(a, b)
-
-
-def square_and_where(x):
-    """A pool job (module level, so it pickles): x^2 and the pid that computed it."""
-    return x * x, os.getpid()
-
-
-def fail_on_three(x):
-    if x == 3:
-        raise ValueError("job 3 failed")
-    return x
-
-
-def test_pool_map_keeps_the_order_and_runs_in_workers():
-    with _pool(2, 24) as pool:
-        out = _map(pool, square_and_where, list(range(24)), "test")
-    assert [value for value, _ in out] == [x * x for x in range(24)]
-    assert os.getpid() not in {pid for _, pid in out}
-
-
-def test_pool_map_raises_a_job_error():
-    with pytest.raises(ValueError, match="job 3 failed"), _pool(2, 8) as pool:
-        _map(pool, fail_on_three, list(range(8)), "test")

@@ -4,17 +4,9 @@ import numpy as np
 import pytest
 
 from topometrics import predict
-from topometrics.predict import Schedule
+from topometrics.lr_schedule import Schedule
 
 T = np.arange(100, 5001, 100)  # the paper's checkpoints after step 0
-
-
-def test_schedule_matches_the_trainer():
-    train = pytest.importorskip("topometrics.train")
-    recipe = train.Recipe(5000, 100, 64, 3e-3, 200, 0.1, 0.01, 1.0, 42, 256)
-    steps = np.array([1, 100, 200, 201, 1000, 2600, 4999, 5000])
-    expected = [train.learning_rate(int(s), recipe) for s in steps]
-    assert Schedule.from_recipe(recipe.__dict__).rate(steps) == pytest.approx(expected, rel=1e-12)
 
 
 def test_observed_window_includes_the_cutoff_checkpoint():

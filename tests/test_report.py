@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from test_warehouse import RUNGS, write_inputs
 
-from topometrics import analysis, charts, report, warehouse
+from topometrics import analysis, charts, paper, report, report_frames, report_html, warehouse
 from topometrics.params import AnalysisParams, run_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,7 +110,7 @@ def _status(computed: int) -> dict:
 def full(tmp_path_factory):
     path = build_tiny_warehouse(tmp_path_factory.mktemp("full"))
     with duckdb.connect(str(path), read_only=True) as con:
-        frames = report.load(con)
+        frames = report_frames.load(con)
     return path, frames, report.build(frames, _status(computed=7))
 
 
@@ -151,7 +151,7 @@ def test_table2_rho_p_and_ci_come_from_the_analysis_tests(full):
 
 def test_rho_tables_fall_back_to_the_view_without_analysis():
     rho = pd.DataFrame({"rung": ["small", "tiny"], "seed": 1, "feature": "vr_tp1", "n": 5, "rho": [0.1, 0.2]})
-    table = report.rho_table(report.Missing("no tests"), rho, ("vr_tp1",), report.PAPER_TABLE4)
+    table = report.rho_table(report_frames.Missing("no tests"), rho, ("vr_tp1",), paper.PAPER_TABLE4)
     assert list(table["rung"]) == ["tiny", "small"]
     assert table["note"].str.contains("not available").all()
     assert table["paper rho"].tolist() == [-0.641, -0.636]
@@ -192,19 +192,19 @@ def test_banner_is_loud_about_the_fallback_corpus_and_names_the_series(full):
 def test_missing_features_and_analysis_become_notes_not_crashes(tmp_path):
     path = build_tiny_warehouse(tmp_path, with_analysis=False, with_features=False)
     with duckdb.connect(str(path), read_only=True) as con:
-        doc = report.build(report.load(con))
-    assert not isinstance(doc.figures["loss_curves"], report.Missing)
+        doc = report.build(report_frames.load(con))
+    assert not isinstance(doc.figures["loss_curves"], report_frames.Missing)
     assert doc.figures["np_evolution"].reason.startswith("`np` is empty")
     assert "analysis stage" in doc.tables["Table 5 — final-loss prediction MAE"].reason
     assert doc.banner["validation series"].startswith("not run")
-    assert "not available: " in report.render_html(doc, "/* no bundle */")
+    assert "not available: " in report_html.render_html(doc, "/* no bundle */")
 
 
 def test_a_warehouse_without_a_view_is_reported_not_raised():
     con = duckdb.connect()
     con.execute("CREATE TABLE checkpoints (rung VARCHAR, seed INT, step INT, val_loss DOUBLE)")
-    frames = report.load(con)
-    assert isinstance(frames["phases"], report.Missing) and "phases" in frames["phases"].reason
+    frames = report_frames.load(con)
+    assert isinstance(frames["phases"], report_frames.Missing) and "phases" in frames["phases"].reason
     doc = report.build(frames)
     assert doc.banner["corpus"].startswith("unknown")
 

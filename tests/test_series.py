@@ -21,16 +21,12 @@ from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM, PreTr
 
 from topometrics import features as feat
 from topometrics.checkpoints import CheckpointError
-from topometrics.corpus import encode, offline_text
+from topometrics.corpus import offline_text
 from topometrics.params import FeaturesParams, ParamsError, SeriesSource, parse_params
-from topometrics.series import (
-    SafetensorsFile,
-    causal_lm_on_batch,
-    hub_checkpoints,
-    neox_linear_layers,
-    series_features,
-    step_from_name,
-)
+from topometrics.safetensors_reader import SafetensorsFile
+from topometrics.series import causal_lm_on_batch, neox_linear_layers, series_features
+from topometrics.series_checkpoints import hub_checkpoints, step_from_name
+from topometrics.tokens import encode
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = FeaturesParams(max_points=20, rep_points=60, rep_dim=5, rep_batch=2, betti_scales=4, workers=1)

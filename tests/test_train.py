@@ -2,13 +2,11 @@
 stale-recipe protection and divergence handling."""
 
 import json
-import math
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 from topometrics.checkpoints import CheckpointError, list_checkpoints, load_model, load_state
-from topometrics.corpus import encode, offline_text
+from topometrics.corpus import offline_text
 from topometrics.model import GPTConfig
-from topometrics.train import Recipe, RungConfig, learning_rate, train_rung, validation_windows
+from topometrics.tokens import encode
+from topometrics.train import Recipe, RungConfig, train_rung, validation_windows
 
 TEXT = encode(offline_text()[:200_000])
 TRAIN, VAL = TEXT[:180_000], TEXT[180_000:]
@@ -32,16 +31,6 @@ def config(steps=40, ckpt_every=10, lr=3e-3, seed=7) -> RungConfig:
 
 def quiet(*_):
     pass
-
-
-def test_learning_rate_warms_up_linearly_then_follows_a_cosine_to_zero():
-    r = config(steps=1000).recipe
-    r = replace(r, warmup=100, lr=1.0)
-    assert learning_rate(50, r) == pytest.approx(0.5)
-    assert learning_rate(100, r) == pytest.approx(1.0)
-    assert learning_rate(550, r) == pytest.approx(0.5)
-    assert learning_rate(1000, r) == pytest.approx(0.0, abs=1e-12)
-    assert learning_rate(100 + 900 // 3, r) == pytest.approx(0.5 * (1 + math.cos(math.pi / 3)))
 
 
 def test_validation_windows_are_fixed_and_cover_the_split():

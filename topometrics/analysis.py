@@ -15,6 +15,7 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from topometrics import predict, stats
+from topometrics.lr_schedule import Schedule
 from topometrics.params import AnalysisParams, ParamsError
 from topometrics.vocabulary import kind, lookup
 
@@ -132,7 +133,7 @@ def prediction_table(con, params: AnalysisParams) -> tuple[pd.DataFrame, pd.Data
     series = _run_series(con, params)
     predictions, fits, inputs = [], [], []
     for run in runs.itertuples(index=False):
-        schedule = predict.Schedule(int(run.steps), int(run.warmup), float(run.lr), float(run.min_lr_ratio))
+        schedule = Schedule(int(run.steps), int(run.warmup), float(run.lr), float(run.min_lr_ratio))
         for fraction in params.fractions:
             rows, fit_rows, features = _curve_predictions(run, schedule, fraction, series)
             predictions += rows
@@ -253,7 +254,7 @@ def _run_series(con, params: AnalysisParams) -> dict[tuple, dict[str, tuple[np.n
     return out
 
 
-def _curve_predictions(run, schedule: predict.Schedule, fraction: float, series: dict):
+def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict):
     """Loss-curve predictions for one run and fraction, their fit rows, and the learned models' inputs."""
     mine = series.get((run.rung, run.seed), {})
     cutoff = fraction * schedule.steps

@@ -13,15 +13,15 @@ unpickles: safetensors stores raw tensors and JSON stores the rest.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from topometrics.atomic import write_tensors, write_text
 from topometrics.model import GPT, GPTConfig
 
 _STEP_FILE = re.compile(r"^step_(\d{6,})\.safetensors$")
@@ -49,24 +49,11 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / f"step_{step:06d}.safetensors"
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a kill never leaves half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
-
-
 def save_checkpoint(run_dir: Path, model: GPT, meta: dict) -> Path:
     """Write weights, then the sidecar; the sidecar's presence marks the checkpoint complete."""
     path = checkpoint_path(run_dir, meta["step"])
-    save_tensors(path, model.state_dict())
-    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True))
+    write_tensors(path, model.state_dict())
+    write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True))
     return path
 
 

@@ -11,8 +11,8 @@ Resolution order for ``data.corpus``:
    documentation topics in ``pydoc_data``) is used, and this is said loudly: a
    warning, ``source.json`` (requested, used, checksum, reason) and later the report.
 
-Tokenisation is character level with a 128-symbol vocabulary: ASCII code points 0-126
-map to themselves and every other character (including DEL) to the reserved id 127.
+Tokenisation (character level, 128 symbols) and the one reader of the prepared token files are
+``topometrics.tokens``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import urllib.error
 import urllib.request
 import warnings
@@ -28,12 +27,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from topometrics.atomic import write_array, write_text
+from topometrics.tokens import encode, token_file, vocabulary
 
 WIKITEXT = "wikitext-2-raw-v1"
 FALLBACK = "python-docs-offline"
-VOCAB_SIZE = 128
-UNKNOWN_ID = 127  # every non-ASCII character (and DEL) maps here
 
 # Published size and SHA-256 of the raw v1 archive and its members (shared/data/wikitext-2/README.md).
 WIKITEXT_ARCHIVE = (4_721_645, "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11")
@@ -57,25 +55,6 @@ class Corpus:
     train: str  # training text
     val: str  # held-out validation text
     source: dict  # requested, used, sha256, reason, fallback
-
-
-# ---------------------------------------------------------------- tokenizer
-
-
-def encode(text: str) -> np.ndarray:
-    """Text -> (n,) uint8 token ids; characters outside ASCII 0-126 become :data:`UNKNOWN_ID`."""
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    return np.where(codes < UNKNOWN_ID, codes, UNKNOWN_ID).astype(np.uint8)
-
-
-def decode(ids: np.ndarray) -> str:
-    """(n,) token ids -> text; the unknown id decodes to U+FFFD."""
-    return "".join("\ufffd" if i == UNKNOWN_ID else chr(i) for i in np.asarray(ids, dtype=np.int64))
-
-
-def vocabulary() -> list[str]:
-    """id -> symbol table written beside the prepared data."""
-    return [chr(i) for i in range(UNKNOWN_ID)] + ["\ufffd"]
 
 
 # ---------------------------------------------------------------- download and verification
@@ -230,7 +209,8 @@ def resolve(
 
 def read_source(out_dir: Path) -> dict | None:
     path = Path(out_dir) / "source.json"
-    if not path.exists() or not all((Path(out_dir) / f).exists() for f in ("train.u8", "val.u8", "vocab.json")):
+    files = [token_file(out_dir, "train"), token_file(out_dir, "val"), Path(out_dir) / "vocab.json"]
+    if not path.exists() or not all(f.exists() for f in files):
         return None
     try:
         return json.loads(path.read_text())
@@ -252,18 +232,8 @@ def prepare(corpus: str, urls: tuple[str, ...], timeout_s: float, val_fraction: 
     out_dir.mkdir(parents=True, exist_ok=True)
     train, val = encode(resolved.train), encode(resolved.val)
     source = resolved.source | {"train_tokens": int(train.size), "val_tokens": int(val.size)}
-    for name, ids in (("train.u8", train), ("val.u8", val)):
-        tmp = out_dir / (name + ".tmp")
-        ids.tofile(tmp)
-        os.replace(tmp, out_dir / name)
-    (out_dir / "vocab.json").write_text(json.dumps(vocabulary(), ensure_ascii=False))
-    (out_dir / "source.json").write_text(json.dumps(source, indent=1, sort_keys=True))
+    for split, ids in (("train", train), ("val", val)):
+        write_array(token_file(out_dir, split), ids)
+    write_text(out_dir / "vocab.json", json.dumps(vocabulary(), ensure_ascii=False))
+    write_text(out_dir / "source.json", json.dumps(source, indent=1, sort_keys=True))
     return source | {"changed": True}
-
-
-def load_tokens(out_dir: Path, split: str) -> np.ndarray:
-    """(n,) uint8 token ids of a prepared split ('train' or 'val')."""
-    path = Path(out_dir) / f"{split}.u8"
-    if not path.exists():
-        raise CorpusError(f"{path} is missing; run the corpus stage first (dvc repro corpus)")
-    return np.fromfile(path, dtype=np.uint8)

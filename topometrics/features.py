@@ -1,8 +1,10 @@
-"""Per-checkpoint topological and spectral features as tidy tables (issue 3).
+"""Per-checkpoint features as tidy tables: the computing modules' values under the vocabulary's names.
 
-Computing functions take arrays, tensors and params and return :class:`CheckpointFeatures`;
-only :func:`run_features` touches files (it is the edge the stage calls). Feature names and
-definitions: ``docs/features.md``.
+One path for every checkpoint, ours or an external series' (:func:`linear_and_forward_features`):
+the linear weights, each loaded once and in order, and an optional forward/backward pass on a fixed
+batch; only loading differs (:func:`checkpoint_features` for our checkpoints,
+``topometrics.series`` for Hugging Face ones). Names, definitions and layer aggregations:
+``topometrics.vocabulary`` and ``docs/features.md``. Only :func:`run_features` touches files.
 
 Tables
 ------
@@ -17,37 +19,46 @@ diagrams : ``(rung, seed, step, source, layer, dim, birth, death)``; ``source`` 
 
 from __future__ import annotations
 
-import multiprocessing
-import sys
-import time
 import warnings
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 import torch
-from threadpoolctl import threadpool_limits
 
 from topometrics.checkpoints import Checkpoint, list_checkpoints, load_state
+from topometrics.compute import map_jobs
 from topometrics.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights
+from topometrics.neural_persistence import neural_persistence, shuffled_neural_persistence
 from topometrics.params import FeaturesParams
 from topometrics.persistence import (
     bottleneck_distance,
     diagram_summary,
     finite_bars,
-    neural_persistence,
-    representation_topology,
-    shuffled_neural_persistence,
     subsample_rows,
     vietoris_rips_diagrams,
     wasserstein_distance,
 )
+from topometrics.representation import representation_topology
 from topometrics.spectral import covariance_spectrum, weight_spectrum
-from topometrics.vocabulary import ALL, DISTANCE, FAMILIES, REPRESENTATION, lookup, model_level, model_only, per_layer
+from topometrics.tokens import load_tokens
+from topometrics.vocabulary import (
+    ALL,
+    DISTANCE,
+    FAMILIES,
+    GRADIENT,
+    REPRESENTATION,
+    SPECTRAL,
+    VR,
+    lookup,
+    model_level,
+    model_only,
+    named,
+    per_layer,
+)
 
 FEATURE_COLUMNS = ["rung", "seed", "step", "layer", "feature", "value", "reason"]
 DIAGRAM_COLUMNS = ["rung", "seed", "step", "source", "layer", "dim", "birth", "death"]
@@ -73,65 +84,80 @@ class CheckpointFeatures:
         self.diagrams.update(other.diagrams)
 
 
+class ForwardPass(NamedTuple):
+    """One forward/backward pass on the fixed batch."""
+
+    states: np.ndarray  # (windows * context, hidden) float64: the residual stream after the last block
+    grad_norms: dict[str, float]  # layer name -> Frobenius norm of d loss / d W (biases excluded)
+    loss: float  # mean next-token cross-entropy on the batch (nats)
+
+
+class NoForwardPass(Exception):
+    """The checkpoint's model cannot run; the message is the reason its forward features are NULL."""
+
+
 # ---------------------------------------------------------------------------
-# Weight space
+# One checkpoint: linear weights + an optional forward pass
 # ---------------------------------------------------------------------------
 
 
-def weight_features(weights: dict[str, np.ndarray], params: FeaturesParams) -> CheckpointFeatures:
-    """NP, shuffled NP, Vietoris-Rips of rows and spectral baselines of every linear layer.
+def linear_and_forward_features(
+    weights: Mapping[str, Callable[[], np.ndarray]],
+    global_max: float,
+    forward: Callable[[], ForwardPass] | None,
+    params: FeaturesParams,
+) -> CheckpointFeatures:
+    """All features of one finite checkpoint except the distances to the previous one.
 
     Parameters
     ----------
-    weights : {layer name: (out, in) array}
-        The linear layers in network order (``topometrics.model.linear_weights``), finite.
+    weights : {layer name: loader of its (out, in) array}
+        The linear layers in network order; each loader is called once, in order, so a caller
+        that reads layers lazily holds one layer in memory at a time.
+    global_max : float
+        ``max |w|`` over all the linear layers (neural persistence's normalisation).
+    forward : callable or None
+        Runs the forward/backward pass on the fixed batch; it raises :class:`NoForwardPass` when
+        the model cannot run (those rows are then NULL with the reason). None: weight features only.
     params : FeaturesParams
-        ``max_points`` (rows per layer for Vietoris-Rips) and ``seed`` (row subsample and
-        shuffled null; the null of layer ``i`` uses ``default_rng([seed, i])``).
 
     Returns
     -------
     CheckpointFeatures
-        Rows per layer and the ``layer='all'`` aggregates; diagrams ``('weights', layer)``.
-    """
-    global_max = max(float(np.abs(w).max()) for w in weights.values())
-    return loaded_weight_features({name: lambda w=w: w for name, w in weights.items()}, global_max, params)
-
-
-def loaded_weight_features(
-    loaders: dict[str, Callable[[], np.ndarray]], global_max: float, params: FeaturesParams
-) -> CheckpointFeatures:
-    """:func:`weight_features` with each layer produced by a loader, called once and in order, so a
-    caller that reads layers lazily (``topometrics.series``) holds one layer in memory at a time.
-
-    ``global_max`` is ``max |w|`` over all the layers (the caller's first pass when streaming).
+        Weight features per layer and their ``layer='all'`` aggregates, diagrams
+        ``('weights', layer)``; then gradient norms, the batch loss and the representation.
     """
     out = CheckpointFeatures()
-    per_layer = {}
-    for i, (name, load) in enumerate(loaders.items()):
-        values = layer_features(load(), global_max, params.max_points, [params.seed, i], params.seed)
-        out.diagrams[("weights", name)] = values.pop("_diagrams")
-        per_layer[name] = values
+    per_layer_values = {}
+    for i, (name, load) in enumerate(weights.items()):
+        values, out.diagrams[("weights", name)] = layer_features(load(), global_max, params, i)
+        per_layer_values[name] = values
         out.add(name, values)
-    out.add(ALL, aggregate_layers(per_layer))
+    out.add(ALL, aggregate_layers(per_layer_values))
+    if forward is not None:
+        out.extend(forward_features(forward, list(weights), params))
     return out
 
 
 def layer_features(
-    weight: np.ndarray, global_max: float, max_points: int, null_seed: list[int], row_seed: int
-) -> dict[str, float]:
-    """Features of one layer (see :func:`weight_features`); ``'_diagrams'`` holds its VR diagrams."""
+    weight: np.ndarray, global_max: float, params: FeaturesParams, index: int
+) -> tuple[dict[str, float], list[np.ndarray]]:
+    """NP, shuffled NP, Vietoris-Rips of rows and spectral baselines of the ``index``-th linear layer.
+
+    Vietoris-Rips uses at most ``params.max_points`` rows (``default_rng(params.seed)``); the
+    shuffled null of layer ``index`` uses ``default_rng([params.seed, index])``. Returns the values
+    and the layer's ``[H0, H1]`` diagrams.
+    """
     np_value = neural_persistence(weight, global_max)
-    dgms = vietoris_rips_diagrams(subsample_rows(weight, max_points, row_seed))
-    summary = diagram_summary(dgms)
-    return {
+    dgms = vietoris_rips_diagrams(subsample_rows(weight, params.max_points, params.seed))
+    values = {
         "np_norm": np_value.np_norm,
         "np_sum": np_value.np_sum,
-        "np_shuffled_norm": shuffled_neural_persistence(weight, global_max, null_seed).np_norm,
-        **{f"vr_{name}": value for name, value in summary.items()},
-        **weight_spectrum(weight),
-        "_diagrams": dgms,
+        "np_shuffled_norm": shuffled_neural_persistence(weight, global_max, [params.seed, index]).np_norm,
+        **named(VR, diagram_summary(dgms)),
+        **named(SPECTRAL, weight_spectrum(weight)),
     }
+    return values, dgms
 
 
 def aggregate_layers(per_layer_values: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -165,52 +191,34 @@ _AGGREGATIONS = {
 }
 
 
-# ---------------------------------------------------------------------------
-# Forward/backward on the fixed batch
-# ---------------------------------------------------------------------------
+def forward_features(
+    forward: Callable[[], ForwardPass], layers: list[str], params: FeaturesParams
+) -> CheckpointFeatures:
+    """Gradient norms per layer and over all, the batch loss, and the representation features.
 
-
-def validation_batch(tokens: np.ndarray, context: int, windows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fixed batch: window i is ``tokens[i*context : (i+1)*context]``, targets shifted by one.
-
-    Returns
-    -------
-    x, y : (windows, context) int64 tensors
+    NULL with the reason for every one of them when ``forward`` raises :class:`NoForwardPass`.
     """
-    needed = windows * context + 1
-    if tokens.size < needed:
-        raise ValueError(
-            f"validation corpus has {tokens.size} tokens, the fixed batch needs {needed} "
-            f"({windows} windows of {context} + 1); lower features.rep_batch"
-        )
-    flat = torch.from_numpy(np.asarray(tokens[:needed], dtype=np.int64))
-    return flat[:-1].view(windows, context), flat[1:].view(windows, context)
-
-
-def model_on_batch(model: GPT, x: torch.Tensor, y: torch.Tensor) -> tuple[np.ndarray, dict[str, float], float]:
-    """Hidden states after the last block, per-layer weight-gradient norms and the batch loss.
-
-    Returns
-    -------
-    states : (windows * context, hidden) float64 array
-    grad_norms : {layer name: Frobenius norm of d loss / d W} (biases excluded)
-    loss : mean next-token cross-entropy on the batch (nats)
-    """
-    model.zero_grad(set_to_none=True)
-    loss = model.loss(x, y)
-    loss.backward()
-    grads = {name: float(module.weight.grad.norm()) for name, module in linear_modules(model).items()}
-    with torch.no_grad():
-        states = model.hidden_states(x)
-    model.zero_grad(set_to_none=True)
-    return states.reshape(-1, states.shape[-1]).double().numpy(), grads, loss.item()
+    out = CheckpointFeatures()
+    try:
+        result = forward()
+    except NoForwardPass as err:
+        for name in layers:
+            out.add(name, dict.fromkeys(per_layer(GRADIENT), np.nan), str(err))
+        out.add(ALL, dict.fromkeys([*model_level(GRADIENT), *rep_feature_names(params)], np.nan), str(err))
+        return out
+    for name, value in result.grad_norms.items():
+        out.add(name, {"grad_norm": value})
+    out.add(ALL, aggregate_layers({name: {"grad_norm": v} for name, v in result.grad_norms.items()}))
+    out.add(ALL, {"batch_loss": result.loss})
+    out.extend(representation_features(result.states, params))
+    return out
 
 
 def representation_features(states: np.ndarray, params: FeaturesParams) -> CheckpointFeatures:
     """Topology and spectrum of the hidden-state cloud (layer ``'all'``, source ``'representation'``).
 
     Topology on a seeded subsample of ``rep_points`` states after PCA to ``rep_dim``
-    (:func:`topometrics.persistence.representation_topology`); ``rep_rankme``/``rep_pr`` on all
+    (:func:`topometrics.representation.representation_topology`); ``rep_rankme``/``rep_pr`` on all
     states. Non-finite states give NULLs with a reason.
     """
     out = CheckpointFeatures()
@@ -220,7 +228,7 @@ def representation_features(states: np.ndarray, params: FeaturesParams) -> Check
     topo, dgms = representation_topology(
         states, params.rep_points, params.rep_dim, params.seed, params.significance, params.betti_scales
     )
-    out.add(ALL, {**topo, **covariance_spectrum(states)})
+    out.add(ALL, named(REPRESENTATION, {**topo, **covariance_spectrum(states)}))
     out.diagrams[("representation", ALL)] = dgms
     return out
 
@@ -230,40 +238,11 @@ def rep_feature_names(params: FeaturesParams) -> tuple[str, ...]:
     return model_only(REPRESENTATION, params.betti_scales)
 
 
-# ---------------------------------------------------------------------------
-# One checkpoint
-# ---------------------------------------------------------------------------
-
-
-def checkpoint_features(
-    state: dict[str, torch.Tensor], config: GPTConfig, batch: tuple[torch.Tensor, torch.Tensor], params: FeaturesParams
-) -> CheckpointFeatures:
-    """All features of one checkpoint except the distances to the previous one.
-
-    A diverged checkpoint (NaN/Inf in any tensor) gives NULL for every feature with the reason,
-    and a ``RuntimeWarning``; it never raises.
-    """
-    bad = {name: int((~torch.isfinite(t)).sum()) for name, t in state.items() if not torch.isfinite(t).all()}
-    if bad:
-        reason = f"diverged: non-finite weights in {len(bad)} tensors ({sum(bad.values())} entries)"
-        warnings.warn(reason, RuntimeWarning, stacklevel=2)
-        return null_features(config.layers, params, reason)
-    model = GPT(config)
-    model.load_state_dict(state)
-    out = weight_features(linear_weights(state, config.layers), params)
-    states, grads, loss = model_on_batch(model, *batch)
-    for name, value in grads.items():
-        out.add(name, {"grad_norm": value})
-    out.add(ALL, {"grad_norm": np.sqrt(np.sum(np.square(list(grads.values())))), "batch_loss": loss})
-    out.extend(representation_features(states, params))
-    return out
-
-
-def null_features(layers: int, params: FeaturesParams, reason: str) -> CheckpointFeatures:
-    """The full set of feature rows of a checkpoint, all NULL with ``reason``."""
+def null_features(layers: list[str], params: FeaturesParams, reason: str) -> CheckpointFeatures:
+    """The full set of feature rows of a checkpoint with linear layers ``layers``, all NULL with ``reason``."""
     out = CheckpointFeatures()
     computed = [family for family in FAMILIES if family not in (REPRESENTATION, DISTANCE)]
-    for name in linear_layer_names(layers):
+    for name in layers:
         out.add(name, dict.fromkeys([n for family in computed for n in per_layer(family)], np.nan), reason)
     aggregate = [n for family in computed for n in model_level(family)]
     out.add(ALL, dict.fromkeys(aggregate + list(rep_feature_names(params)), np.nan), reason)
@@ -307,6 +286,70 @@ def _graded_distances(prev, cur, key, names) -> tuple[dict[str, float], str | No
 
 
 # ---------------------------------------------------------------------------
+# Our checkpoints: a state dict and the GPT forward pass
+# ---------------------------------------------------------------------------
+
+
+def validation_batch(tokens: np.ndarray, context: int, windows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed batch: window i is ``tokens[i*context : (i+1)*context]``, targets shifted by one.
+
+    Returns
+    -------
+    x, y : (windows, context) int64 tensors
+    """
+    needed = windows * context + 1
+    if tokens.size < needed:
+        raise ValueError(
+            f"validation corpus has {tokens.size} tokens, the fixed batch needs {needed} "
+            f"({windows} windows of {context} + 1); lower features.rep_batch"
+        )
+    flat = torch.from_numpy(np.asarray(tokens[:needed], dtype=np.int64))
+    return flat[:-1].view(windows, context), flat[1:].view(windows, context)
+
+
+def model_on_batch(model: GPT, x: torch.Tensor, y: torch.Tensor) -> ForwardPass:
+    """Hidden states after the last block, per-layer weight-gradient norms and the batch loss."""
+    model.zero_grad(set_to_none=True)
+    loss = model.loss(x, y)
+    loss.backward()
+    grads = {name: float(module.weight.grad.norm()) for name, module in linear_modules(model).items()}
+    with torch.no_grad():
+        states = model.hidden_states(x)
+    model.zero_grad(set_to_none=True)
+    return ForwardPass(states.reshape(-1, states.shape[-1]).double().numpy(), grads, loss.item())
+
+
+def checkpoint_features(
+    state: dict[str, torch.Tensor], config: GPTConfig, batch: tuple[torch.Tensor, torch.Tensor], params: FeaturesParams
+) -> CheckpointFeatures:
+    """All features of one of our checkpoints except the distances to the previous one.
+
+    A diverged checkpoint (NaN/Inf in any tensor) gives NULL for every feature with the reason,
+    and a ``RuntimeWarning``; it never raises.
+    """
+    bad = {name: int((~torch.isfinite(t)).sum()) for name, t in state.items() if not torch.isfinite(t).all()}
+    if bad:
+        reason = f"diverged: non-finite weights in {len(bad)} tensors ({sum(bad.values())} entries)"
+        warnings.warn(reason, RuntimeWarning, stacklevel=2)
+        return null_features(linear_layer_names(config.layers), params, reason)
+    model = GPT(config)
+    model.load_state_dict(state)
+    loaders, global_max = in_memory(linear_weights(state, config.layers))
+    return linear_and_forward_features(loaders, global_max, lambda: model_on_batch(model, *batch), params)
+
+
+def weight_features(weights: dict[str, np.ndarray], params: FeaturesParams) -> CheckpointFeatures:
+    """The weight features alone (no forward pass) of finite in-memory linear layers, in network order."""
+    return linear_and_forward_features(*in_memory(weights), None, params)
+
+
+def in_memory(weights: dict[str, np.ndarray]) -> tuple[dict[str, Callable[[], np.ndarray]], float]:
+    """Loaders of in-memory layers and ``max |w|`` over all of them."""
+    global_max = max(float(np.abs(w).max()) for w in weights.values())
+    return {name: lambda w=w: w for name, w in weights.items()}, global_max
+
+
+# ---------------------------------------------------------------------------
 # Tables and the run directory (the edge)
 # ---------------------------------------------------------------------------
 
@@ -337,18 +380,15 @@ def diagrams_frame(result: CheckpointFeatures, rung: str, seed: int, step: int) 
 def run_features(
     run_dir: Path, corpus_dir: Path, params: FeaturesParams, rung: str | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Features and diagrams of every checkpoint of one rung's run directory.
+    """Features and diagrams of every checkpoint of one run directory.
 
-    Checkpoints are processed in a process pool of ``params.workers`` (each worker one torch
-    and one BLAS thread) when there are at least 4
-    checkpoints per worker; distances to the previous checkpoint are a second parallel map over
-    consecutive pairs. Progress goes to stderr: a tqdm bar on a TTY, a plain line about every
-    10% otherwise.
+    Checkpoints are mapped over ``params.workers`` processes (``topometrics.compute.map_jobs``);
+    distances to the previous checkpoint are a second map over consecutive pairs.
 
     Parameters
     ----------
     run_dir : directory with ``step_*.safetensors`` + ``.json`` sidecars
-    corpus_dir : directory with ``val.u8`` (uint8 token ids)
+    corpus_dir : the prepared corpus directory (its validation tokens form the fixed batch)
     params : FeaturesParams
     rung : name for the ``rung`` column; defaults to the sidecar's ``rung``
 
@@ -359,12 +399,12 @@ def run_features(
     ckpts = list_checkpoints(Path(run_dir))
     if not ckpts:
         raise FileNotFoundError(f"{run_dir}: no complete checkpoints (step_*.safetensors + .json); run training first")
-    tokens = np.fromfile(Path(corpus_dir) / "val.u8", dtype=np.uint8)
+    tokens = load_tokens(corpus_dir, "val")
     layers = linear_layer_names(ckpts[0].config.layers)
-    with _pool(params.workers, len(ckpts)) as pool:
-        results = _map(pool, _checkpoint_job, [(ckpt, tokens, params) for ckpt in ckpts], "features")
-        pairs = [(prev, cur, layers) for prev, cur in zip([None, *results[:-1]], results, strict=True)]
-        distances = _map(pool, _distance_job, pairs, "distances")
+    jobs = [(ckpt, tokens, params) for ckpt in ckpts]
+    results = map_jobs(_checkpoint_job, jobs, workers=params.workers, label="features")
+    pairs = [(prev, cur, layers) for prev, cur in zip([None, *results[:-1]], results, strict=True)]
+    distances = map_jobs(_distance_job, pairs, workers=params.workers, label="distances")
     features, diagrams = [], []
     for ckpt, result, dist in zip(ckpts, results, distances, strict=True):
         name = rung or ckpt.meta.get("rung", Path(run_dir).name)
@@ -384,92 +424,3 @@ def _checkpoint_job(job: tuple[Checkpoint, np.ndarray, FeaturesParams]) -> Check
 
 def _distance_job(job) -> CheckpointFeatures:
     return distance_features(*job)
-
-
-def _worker_init() -> None:
-    # Parallelism is over checkpoints; one thread per process avoids oversubscribing cores
-    # (multi-threaded BLAS on these small matrices was 5-20x slower on a busy 2-core box).
-    torch.set_num_threads(1)
-    threadpool_limits(1)
-
-
-# Imported once by the fork server; its children start with torch, scipy and ripser loaded.
-_PRELOAD = ["topometrics.features"]
-
-
-@contextmanager
-def _pool(workers: int, jobs: int):
-    """A process pool when it pays (several jobs per worker), else None (run in-process).
-
-    One pool serves both maps. Workers come from a fork server that imports this module
-    (torch, scipy, ripser) once per main process and forks a ready worker per slot: spawned
-    workers each paid the ~3-4 s import (both at once on two cores, and again for every pool
-    of a stage) and another ~1 s to exit. Not plain fork of this process: forking a process
-    that has run torch (OpenMP) threads can deadlock; the fork server only imports, so torch
-    has started no threads there, and OpenBLAS's idle pool shuts down around a fork by itself.
-    spawn where there is no fork server (Windows).
-    """
-    if workers <= 1 or jobs < 4 * workers:
-        with _one_thread():
-            yield None
-        return
-    with ProcessPoolExecutor(workers, mp_context=_pool_context(), initializer=_worker_init) as pool:
-        yield pool
-
-
-def _pool_context() -> multiprocessing.context.BaseContext:
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    # Only read when the server starts (the first pool of this process); harmless later.
-    context.set_forkserver_preload(_PRELOAD)
-    return context
-
-
-@contextmanager
-def _one_thread():
-    """torch and BLAS on one thread, as in a worker (so results match), restored afterwards."""
-    threads = torch.get_num_threads()
-    try:
-        with threadpool_limits(1):
-            torch.set_num_threads(1)
-            yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _map(pool: ProcessPoolExecutor | None, fn, jobs: list, label: str) -> list:
-    """``[fn(j) for j in jobs]`` in the pool (or in-process), in order, with progress."""
-    progress = _Progress(len(jobs), label)
-    # chunksize 1: jobs take 10 ms to seconds, so load balance beats saving IPC.
-    results = (fn(job) for job in jobs) if pool is None else pool.map(fn, jobs)
-    out = []
-    for result in results:
-        out.append(result)
-        progress.step()
-    progress.close()
-    return out
-
-
-class _Progress:
-    """tqdm on a TTY, otherwise a plain stderr line about every 10% (CI and DVC logs)."""
-
-    def __init__(self, total: int, label: str) -> None:
-        self.total, self.label, self.done, self.start = total, label, 0, time.monotonic()
-        self.bar = None
-        if sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=label, file=sys.stderr)
-
-    def step(self) -> None:
-        self.done += 1
-        if self.bar is not None:
-            self.bar.update(1)
-        elif self.done == self.total or self.done % max(1, self.total // 10) == 0:
-            elapsed = time.monotonic() - self.start
-            print(f"{self.label}: {self.done}/{self.total} checkpoints, {elapsed:.1f} s", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

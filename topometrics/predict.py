@@ -16,14 +16,13 @@ Pure functions over arrays; a failed fit is returned with its reason, never rais
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from scipy.signal import lfilter
 from sklearn.linear_model import RidgeCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from topometrics.lr_schedule import Schedule
 from topometrics.stats import Fit, curve_fit_bounded, r_squared
 
 # Multi-power-law exponents held fixed (beta = gamma, one of the MPL paper's two variants): the
@@ -32,28 +31,6 @@ MPL_BETA = 0.5
 MPL_GAMMA = 0.5
 ANNEALING_DECAY = 0.999  # lambda of the annealing momentum (Tissue et al. 2024 use 0.999)
 RIDGE_ALPHAS = np.logspace(-3, 3, 13)  # chosen per fold by efficient leave-one-out inside the training rungs
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """The recipe's learning-rate schedule: linear warm-up, then cosine to ``lr * min_lr_ratio`` at ``steps``."""
-
-    steps: int
-    warmup: int
-    lr: float = 1.0
-    min_lr_ratio: float = 0.0
-
-    @classmethod
-    def from_recipe(cls, recipe: dict) -> Schedule:
-        return cls(int(recipe["steps"]), int(recipe["warmup"]), float(recipe["lr"]), float(recipe["min_lr_ratio"]))
-
-    def rate(self, step) -> np.ndarray:
-        """LR of update number ``step`` (1-based), as ``topometrics.train.learning_rate`` computes it."""
-        step = np.asarray(step, dtype=float)
-        progress = np.clip((step - self.warmup) / (self.steps - self.warmup), 0.0, 1.0)
-        cosine = self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + np.cos(np.pi * progress))
-        warm = step / self.warmup if self.warmup > 0 else np.ones_like(step)
-        return self.lr * np.where(step <= self.warmup, warm, cosine)
 
 
 def observed(t, cutoff: float) -> np.ndarray:

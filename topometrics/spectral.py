@@ -49,16 +49,16 @@ def weight_spectrum(weight: np.ndarray) -> dict[str, float]:
     Returns
     -------
     dict
-        ``w_rankme`` (RankMe of the singular values), ``w_pr`` (participation ratio of the
-        eigenvalues ``s^2`` of ``W W^T``), ``w_fro`` (Frobenius norm), ``w_spec`` (largest
+        ``rankme`` (RankMe of the singular values), ``pr`` (participation ratio of the
+        eigenvalues ``s^2`` of ``W W^T``), ``fro`` (Frobenius norm), ``spec`` (largest
         singular value).
     """
     s = np.linalg.svd(np.asarray(weight, dtype=np.float64), compute_uv=False)
     return {
-        "w_rankme": rankme(s),
-        "w_pr": participation_ratio(s**2),
-        "w_fro": float(np.sqrt(np.sum(s**2))),
-        "w_spec": float(s.max()) if s.size else 0.0,
+        "rankme": rankme(s),
+        "pr": participation_ratio(s**2),
+        "fro": float(np.sqrt(np.sum(s**2))),
+        "spec": float(s.max()) if s.size else 0.0,
     }
 
 
@@ -72,11 +72,11 @@ def covariance_spectrum(states: np.ndarray) -> dict[str, float]:
     Returns
     -------
     dict
-        ``rep_rankme``: RankMe of the singular values of the centred cloud (the square roots of
-        the covariance eigenvalues, up to a constant); ``rep_pr``: participation ratio of the
+        ``rankme``: RankMe of the singular values of the centred cloud (the square roots of
+        the covariance eigenvalues, up to a constant); ``pr``: participation ratio of the
         covariance eigenvalues. Both are invariant to scale, rotation and translation.
     """
     x = np.asarray(states, dtype=np.float64)
     x = x - x.mean(axis=0)
     s = np.linalg.svd(x, compute_uv=False)
-    return {"rep_rankme": rankme(s), "rep_pr": participation_ratio(s**2)}
+    return {"rankme": rankme(s), "pr": participation_ratio(s**2)}

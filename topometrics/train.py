@@ -28,7 +28,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from topometrics.checkpoints import atomic_write_text, list_checkpoints, load_state, save_checkpoint, save_tensors
+from topometrics.atomic import write_tensors, write_text
+from topometrics.checkpoints import list_checkpoints, load_state, save_checkpoint
+from topometrics.lr_schedule import Schedule
 from topometrics.model import GPT, GPTConfig, count_parameters
 from topometrics.params import ParamsError, run_name
 
@@ -47,6 +49,11 @@ class Recipe:
     grad_clip: float
     seed: int
     val_windows: int
+
+    @property
+    def schedule(self) -> Schedule:
+        """The learning-rate schedule of this recipe."""
+        return Schedule(self.steps, self.warmup, self.lr, self.min_lr_ratio)
 
 
 @dataclass(frozen=True)
@@ -71,24 +78,12 @@ class RungConfig:
         return cls(d["rung"], GPTConfig(**d["model"]), Recipe(**d["recipe"]))
 
 
-class DivergedError(RuntimeError):
-    """The training loss became NaN or infinite."""
-
-
 def recipe_fingerprint(cfg: RungConfig, corpus_sha256: str) -> str:
     """Hash of model shape, recipe and corpus: what a checkpoint must match to be resumed."""
     body = json.dumps(
         {"model": cfg.model.to_dict(), "recipe": asdict(cfg.recipe), "corpus": corpus_sha256}, sort_keys=True
     )
     return hashlib.sha256(body.encode()).hexdigest()[:16]
-
-
-def learning_rate(step: int, r: Recipe) -> float:
-    """LR used for update number ``step`` (1-based): linear warm-up, then cosine to lr*min_lr_ratio."""
-    if step <= r.warmup:
-        return r.lr * step / r.warmup
-    progress = (step - r.warmup) / (r.steps - r.warmup)
-    return r.lr * (r.min_lr_ratio + (1 - r.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def pick_device(requested: str) -> torch.device:
@@ -165,8 +160,8 @@ def save_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torc
     """Full training state after a checkpoint; weights and the sampler state as tensors, no pickles."""
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
     tensors |= _optimizer_tensors(opt) | {"rng.data": gen.get_state()}
-    save_tensors(run_dir / "resume.safetensors", tensors)
-    atomic_write_text(run_dir / "resume.json", json.dumps(info, sort_keys=True))
+    write_tensors(run_dir / "resume.safetensors", tensors)
+    write_text(run_dir / "resume.json", json.dumps(info, sort_keys=True))
 
 
 def load_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.Generator) -> dict:
@@ -199,14 +194,41 @@ def prepare_run_dir(run_dir: Path, fingerprint: str) -> dict | None:
 def _truncate_steps_log(path: Path, last_step: int) -> None:
     """Keep the per-step log up to ``last_step``: rows after the last checkpoint are recomputed."""
     if not path.exists():
-        path.write_text(STEPS_HEADER)
+        write_text(path, STEPS_HEADER)
         return
     lines = path.read_text().splitlines(keepends=True)
     kept = [line for line in lines[1:] if line.strip() and int(line.split(",", 1)[0]) <= last_step]
-    path.write_text(STEPS_HEADER + "".join(kept))
+    write_text(path, STEPS_HEADER + "".join(kept))
 
 
 # ---------------------------------------------------------------- the loop
+
+
+@dataclass
+class Run:
+    """A run being trained: the model, optimizer, sampler and fixed validation windows on its device."""
+
+    cfg: RungConfig
+    run_dir: Path
+    fingerprint: str  # recipe_fingerprint(cfg, corpus): what a checkpoint must match to be resumed
+    device: torch.device
+    model: GPT
+    opt: torch.optim.AdamW
+    data: torch.Tensor  # (n,) training token ids
+    data_gen: torch.Generator  # the batch sampler's generator (seed + 1)
+    val_x: torch.Tensor  # (windows, context) fixed validation inputs
+    val_y: torch.Tensor  # ... and their targets
+
+    def checkpoint(self, step: int, train_loss: float) -> float:
+        """Evaluate, save the checkpoint and the resume state; returns the validation loss."""
+        r = self.cfg.recipe
+        val_loss = evaluate(self.model, self.val_x, self.val_y, r.batch_size)
+        meta = {"step": step, "rung": self.cfg.rung, "seed": r.seed, "config": self.cfg.model.to_dict()}
+        meta |= {"recipe_fingerprint": self.fingerprint, "val_loss": val_loss, "train_loss": train_loss}
+        save_checkpoint(self.run_dir, self.model, meta)
+        info = {"step": step, "recipe_fingerprint": self.fingerprint}
+        save_resume(self.run_dir, self.model, self.opt, self.data_gen, info)
+        return val_loss
 
 
 def train_rung(
@@ -223,51 +245,63 @@ def train_rung(
     Returns a summary: final val/train loss, steps run, tokens/s, status
     ('complete' or 'diverged' with the step and reason).
     """
-    r, seq_len = cfg.recipe, cfg.model.context
+    run, resume_info = setup_run(cfg, train_ids, val_ids, run_dir, corpus_sha256, device)
+    start = resume_run(run, resume_info, log)
+    t0 = time.perf_counter()
+    status, tokens = training_loop(run, start, log)
+    return run_summary(run, status, tokens, time.perf_counter() - t0)
+
+
+def setup_run(
+    cfg: RungConfig, train_ids: np.ndarray, val_ids: np.ndarray, run_dir: Path, corpus_sha256: str, device: str
+) -> tuple[Run, dict | None]:
+    """The freshly initialised run, and the resume info of a matching earlier run (stale ones are wiped)."""
+    r = cfg.recipe
     dev = pick_device(device)
     fingerprint = recipe_fingerprint(cfg, corpus_sha256)
-    info = prepare_run_dir(run_dir, fingerprint)
-
-    init_gen = torch.Generator().manual_seed(r.seed)
-    data_gen = torch.Generator().manual_seed(r.seed + 1)
+    resume_info = prepare_run_dir(run_dir, fingerprint)
     model = GPT(cfg.model)
-    model.init_weights(init_gen)
+    model.init_weights(torch.Generator().manual_seed(r.seed))
     model.to(dev).train()
-    opt = make_optimizer(model, r)
-    data = torch.from_numpy(train_ids)
-    val_x, val_y = validation_windows(val_ids, r.val_windows, seq_len)
-    val_x, val_y = val_x.to(dev), val_y.to(dev)
+    val_x, val_y = validation_windows(val_ids, r.val_windows, cfg.model.context)
+    data_gen = torch.Generator().manual_seed(r.seed + 1)
+    run = Run(cfg, run_dir, fingerprint, dev, model, make_optimizer(model, r), torch.from_numpy(train_ids), data_gen,
+              val_x.to(dev), val_y.to(dev))  # fmt: skip
+    return run, resume_info
 
-    start, loss_sum = 0, 0.0
-    if info is not None:
-        info = load_resume(run_dir, model, opt, data_gen)
-        start = info["step"]  # resume points are checkpoints, where the running loss sum restarts at 0
-        log(f"[{cfg.name}] resuming from step {start} ({run_dir})")
-    steps_log = run_dir / "steps.csv"
-    _truncate_steps_log(steps_log, start)
 
-    def checkpoint(step: int, train_loss: float) -> float:
-        val_loss = evaluate(model, val_x, val_y, r.batch_size)
-        meta = {"step": step, "rung": cfg.rung, "seed": r.seed, "config": cfg.model.to_dict()}
-        meta |= {"recipe_fingerprint": fingerprint, "val_loss": val_loss, "train_loss": train_loss}
-        save_checkpoint(run_dir, model, meta)
-        save_resume(run_dir, model, opt, data_gen, {"step": step, "recipe_fingerprint": fingerprint})
-        return val_loss
+def resume_run(run: Run, resume_info: dict | None, log) -> int:
+    """Load the resume state (or write the step-0 checkpoint of a new run); returns the last step done.
 
+    Resume points are checkpoints; the per-step log keeps only the rows up to that step.
+    """
+    r, start = run.cfg.recipe, 0
+    if resume_info is not None:
+        start = load_resume(run.run_dir, run.model, run.opt, run.data_gen)["step"]
+        log(f"[{run.cfg.name}] resuming from step {start} ({run.run_dir})")
+    _truncate_steps_log(run.run_dir / "steps.csv", start)
     if start == 0:
         probe = torch.Generator().manual_seed(r.seed + 1)  # the first batch, without advancing the sampler
-        x0, y0 = (t.to(dev) for t in sample_batch(data, r.batch_size, seq_len, probe))
+        x0, y0 = (t.to(run.device) for t in sample_batch(run.data, r.batch_size, run.cfg.model.context, probe))
         with torch.no_grad():
-            checkpoint(0, model.loss(x0, y0).item())
+            run.checkpoint(0, run.model.loss(x0, y0).item())
+    return start
 
-    status, val_loss, tokens, t0 = "complete", math.nan, 0, time.perf_counter()
-    bar = tqdm(total=r.steps, initial=start, desc=cfg.name, unit="step", disable=None, file=sys.stderr)
-    with steps_log.open("a") as steps_file:
+
+def training_loop(run: Run, start: int, log) -> tuple[str, int]:
+    """Steps ``start + 1 .. steps`` with a checkpoint every ``ckpt_every``; returns (status, tokens trained).
+
+    A non-finite loss stops before its update: status ``diverged: ...``, earlier checkpoints kept.
+    """
+    r, model, opt, schedule = run.cfg.recipe, run.model, run.opt, run.cfg.recipe.schedule
+    status, tokens, loss_sum, t0 = "complete", 0, 0.0, time.perf_counter()  # loss_sum restarts at checkpoints
+    bar = tqdm(total=r.steps, initial=start, desc=run.cfg.name, unit="step", disable=None, file=sys.stderr)
+    with (run.run_dir / "steps.csv").open("a") as steps_file:
         for step in range(start + 1, r.steps + 1):
-            lr = learning_rate(step, r)
+            lr = schedule.at(step)
             for group in opt.param_groups:
                 group["lr"] = lr
-            x, y = (t.to(dev) for t in sample_batch(data, r.batch_size, seq_len, data_gen))
+            x, y = (t.to(run.device) for t in sample_batch(run.data, r.batch_size, run.cfg.model.context, run.data_gen))
             loss_value, grad_norm = forward_backward(model, opt, x, y, r.grad_clip)
             if not math.isfinite(loss_value):
                 kept = (step - 1) - (step - 1) % r.ckpt_every
@@ -279,37 +313,40 @@ def train_rung(
             steps_file.write(f"{step},{loss_value:.6f},{grad_norm:.6f},{lr:.8g}\n")
             if step % r.ckpt_every == 0:
                 steps_file.flush()
-                val_loss = checkpoint(step, loss_sum / r.ckpt_every)
+                val_loss = run.checkpoint(step, loss_sum / r.ckpt_every)
                 loss_sum = 0.0
                 rate = tokens / (time.perf_counter() - t0)
                 bar.set_postfix(loss=f"{loss_value:.3f}", val=f"{val_loss:.3f}", tok_s=f"{rate:,.0f}")
                 if bar.disable:
-                    log(
-                        f"[{cfg.name}] step {step}/{r.steps} loss {loss_value:.4f} val {val_loss:.4f} {rate:,.0f} tok/s"
-                    )
+                    losses = f"loss {loss_value:.4f} val {val_loss:.4f}"
+                    log(f"[{run.cfg.name}] step {step}/{r.steps} {losses} {rate:,.0f} tok/s")
             bar.update(1)
     bar.close()
-    elapsed = time.perf_counter() - t0
-    ckpts = list_checkpoints(run_dir)
+    return status, tokens
+
+
+def run_summary(run: Run, status: str, tokens: int, elapsed: float) -> dict:
+    """The metrics of a run from its checkpoints on disk: final losses, tokens/s, status."""
+    ckpts = list_checkpoints(run.run_dir)
     last = ckpts[-1].meta if ckpts else {}
     return {
-        "rung": cfg.rung,
-        "seed": r.seed,
+        "rung": run.cfg.rung,
+        "seed": run.cfg.recipe.seed,
         "status": status,
-        "n_params": count_parameters(model),
+        "n_params": count_parameters(run.model),
         "checkpoints": len(ckpts),
         "final_step": last.get("step"),
         "final_val_loss": last.get("val_loss"),
         "final_train_loss": last.get("train_loss"),
         "tokens_per_s": tokens / elapsed if elapsed > 0 and tokens else None,
-        "device": str(dev),
+        "device": str(run.device),
     }
 
 
 def write_checkpoint_table(run_dir: Path, path: Path) -> None:
     """A CSV (step, val_loss, train_loss) from the sidecars, for plots and the warehouse."""
     rows = [f"{c.step},{c.meta['val_loss']:.6f},{c.meta['train_loss']:.6f}\n" for c in list_checkpoints(run_dir)]
-    path.write_text("step,val_loss,train_loss\n" + "".join(rows))
+    write_text(path, "step,val_loss,train_loss\n" + "".join(rows))
 
 
 def build_rung_config(params, rung: str, seed: int) -> RungConfig:

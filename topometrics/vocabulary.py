@@ -50,12 +50,14 @@ class Family:
 
     name: str
     kind: str  # one of KINDS
+    prefix: str  # the computing function's keys + prefix = the feature names
     features: tuple[Feature, ...]
 
 
 NP = Family(
     "np",
     "topological",
+    "np_",
     (
         Feature(
             "np_norm",
@@ -63,7 +65,7 @@ NP = Family(
             "neural persistence, reference normalisation: sqrt(sum_e (1 - a_e)^2 + 1) / sqrt(|V| - 1) over the "
             "maximum spanning tree of the layer's bipartite graph, a = |w| / max |w| over all linear layers",
         ),
-        Feature("np_sum", "mean_std", "neural persistence as Rieck et al.'s eq. 1: sum_e (1 - a_e) / (|V| - 1)"),
+        Feature("np_sum", "mean_std", "neural persistence as the paper's eq. 1: sum_e (1 - a_e) / (|V| - 1)"),
         Feature(
             "np_shuffled_norm",
             "mean_std",
@@ -74,6 +76,7 @@ NP = Family(
 VR = Family(
     "vr",
     "topological",
+    "vr_",
     (
         Feature("vr_tp0", "sum", "total persistence of the finite H0 bars of the Vietoris-Rips filtration of the rows"),
         Feature("vr_tp1", "sum", "total persistence of the H1 bars of the Vietoris-Rips filtration of the rows"),
@@ -86,6 +89,7 @@ VR = Family(
 SPECTRAL = Family(
     "spectral",
     "spectral",
+    "w_",
     (
         Feature("w_rankme", "mean", "RankMe exp(-sum p_k ln p_k), p_k = s_k / sum s, of the weight's singular values"),
         Feature("w_pr", "mean", "participation ratio (sum s^2)^2 / sum s^4 of the weight's singular values"),
@@ -96,6 +100,7 @@ SPECTRAL = Family(
 GRADIENT = Family(
     "gradient",
     "other",
+    "",
     (
         Feature("grad_norm", "norm", "Frobenius norm of d loss / d W (bias excluded) on the fixed validation batch"),
         Feature("batch_loss", MODEL, "mean next-token cross-entropy (nats) on the fixed validation batch"),
@@ -104,6 +109,7 @@ GRADIENT = Family(
 REPRESENTATION = Family(
     "representation",
     "topological",
+    "rep_",
     (
         Feature("rep_tp0", MODEL, "total persistence of the hidden-state cloud's finite H0 bars"),
         Feature("rep_tp1", MODEL, "total persistence of the hidden-state cloud's H1 bars"),
@@ -123,6 +129,7 @@ REPRESENTATION = Family(
 DISTANCE = Family(
     "distance",
     "topological",
+    "",
     (
         Feature("vr_w1_prev", "sum", "1-Wasserstein distance of the layer's [H0, H1] diagram to the previous one"),
         Feature("vr_bneck_prev", "sum", "bottleneck distance of the layer's diagram to the previous checkpoint's"),
@@ -135,6 +142,11 @@ FAMILIES = (NP, VR, SPECTRAL, GRADIENT, REPRESENTATION, DISTANCE)
 _DECLARED = {feature.name: (family, feature) for family in FAMILIES for feature in family.features}
 _SCALE = re.compile(r"^(?P<name>.+)_\d{2,}$")
 _STD = "_std"
+
+
+def named(family: Family, values: dict[str, float]) -> dict[str, float]:
+    """A computing function's ``{key: value}`` under the family's feature names (``tp0`` -> ``vr_tp0``)."""
+    return {family.prefix + key: value for key, value in values.items()}
 
 
 def per_layer(family: Family) -> tuple[str, ...]:

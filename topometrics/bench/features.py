@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from topometrics.checkpoints import list_checkpoints, load_state, save_checkpoint
-from topometrics.features import _map, _pool, run_features, weight_features
+from topometrics.compute import map_jobs
+from topometrics.features import run_features, weight_features
 from topometrics.model import GPT, GPTConfig, linear_weights
 from topometrics.params import FeaturesParams, run_name
 
@@ -87,8 +88,7 @@ def main(argv: list[str]) -> int:
             data = "real"
         ckpts = [(c.path, c.config.layers, params) for d in dirs.values() for c in list_checkpoints(d)]
         start = time.perf_counter()
-        with _pool(params.workers, len(ckpts)) as pool:
-            _map(pool, _weights_job, ckpts, "weights")
+        map_jobs(_weights_job, ckpts, workers=params.workers, label="weights")
         weights_s = time.perf_counter() - start
         print(f"weight features, {len(ckpts)} checkpoints: {weights_s:.1f} s")
         if args.weights_only:

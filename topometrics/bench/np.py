@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from topometrics.persistence import bipartite_max_spanning_tree
+from topometrics.neural_persistence import bipartite_max_spanning_tree
 
 SHAPE = (2048, 8192)
 

@@ -58,16 +58,14 @@ def measure_streamed_np(path: Path) -> dict:
     """NP of every NeoX linear layer of ``path``, streamed; run in a fresh process (``--measure``)."""
     import psutil
 
-    from topometrics.persistence import neural_persistence
-    from topometrics.series import open_weights
+    from topometrics.neural_persistence import neural_persistence
+    from topometrics.series import open_weights, streamed_linear_weights
 
     baseline = psutil.Process().memory_info().rss
     start = time.perf_counter()
-    where, layers = open_weights((path,))
-    absmax = {layer: where[t].absmax(t) for layer, t in layers.items()}  # pass 1
+    loaders, global_max = streamed_linear_weights(*open_weights((path,)))  # pass 1
     pass1 = time.perf_counter() - start
-    global_max = max(absmax.values())
-    values = [neural_persistence(where[t].read(t), global_max).np_norm for t in layers.values()]  # pass 2
+    values = [neural_persistence(load(), global_max).np_norm for load in loaders.values()]  # pass 2
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     return {"seconds": seconds, "pass1_s": pass1, "layers": len(values), "np_norm_mean": float(np.mean(values)),
@@ -80,8 +78,9 @@ def series_speed(folder: Path, checkpoints: int) -> dict:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     from topometrics.corpus import offline_text
+    from topometrics.features import linear_and_forward_features
     from topometrics.params import FeaturesParams, SeriesSource
-    from topometrics.series import open_weights, series_features, streamed_weight_features
+    from topometrics.series import open_weights, series_features, streamed_linear_weights
 
     text = offline_text()
     _save_tokenizer(folder, text[:100_000])
@@ -102,7 +101,10 @@ def series_speed(folder: Path, checkpoints: int) -> dict:
     assert all(s["status"] == "computed" for s in result.status), result.status
     start = time.perf_counter()
     for step in range(checkpoints):
-        streamed_weight_features(*open_weights((folder / f"step{1000 * step}" / "model.safetensors",)), params)
+        loaders, global_max = streamed_linear_weights(
+            *open_weights((folder / f"step{1000 * step}" / "model.safetensors",))
+        )
+        linear_and_forward_features(loaders, global_max, None, params)
     weights = (time.perf_counter() - start) / checkpoints
     return {"full_s": full, "weights_s": weights}
 

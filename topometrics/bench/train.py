@@ -44,7 +44,6 @@ from topometrics.train import (
     build_rung_config,
     evaluate,
     forward_backward,
-    learning_rate,
     make_optimizer,
     sample_batch,
     save_resume,
@@ -73,7 +72,7 @@ def time_rung(cfg: RungConfig, mode: str, steps: int, warmup: int) -> dict:
 
         def step(s: int) -> None:
             for group in opt.param_groups:
-                group["lr"] = learning_rate(s, r)
+                group["lr"] = r.schedule.at(s)
             x, y = sample_batch(data, r.batch_size, seq_len, gen)
             loss = model.loss(x, y)
             opt.zero_grad(set_to_none=True)
@@ -88,7 +87,7 @@ def time_rung(cfg: RungConfig, mode: str, steps: int, warmup: int) -> dict:
 
         def step(s: int) -> None:
             for group in opt.param_groups:
-                group["lr"] = learning_rate(s, r)
+                group["lr"] = r.schedule.at(s)
             x, y = sample_batch(data, r.batch_size, seq_len, gen)
             forward_backward(model, opt, x, y, r.grad_clip)
             opt.step()

@@ -1,0 +1,51 @@
+"""Atomic file writes: write a temporary file beside the target, then rename it over the target.
+
+A rename within one directory is atomic (``os.replace``), so a reader sees the old file or the
+new one, never half of one, and a killed writer leaves the previous file intact. Every file the
+library writes goes through :func:`replacing`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+
+@contextmanager
+def replacing(path: Path, tmp: Path | None = None) -> Iterator[Path]:
+    """Yield a temporary path to write; on success it replaces ``path``, on an exception it is removed.
+
+    ``tmp`` defaults to ``<path>.tmp`` in the same directory (same filesystem, so the rename is
+    atomic); a writer killed mid-way leaves it behind, and the next write to ``path`` overwrites it.
+    """
+    path = Path(path)
+    tmp = Path(tmp) if tmp is not None else path.with_name(path.name + ".tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with replacing(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_array(path: Path, array: np.ndarray) -> None:
+    """Write an array's raw bytes (``ndarray.tofile``) to ``path`` atomically."""
+    with replacing(path) as tmp:
+        array.tofile(tmp)
+
+
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """Write tensors as a safetensors file atomically (contiguous CPU copies; nothing is pickled)."""
+    with replacing(path) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
