@@ -7,7 +7,8 @@ import pytest
 from scipy.sparse.csgraph import minimum_spanning_tree
 
 from topometrics import scale_free as S
-from topometrics.persistence import neural_persistence, vietoris_rips_diagrams
+from topometrics.neural_persistence import neural_persistence
+from topometrics.persistence import vietoris_rips_diagrams
 
 
 def trained_like(shape, seed):

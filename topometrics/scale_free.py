@@ -31,13 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from topometrics.persistence import (
-    bipartite_max_spanning_tree,
-    diagram_summary,
-    neural_persistence,
-    subsample_rows,
-    vietoris_rips_diagrams,
-)
+from topometrics.neural_persistence import bipartite_max_spanning_tree, neural_persistence
+from topometrics.persistence import diagram_summary, subsample_rows, vietoris_rips_diagrams
 
 VR_SUMMARY = ("tp0", "tp1", "entropy0", "entropy1", "count1", "maxpers1")
 UNIT_FEATURES = tuple(f"vr_unit_{name}" for name in VR_SUMMARY)

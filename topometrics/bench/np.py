@@ -1,6 +1,6 @@
 """Neural-persistence speed: ``python -m topometrics.bench np [--repeats N]``.
 
-Times :func:`topometrics.persistence.bipartite_max_spanning_tree` (the whole cost of NP) on a
+Times :func:`topometrics.neural_persistence.bipartite_max_spanning_tree` (the whole cost of NP) on a
 2048x8192 float32 Gaussian layer (a Pythia-1B MLP shape) and on a trained-like layer of the same
 shape (log-normal row and column scales, 10% dead rows, 2% dead columns), against
 ``np.abs(W).max()`` measured in the same run. Prints medians and ends with one JSON line.
