@@ -1,0 +1,162 @@
+"""Run folders: Trainer output and plain safetensors files, built here from tiny random models."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from topometrics.run_folders import RunFolderError, read_losses, scan_run_folder, step_from_name, trainer_losses
+
+
+def tiny_llama(hidden: int = 16) -> LlamaForCausalLM:
+    cfg = LlamaConfig(hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                      vocab_size=64)  # fmt: skip
+    return LlamaForCausalLM(cfg)
+
+
+def trainer_state(step: int, history: list[dict]) -> str:
+    return json.dumps({"global_step": step, "log_history": history})
+
+
+@pytest.fixture(scope="module")
+def trainer_run(tmp_path_factory):
+    """checkpoint-<step>/ folders as the Trainer writes them (its pickles included, as junk bytes)."""
+    root = tmp_path_factory.mktemp("trainer")
+    model = tiny_llama()
+    history = []
+    for step in (10, 20, 30):
+        history += [{"loss": 5.0 - step / 10, "step": step}, {"eval_loss": 6.0 - step / 10, "step": step}]
+        folder = root / f"checkpoint-{step}"
+        model.save_pretrained(folder, max_shard_size="2KB" if step == 30 else "1GB")
+        (folder / "trainer_state.json").write_text(trainer_state(step, history))
+        (folder / "optimizer.pt").write_bytes(b"not a pickle: never opened")
+    (root / "checkpoint-20" / "trainer_state.json").write_text("{not json")  # malformed
+    (root / "checkpoint-30" / "trainer_state.json").unlink()  # missing, and no run-level file
+    return root
+
+
+def test_trainer_checkpoints_with_steps_losses_and_shards(trainer_run):
+    run = scan_run_folder(trainer_run)
+    assert [c.step for c in run.checkpoints] == [10, 20, 30] and run.skipped == []
+    assert len(run.checkpoints[2].weights) > 1  # sharded
+    assert all(c.config_dir == trainer_run / c.revision for c in run.checkpoints)
+    losses = run.losses()
+    assert losses.loc[0, ["val_loss", "train_loss"]].tolist() == [5.0, 4.0]
+    assert pd.isna(losses.loc[0, "reason"])
+    assert losses.loc[1:, ["val_loss", "train_loss"]].isna().all().all()
+    assert losses.loc[1, "reason"].endswith("checkpoint-20/trainer_state.json: malformed trainer_state.json "
+                                            "(JSONDecodeError: Expecting property name enclosed in double quotes: "
+                                            "line 1 column 2 (char 1))")  # fmt: skip
+    assert losses.loc[2, "reason"] == "no trainer_state.json in checkpoint-30 or the run folder"
+
+
+def test_trainer_losses_only_at_the_checkpoint_step(tmp_path):
+    state = tmp_path / "trainer_state.json"
+    state.write_text(trainer_state(20, [{"loss": 3.0, "step": 15}, {"loss": 2.5, "step": 20}]))
+    reason = "trainer_state.json logs no eval_loss at step 20 (make logging_steps and eval_steps divide save_steps)"
+    assert trainer_losses(state, 20) == (None, 2.5, reason)
+    state.write_text(trainer_state(20, [{"loss": 3.0, "step": 15}, {"eval_loss": 1.5, "step": 20}]))
+    assert trainer_losses(state, 20)[:2] == (1.5, None)
+    # the run folder's file, written at the end of training, stands in for a checkpoint's own
+    assert trainer_losses(tmp_path / "checkpoint-20" / "trainer_state.json", 20, state)[0] == 1.5
+
+
+@pytest.mark.parametrize(
+    ("name", "step"),
+    [("checkpoint-500", 500), ("step_000100", 100), ("step100", 100), ("run-a-300", 300), ("model_7", 7),
+     ("step0", 0), ("final", None), ("model", None)],
+)  # fmt: skip
+def test_step_from_name(name, step):
+    assert step_from_name(name) == step
+
+
+def plain_run(root, steps=(0, 100, 200), suffix=".csv"):
+    model = tiny_llama()
+    model.config.save_pretrained(root)
+    gen = torch.Generator().manual_seed(0)
+    for step in steps:
+        state = {k: torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        save_file(state, str(root / f"run-{step}.safetensors"))
+    return root
+
+
+def test_plain_files_with_a_losses_csv(tmp_path):
+    plain_run(tmp_path)
+    (tmp_path / "losses.csv").write_text("step,loss,eval_loss\n0,4.1,4.2\n100,3.0,3.3\n150,2.9,\n")
+    run = scan_run_folder(tmp_path, tmp_path / "losses.csv")
+    assert [c.revision for c in run.checkpoints] == ["run-0.safetensors", "run-100.safetensors", "run-200.safetensors"]
+    assert all(c.config_dir == tmp_path for c in run.checkpoints)
+    losses = run.losses()
+    assert losses["val_loss"].tolist()[:2] == [4.2, 3.3] and losses["train_loss"].tolist()[:2] == [4.1, 3.0]
+    assert losses.loc[2, "reason"] == "the losses file has no row for step 200"
+
+
+def test_jsonl_losses_with_train_and_eval_on_separate_lines(tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"step": 5, "loss": 2.0}\n{"step": 5, "eval_loss": 2.5}\n{"step": 6, "loss": 1.0}\n')
+    table = read_losses(path)
+    assert table["step"].tolist() == [5, 6]
+    assert table["val_loss"].iloc[0] == 2.5 and np.isnan(table["val_loss"].iloc[1])
+    assert table["train_loss"].tolist() == [2.0, 1.0]
+
+
+def test_losses_file_without_loss_columns_is_named(tmp_path):
+    path = tmp_path / "log.csv"
+    path.write_text("step,accuracy\n1,0.5\n")
+    with pytest.raises(RunFolderError, match=r"log.csv: needs a step column and val_loss"):
+        read_losses(path)
+
+
+def test_pickle_weights_are_skipped_with_the_conversion_and_never_opened(tmp_path):
+    plain_run(tmp_path, steps=(0,))
+    (tmp_path / "step_300.pt").write_bytes(b"\x80 not a pickle either")
+    (tmp_path / "checkpoint-400").mkdir()
+    (tmp_path / "checkpoint-400" / "pytorch_model.bin").write_bytes(b"junk")
+    run = scan_run_folder(tmp_path)
+    skipped = {s["revision"]: s for s in run.skipped}
+    assert skipped["step_300.pt"]["step"] == 300 and skipped["checkpoint-400"]["step"] == 400
+    reason = skipped["step_300.pt"]["reason"]
+    assert "pickle weights are never opened" in reason
+    assert (
+        f"torch.load('{tmp_path / 'step_300.pt'}', weights_only=True), '{tmp_path / 'step_300.safetensors'}'" in reason
+    )
+    assert skipped["checkpoint-400"]["reason"].endswith(f"'{tmp_path / 'checkpoint-400' / 'model.safetensors'}')\"")
+    assert [c.step for c in run.checkpoints] == [0]
+
+
+def test_a_checkpoint_of_another_architecture_is_skipped(tmp_path):
+    plain_run(tmp_path)
+    other = tiny_llama(hidden=8).state_dict()
+    save_file({k: v for k, v in other.items() if k != "lm_head.weight"}, str(tmp_path / "run-300.safetensors"))
+    run = scan_run_folder(tmp_path)
+    assert [c.step for c in run.checkpoints] == [0, 100, 200]
+    (skip,) = run.skipped
+    assert skip["revision"] == "run-300.safetensors"
+    assert skip["reason"].startswith(
+        "different architecture from the folder's other 3 checkpoints (model.embed_tokens.weight (64, 8))"
+    )
+
+
+def test_empty_folder_truncated_file_and_repeated_step(tmp_path):
+    assert scan_run_folder(tmp_path).skipped[0]["reason"].startswith(f"{tmp_path}: no checkpoints")
+    plain_run(tmp_path, steps=(1, 2))
+    (tmp_path / "step_2.safetensors").write_bytes((tmp_path / "run-2.safetensors").read_bytes())
+    (tmp_path / "run-9.safetensors").write_bytes((tmp_path / "run-1.safetensors").read_bytes()[:100])
+    run = scan_run_folder(tmp_path)
+    assert [c.revision for c in run.checkpoints] == ["run-1.safetensors", "run-2.safetensors"]
+    reasons = {s["revision"]: s["reason"] for s in run.skipped}
+    assert reasons["step_2.safetensors"] == "step 2 already given by run-2.safetensors"
+    assert "run-9.safetensors: not a readable safetensors file" in reasons["run-9.safetensors"]
+
+
+def test_our_own_checkpoint_sidecars_give_the_losses(tmp_path):
+    plain_run(tmp_path, steps=(5,))
+    (tmp_path / "run-5.json").write_text(json.dumps({"step": 5, "val_loss": 2.0, "train_loss": 2.5}))
+    frame = scan_run_folder(tmp_path).losses()
+    pd.testing.assert_frame_equal(
+        frame, pd.DataFrame({"step": [5], "val_loss": [2.0], "train_loss": [2.5], "reason": [None]}), check_dtype=False
+    )
