@@ -1,0 +1,213 @@
+"""Live monitoring: background weight features of a model while it trains, its Parquet log, early
+stopping, dvclive, a kill -9 in the middle, and a real Hugging Face Trainer run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from topometrics import features as feat
+from topometrics.architectures import config_rules, match_tensors, module_weights, oriented
+from topometrics.corpus import encode
+from topometrics.model import GPT, GPTConfig
+from topometrics.monitor import TopologyCallback, TopologyMonitor, read_log
+from topometrics.params import FeaturesParams
+from topometrics.run_folders import scan_run_folder
+from topometrics.series import SafetensorsFile
+
+PARAMS = FeaturesParams(max_points=20, workers=1)
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
+SHARED = SHARED if SHARED.exists() else Path("/work/shared/data/wikitext-2")
+GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+def train_steps(model, steps, seed=0):
+    """A few real AdamW steps on random tokens, yielding (step, loss) after each update."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(seed)
+    for step in range(1, steps + 1):
+        x = torch.randint(0, 128, (4, 16), generator=gen)
+        loss = model.loss(x[:, :-1], x[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        yield step, loss.item()
+
+
+def test_monitor_rows_equal_the_features_of_the_weights_at_each_measured_step(tmp_path):
+    model = GPT(GPTConfig(hidden=16, layers=2, heads=2))
+    lines, expected = [], {}
+    with TopologyMonitor(tmp_path, every=3, params=PARAMS, rung="ours", seed=7, log=lines.append, max_pending=9) as m:
+        for step, loss in train_steps(model, 9):
+            if step % 3 == 0:
+                expected[step] = feat.weight_features(module_weights(model), PARAMS)
+            m.step(model, step, loss=loss)
+    features, losses = read_log(tmp_path)
+    assert sorted(features["step"].unique()) == [3, 6, 9] and set(features["rung"]) == {"ours"}
+    assert set(features["seed"]) == {7} and list(features.columns) == feat.FEATURE_COLUMNS
+    for step, result in expected.items():
+        got = features[features["step"] == step]
+        want = feat.features_frame(result, "ours", 7, step)
+        pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_dtype=False)
+    assert losses["step"].tolist() == [3, 6, 9] and losses["val_loss"].isna().all()
+    assert [line.split(" ")[2] for line in lines] == ["3", "6", "9"]  # one console line per measurement
+    assert lines[0].startswith("monitor: step 3 np_norm ")
+
+
+def test_training_waits_only_for_the_copy(tmp_path):
+    model = GPT(GPTConfig(hidden=32, layers=2, heads=2))
+    with TopologyMonitor(tmp_path, every=1, params=FeaturesParams(max_points=200), log=lambda _: None) as monitor:
+        monitor.step(model, 0)  # starts the worker
+        start = time.perf_counter()
+        monitor.step(model, 1)
+        returned = time.perf_counter() - start
+        assert not (tmp_path / "features-000000001.parquet").exists() or returned < 0.5
+    assert returned < 0.5  # the features of a step take longer than this on this machine
+    assert (tmp_path / "features-000000001.parquet").exists()
+
+
+def test_np_early_stopping_stops_when_np_stops_rising_and_records_why(tmp_path):
+    model = GPT(GPTConfig(hidden=16, layers=1, heads=2))  # never trained: NP is the same every time
+    monitor = TopologyMonitor(tmp_path, every=1, params=PARAMS, patience=2, min_delta=0.0, log=lambda _: None)
+    for step in range(4):
+        monitor.step(model, step)
+    monitor.close()
+    record = json.loads((tmp_path / "stop.json").read_text())
+    # step 0 sets the best (NP > 0); steps 1 and 2 do not beat it: the counter reaches 2 at step 2
+    assert record["step"] == 2 and record["best_step"] == 0
+    assert monitor.stop_reason.startswith("NP early stopping at step 2: NP has not risen above")
+    assert monitor.should_stop
+
+
+def test_inside_dvc_it_logs_through_dvclive_and_never_touches_dvc_yaml(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    dvc_yaml = "stages:\n  train:\n    cmd: python train.py\n"
+    Path("dvc.yaml").write_text(dvc_yaml)
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "init"]):
+        subprocess.run(cmd, check=True, env=os.environ | GIT_ID)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # what dvc repro / dvc exp run set for a stage's command
+    model = GPT(GPTConfig(hidden=16, layers=1, heads=2))
+    with TopologyMonitor(tmp_path / "log", every=1, params=PARAMS, log=lambda _: None) as monitor:
+        for step, loss in train_steps(model, 2):
+            monitor.step(model, step, loss=loss)
+    assert Path("dvc.yaml").read_text() == dvc_yaml
+    metrics = json.loads((tmp_path / "log" / "dvclive" / "metrics.json").read_text())
+    assert metrics["step"] == 2 and metrics["monitor"]["np_norm"] > 0
+    tsv = pd.read_csv(tmp_path / "log" / "dvclive" / "plots" / "metrics" / "monitor" / "np_norm.tsv", sep="\t")
+    assert tsv["step"].tolist() == [1, 2]
+    assert not list(tmp_path.glob("log/**/dvc.yaml"))
+
+
+KILLED = """
+import sys, torch
+from topometrics.model import GPT, GPTConfig
+from topometrics.monitor import TopologyMonitor
+from topometrics.params import FeaturesParams
+if __name__ == "__main__":
+    model = GPT(GPTConfig(hidden=48, layers=3, heads=4))
+    monitor = TopologyMonitor(sys.argv[1], every=1, params=FeaturesParams(max_points=40), max_pending=1000)
+    step = 0
+    while True:
+        step += 1
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.001)
+        monitor.step(model, step, loss=1.0)
+"""
+
+
+def test_kill_9_leaves_only_complete_files(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(KILLED)
+    log = tmp_path / "log"
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, str(script), str(log)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(log.glob("features-*.parquet"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)  # the training process only; its worker is orphaned
+        proc.wait()
+        time.sleep(1.0)  # the orphaned worker may finish a file or be stopped mid-write
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # then the worker and the fork server it came from
+    (log / ".features-000999999.parquet.123.tmp").write_bytes(b"PAR1 half a file")  # a write cut short
+    features, losses = read_log(log)
+    steps = sorted(features["step"].unique())
+    assert len(steps) >= 3
+    rows = features.groupby("step").size()
+    assert (rows == rows.iloc[0]).all()  # every file holds every row of its measurement
+    assert features["value"].notna().all()
+    assert set(losses["step"]) >= set(steps)
+
+
+# ---------------------------------------------------------------------------
+# A real Hugging Face Trainer run
+# ---------------------------------------------------------------------------
+
+
+def trainer_run(out: Path, steps: int = 200, every: int = 50):
+    """A tiny GPT-2 trained by transformers.Trainer on WikiText-2 characters, with the callback."""
+    pytest.importorskip("accelerate", reason="the Hugging Face Trainer needs accelerate, not installed here")
+    if not SHARED.exists():
+        pytest.skip("../shared/data/wikitext-2 is absent on this machine")
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    ids = torch.from_numpy(encode((SHARED / "wiki.valid.tokens").read_text()[:300_000]).astype(np.int64))
+    windows = ids[: (ids.numel() // 64) * 64].view(-1, 64)
+    train = [{"input_ids": w, "labels": w} for w in windows[:-32]]
+    held = [{"input_ids": w, "labels": w} for w in windows[-32:]]
+    torch.manual_seed(0)  # the Trainer seeds globally itself as well (args.seed)
+    model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=128, n_positions=64))
+    args = TrainingArguments(
+        output_dir=str(out / "run"), max_steps=steps, per_device_train_batch_size=8, learning_rate=3e-3,
+        save_steps=100, logging_steps=50, eval_strategy="steps", eval_steps=100, report_to=[], use_cpu=True,
+        disable_tqdm=True, dataloader_num_workers=0, seed=0,
+    )  # fmt: skip
+    monitor = TopologyMonitor(out / "live", every=every, params=PARAMS, rung="gpt2-live", log=lambda _: None)
+    callbacks = [OneThread(), TopologyCallback(monitor)]
+    threads = torch.get_num_threads()
+    try:
+        Trainer(model=model, args=args, train_dataset=train, eval_dataset=held, callbacks=callbacks).train()
+    finally:
+        torch.set_num_threads(threads)
+    return out / "run", out / "live"
+
+
+class OneThread(TrainerCallback):
+    """A 32-wide model on one torch thread: more only contend (14x slower on a busy 2-core box).
+    Set when training starts, after the Trainer has set torch up."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        torch.set_num_threads(1)
+
+
+def test_trainer_callback_logs_what_the_saved_checkpoints_hold(tmp_path):
+    run_dir, live = trainer_run(tmp_path)
+    features, losses = read_log(live)
+    assert sorted(features["step"].unique()) == [50, 100, 150, 200]
+    run = scan_run_folder(run_dir)
+    assert [c.step for c in run.checkpoints] == [100, 200] and run.skipped == []
+    table = run.losses()
+    assert table["val_loss"].notna().all() and table["train_loss"].notna().all()
+    for ckpt in run.checkpoints:
+        shard = SafetensorsFile(ckpt.weights[0])
+        shapes = {name: tuple(shard.header[name]["shape"]) for name in shard.names}
+        layers = match_tensors(shapes, config_rules(ckpt.config_dir), ckpt.revision)
+        weights = {la.name: oriented(shard.read(la.tensor), la.transposed) for la in layers}
+        want = feat.features_frame(feat.weight_features(weights, PARAMS), "gpt2-live", 0, ckpt.step)
+        got = features[features["step"] == ckpt.step].reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, want, check_dtype=False)  # the monitor saw the saved weights
+        # and the monitor's losses are the Trainer's own logs at that step
+        logged = losses.set_index("step").loc[ckpt.step]
+        assert logged["val_loss"] == pytest.approx(table.set_index("step").loc[ckpt.step, "val_loss"])
