@@ -211,3 +211,17 @@ def test_trainer_callback_logs_what_the_saved_checkpoints_hold(tmp_path):
         # and the monitor's losses are the Trainer's own logs at that step
         logged = losses.set_index("step").loc[ckpt.step]
         assert logged["val_loss"] == pytest.approx(table.set_index("step").loc[ckpt.step, "val_loss"])
+
+
+def test_a_diverged_snapshot_gives_null_rows_with_the_reason(tmp_path):
+    model = GPT(GPTConfig(hidden=16, layers=1, heads=2))
+    with torch.no_grad():
+        model.blocks[0].mlp.up.weight[0, 0] = float("nan")
+    with TopologyMonitor(tmp_path, every=1, params=PARAMS, patience=1, log=lambda _: None) as monitor:
+        monitor.step(model, 1)
+    features, _ = read_log(tmp_path)
+    healthy = feat.weight_features(module_weights(GPT(GPTConfig(hidden=16, layers=1, heads=2))), PARAMS)
+    assert set(zip(features["layer"], features["feature"], strict=True)) == {row[:2] for row in healthy.rows}
+    assert features["value"].isna().all()
+    assert set(features["reason"]) == {"diverged: non-finite weights in a linear layer"}
+    assert monitor.should_stop  # a NULL NP is no improvement

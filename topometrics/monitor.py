@@ -46,22 +46,13 @@ from torch import nn
 from transformers import TrainerCallback
 
 from topometrics.architectures import LinearLayer, module_layers, oriented
-from topometrics.features import (
-    ALL,
-    FEATURE_COLUMNS,
-    NP_FEATURES,
-    SPECTRAL_FEATURES,
-    VR_MAX_FEATURES,
-    VR_SUM_FEATURES,
-    CheckpointFeatures,
-    features_frame,
-    weight_features,
-)
+from topometrics.features import FEATURE_COLUMNS, CheckpointFeatures, features_frame, weight_features
 from topometrics.params import FeaturesParams
+from topometrics.vocabulary import ALL, NP, SPECTRAL, VR, model_level, per_layer
 
 SHOWN = ("np_norm", "vr_tp0", "vr_tp1", "w_rankme", "w_fro")  # layer-'all' features on the console line
 LOSS_COLUMNS = ["step", "val_loss", "train_loss"]
-PER_LAYER = NP_FEATURES + VR_SUM_FEATURES + VR_MAX_FEATURES + SPECTRAL_FEATURES
+WEIGHT_FAMILIES = (NP, VR, SPECTRAL)  # what weight_features computes
 
 
 class TopologyMonitor:
@@ -310,8 +301,8 @@ def _measure(out_dir: Path, snapshot: dict, params: FeaturesParams, rung: str, s
     else:  # every weight feature NULL with the reason, as for a diverged checkpoint
         result, reason = CheckpointFeatures(), "diverged: non-finite weights in a linear layer"
         for name in weights:
-            result.add(name, dict.fromkeys(PER_LAYER, np.nan), reason)
-        result.add(ALL, dict.fromkeys(PER_LAYER, np.nan), reason)
+            result.add(name, dict.fromkeys([n for f in WEIGHT_FAMILIES for n in per_layer(f)], np.nan), reason)
+        result.add(ALL, dict.fromkeys([n for f in WEIGHT_FAMILIES for n in model_level(f)], np.nan), reason)
     write_atomic(features_frame(result, rung, seed, step), Path(out_dir) / f"features-{step:09d}.parquet")
     summary = {feature: value for layer, feature, value, _ in result.rows if layer == ALL}
     return summary | {"_seconds": time.perf_counter() - start}
