@@ -70,21 +70,16 @@ def vr_evolution(features: pd.DataFrame) -> alt.Chart:
     Columns: rung, seed, step, feature (``vr_tp0``/``vr_tp1``), value. Panels have their own y scale.
     """
     _require(features, "vr_evolution", ("rung", "seed", "step", "feature", "value"))
-    base = (
-        _chart(features, None)
-        .mark_line()
-        .encode(
-            x=alt.X("step:Q", title="step"),
-            y=alt.Y("value:Q", title="total persistence (sum over layers)", scale=alt.Scale(zero=False)),
-            color=rung_color(features["rung"]),
-            detail="seed:N",
-            tooltip=["rung:N", "seed:N", "step:Q", "feature:N", alt.Tooltip("value:Q", format=".4g")],
-        )
-    )
-    return (
-        base.facet(column=alt.Column("feature:N", title=None))
-        .resolve_scale(y="independent")
-        .properties(title="Vietoris-Rips total persistence of the weights")
+    total = alt.Y("value:Q", title="total persistence (sum over layers)", scale=alt.Scale(zero=False))
+    return _line_panels(
+        features,
+        "feature",
+        "Vietoris-Rips total persistence of the weights",
+        x=alt.X("step:Q", title="step"),
+        y=total,
+        color=rung_color(features["rung"]),
+        detail="seed:N",
+        tooltip=["rung:N", "seed:N", "step:Q", "feature:N", alt.Tooltip("value:Q", format=".4g")],
     )
 
 
@@ -174,21 +169,15 @@ def betti_curves(curves: pd.DataFrame) -> alt.Chart:
     Columns: rung, checkpoint (label, e.g. ``first``/``final``), dim (``H0``/``H1``), scale (index), betti.
     """
     _require(curves, "betti_curves", ("rung", "checkpoint", "dim", "scale", "betti"))
-    base = (
-        _chart(curves, None)
-        .mark_line()
-        .encode(
-            x=alt.X("scale:Q", title="filtration scale (index)"),
-            y=alt.Y("betti:Q", title="Betti number"),
-            color=rung_color(curves["rung"]),
-            strokeDash=alt.StrokeDash("checkpoint:N", title="checkpoint"),
-            tooltip=["rung:N", "checkpoint:N", "dim:N", "scale:Q", "betti:Q"],
-        )
-    )
-    return (
-        base.facet(column=alt.Column("dim:N", title=None))
-        .resolve_scale(y="independent")
-        .properties(title="Representation topology: Betti curves of the hidden states")
+    return _line_panels(
+        curves,
+        "dim",
+        "Representation topology: Betti curves of the hidden states",
+        x=alt.X("scale:Q", title="filtration scale (index)"),
+        y=alt.Y("betti:Q", title="Betti number"),
+        color=rung_color(curves["rung"]),
+        strokeDash=alt.StrokeDash("checkpoint:N", title="checkpoint"),
+        tooltip=["rung:N", "checkpoint:N", "dim:N", "scale:Q", "betti:Q"],
     )
 
 
@@ -238,6 +227,14 @@ def _data(frame: pd.DataFrame) -> alt.Data:
     # Through pandas' JSON writer: NaN becomes null (json.dumps would write invalid NaN) and
     # numpy scalars become plain numbers.
     return alt.Data(values=json.loads(frame.to_json(orient="records", double_precision=10)))
+
+
+def _line_panels(frame: pd.DataFrame, panel: str, title: str, **encoding) -> alt.FacetChart:
+    """Lines with ``encoding``, one panel per value of the column ``panel``, each with its own y scale."""
+    base = _chart(frame, None).mark_line().encode(**encoding)
+    return (
+        base.facet(column=alt.Column(f"{panel}:N", title=None)).resolve_scale(y="independent").properties(title=title)
+    )
 
 
 def _chart(frame: pd.DataFrame, title: str | None) -> alt.Chart:

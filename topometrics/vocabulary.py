@@ -18,8 +18,9 @@ row only). Aggregations:
 (Steiger's test); ``other`` features are not compared.
 
 To add a measure: compute it in its module (a pure function of arrays), add a :class:`Feature`
-to its family below (or a new :class:`Family` to :data:`FAMILIES`), emit it where that family is
-computed (``topometrics.features``), and add a row to ``docs/features.md``.
+to :data:`FEATURES` (in a new :class:`Family` added to :data:`FAMILIES` if it is computed by a new
+function), emit it where that family is computed (``topometrics.features``), and add a row to
+``docs/features.md``.
 """
 
 from __future__ import annotations
@@ -34,112 +35,75 @@ ALL = "all"  # the layer of model-level rows
 
 
 @dataclass(frozen=True)
-class Feature:
-    """One feature: its name in the ``feature`` column, how it reaches ``layer='all'``, what it means."""
+class Family:
+    """Features computed together by one function, which returns them in the order of :data:`FEATURES`."""
 
     name: str
+    kind: str  # one of KINDS
+    prefix: str  # the computing function's keys + prefix = the feature names
+
+    @property
+    def features(self) -> tuple[Feature, ...]:
+        return tuple(feature for feature in FEATURES if feature.family == self)
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One feature: its name in the ``feature`` column, its family, how it reaches ``layer='all'``, what it means."""
+
+    name: str
+    family: Family
     aggregate: str  # one of AGGREGATIONS
     definition: str
     kind: str | None = None  # overrides the family's kind
     per_scale: bool = False  # a curve: one feature per filtration scale, named <name>_00 ... (features.betti_scales)
 
 
-@dataclass(frozen=True)
-class Family:
-    """Features computed together by one function, in the order that function returns them."""
-
-    name: str
-    kind: str  # one of KINDS
-    prefix: str  # the computing function's keys + prefix = the feature names
-    features: tuple[Feature, ...]
-
-
-NP = Family(
-    "np",
-    "topological",
-    "np_",
-    (
-        Feature(
-            "np_norm",
-            "mean_std",
-            "neural persistence, reference normalisation: sqrt(sum_e (1 - a_e)^2 + 1) / sqrt(|V| - 1) over the "
-            "maximum spanning tree of the layer's bipartite graph, a = |w| / max |w| over all linear layers",
-        ),
-        Feature("np_sum", "mean_std", "neural persistence as the paper's eq. 1: sum_e (1 - a_e) / (|V| - 1)"),
-        Feature(
-            "np_shuffled_norm",
-            "mean_std",
-            "np_norm after a seeded permutation of the layer's entries (a null model: same spread, no structure)",
-        ),
-    ),
-)
-VR = Family(
-    "vr",
-    "topological",
-    "vr_",
-    (
-        Feature("vr_tp0", "sum", "total persistence of the finite H0 bars of the Vietoris-Rips filtration of the rows"),
-        Feature("vr_tp1", "sum", "total persistence of the H1 bars of the Vietoris-Rips filtration of the rows"),
-        Feature("vr_entropy0", "sum", "persistence entropy (nats, not normalised) of the finite H0 bars"),
-        Feature("vr_entropy1", "sum", "persistence entropy (nats, not normalised) of the H1 bars"),
-        Feature("vr_count1", "sum", "number of H1 bars"),
-        Feature("vr_maxpers1", "max", "largest H1 lifetime (0 without bars)"),
-    ),
-)
-SPECTRAL = Family(
-    "spectral",
-    "spectral",
-    "w_",
-    (
-        Feature("w_rankme", "mean", "RankMe exp(-sum p_k ln p_k), p_k = s_k / sum s, of the weight's singular values"),
-        Feature("w_pr", "mean", "participation ratio (sum s^2)^2 / sum s^4 of the weight's singular values"),
-        Feature("w_fro", "norm", "Frobenius norm of the weight matrix"),
-        Feature("w_spec", "max", "spectral norm (largest singular value) of the weight matrix"),
-    ),
-)
-GRADIENT = Family(
-    "gradient",
-    "other",
-    "",
-    (
-        Feature("grad_norm", "norm", "Frobenius norm of d loss / d W (bias excluded) on the fixed validation batch"),
-        Feature("batch_loss", MODEL, "mean next-token cross-entropy (nats) on the fixed validation batch"),
-    ),
-)
-REPRESENTATION = Family(
-    "representation",
-    "topological",
-    "rep_",
-    (
-        Feature("rep_tp0", MODEL, "total persistence of the hidden-state cloud's finite H0 bars"),
-        Feature("rep_tp1", MODEL, "total persistence of the hidden-state cloud's H1 bars"),
-        Feature("rep_entropy0", MODEL, "persistence entropy of the hidden-state cloud's finite H0 bars"),
-        Feature("rep_entropy1", MODEL, "persistence entropy of the hidden-state cloud's H1 bars"),
-        Feature("rep_count1", MODEL, "number of H1 bars of the hidden-state cloud"),
-        Feature("rep_maxpers1", MODEL, "largest H1 lifetime of the hidden-state cloud"),
-        Feature("rep_significant0", MODEL, "finite H0 bars longer than features.significance x the longest"),
-        Feature("rep_significant1", MODEL, "H1 bars longer than features.significance x the longest"),
-        Feature("rep_diameter", MODEL, "diameter of the subsampled, projected cloud (the Betti scale unit)"),
-        Feature("rep_betti0", MODEL, "H0 Betti curve: bars alive at scale XX / (S - 1) x rep_diameter", per_scale=True),
-        Feature("rep_betti1", MODEL, "H1 Betti curve: bars alive at scale XX / (S - 1) x rep_diameter", per_scale=True),
-        Feature("rep_rankme", MODEL, "RankMe of the singular values of the centred hidden states", kind="spectral"),
-        Feature("rep_pr", MODEL, "participation ratio of the hidden-state covariance eigenvalues", kind="spectral"),
-    ),
-)
-DISTANCE = Family(
-    "distance",
-    "topological",
-    "",
-    (
-        Feature("vr_w1_prev", "sum", "1-Wasserstein distance of the layer's [H0, H1] diagram to the previous one"),
-        Feature("vr_bneck_prev", "sum", "bottleneck distance of the layer's diagram to the previous checkpoint's"),
-        Feature("rep_w1_prev", MODEL, "1-Wasserstein distance of the representation diagram to the previous one"),
-        Feature("rep_bneck_prev", MODEL, "bottleneck distance of the representation diagram to the previous one"),
-    ),
-)
+NP = Family("np", "topological", "np_")
+VR = Family("vr", "topological", "vr_")
+SPECTRAL = Family("spectral", "spectral", "w_")
+GRADIENT = Family("gradient", "other", "")
+REPRESENTATION = Family("representation", "topological", "rep_")
+DISTANCE = Family("distance", "topological", "")
 FAMILIES = (NP, VR, SPECTRAL, GRADIENT, REPRESENTATION, DISTANCE)
 
-_DECLARED = {feature.name: (family, feature) for family in FAMILIES for feature in family.features}
+# Every feature, family by family in the order the features tables list them.
+FEATURES = (
+    Feature("np_norm", NP, "mean_std", "neural persistence, reference normalisation (docs/features.md)"),
+    Feature("np_sum", NP, "mean_std", "neural persistence as the paper's eq. 1: sum_e (1 - a_e) / (|V| - 1)"),
+    Feature("np_shuffled_norm", NP, "mean_std", "np_norm of the layer's entries after a seeded permutation"),
+    Feature("vr_tp0", VR, "sum", "total persistence of the finite H0 bars of the Vietoris-Rips filtration of rows"),
+    Feature("vr_tp1", VR, "sum", "total persistence of the H1 bars of the Vietoris-Rips filtration of the rows"),
+    Feature("vr_entropy0", VR, "sum", "persistence entropy (nats, not normalised) of the finite H0 bars"),
+    Feature("vr_entropy1", VR, "sum", "persistence entropy (nats, not normalised) of the H1 bars"),
+    Feature("vr_count1", VR, "sum", "number of H1 bars"),
+    Feature("vr_maxpers1", VR, "max", "largest H1 lifetime (0 without bars)"),
+    Feature("w_rankme", SPECTRAL, "mean", "RankMe exp(-sum p_k ln p_k), p_k = s_k / sum s, of the singular values"),
+    Feature("w_pr", SPECTRAL, "mean", "participation ratio (sum s^2)^2 / sum s^4 of the singular values"),
+    Feature("w_fro", SPECTRAL, "norm", "Frobenius norm of the weight matrix"),
+    Feature("w_spec", SPECTRAL, "max", "spectral norm (largest singular value) of the weight matrix"),
+    Feature("grad_norm", GRADIENT, "norm", "Frobenius norm of d loss / d W (bias excluded) on the fixed batch"),
+    Feature("batch_loss", GRADIENT, MODEL, "mean next-token cross-entropy (nats) on the fixed batch"),
+    Feature("rep_tp0", REPRESENTATION, MODEL, "total persistence of the hidden-state cloud's finite H0 bars"),
+    Feature("rep_tp1", REPRESENTATION, MODEL, "total persistence of the hidden-state cloud's H1 bars"),
+    Feature("rep_entropy0", REPRESENTATION, MODEL, "persistence entropy of the cloud's finite H0 bars"),
+    Feature("rep_entropy1", REPRESENTATION, MODEL, "persistence entropy of the cloud's H1 bars"),
+    Feature("rep_count1", REPRESENTATION, MODEL, "number of H1 bars of the hidden-state cloud"),
+    Feature("rep_maxpers1", REPRESENTATION, MODEL, "largest H1 lifetime of the hidden-state cloud"),
+    Feature("rep_significant0", REPRESENTATION, MODEL, "finite H0 bars longer than significance x the longest"),
+    Feature("rep_significant1", REPRESENTATION, MODEL, "H1 bars longer than significance x the longest"),
+    Feature("rep_diameter", REPRESENTATION, MODEL, "diameter of the subsampled, projected cloud (Betti scale unit)"),
+    Feature("rep_betti0", REPRESENTATION, MODEL, "H0 Betti curve: bars alive at scale XX / (S - 1)", per_scale=True),
+    Feature("rep_betti1", REPRESENTATION, MODEL, "H1 Betti curve: bars alive at scale XX / (S - 1)", per_scale=True),
+    Feature("rep_rankme", REPRESENTATION, MODEL, "RankMe of the centred hidden states", kind="spectral"),
+    Feature("rep_pr", REPRESENTATION, MODEL, "participation ratio of the hidden-state covariance", kind="spectral"),
+    Feature("vr_w1_prev", DISTANCE, "sum", "1-Wasserstein distance of the layer's diagram to the previous one"),
+    Feature("vr_bneck_prev", DISTANCE, "sum", "bottleneck distance of the layer's diagram to the previous one"),
+    Feature("rep_w1_prev", DISTANCE, MODEL, "1-Wasserstein distance of the representation diagram to the previous"),
+    Feature("rep_bneck_prev", DISTANCE, MODEL, "bottleneck distance of the representation diagram to the previous"),
+)
+
+_DECLARED = {feature.name: feature for feature in FEATURES}
 _SCALE = re.compile(r"^(?P<name>.+)_\d{2,}$")
 _STD = "_std"
 
@@ -178,13 +142,13 @@ def lookup(name: str) -> Feature | None:
     """The declaration behind a name in the ``feature`` column (``np_norm_std`` -> ``np_norm``,
     ``rep_betti0_07`` -> ``rep_betti0``), or None for an undeclared name."""
     if name in _DECLARED:
-        return _DECLARED[name][1]
+        return _DECLARED[name]
     if name.endswith(_STD) and name[: -len(_STD)] in _DECLARED:
-        feature = _DECLARED[name[: -len(_STD)]][1]
+        feature = _DECLARED[name[: -len(_STD)]]
         return feature if feature.aggregate == "mean_std" else None
     match = _SCALE.match(name)
-    if match and match["name"] in _DECLARED and _DECLARED[match["name"]][1].per_scale:
-        return _DECLARED[match["name"]][1]
+    if match and match["name"] in _DECLARED and _DECLARED[match["name"]].per_scale:
+        return _DECLARED[match["name"]]
     return None
 
 
@@ -193,7 +157,7 @@ def kind(name: str) -> str:
     feature = lookup(name)
     if feature is None:
         return "other"
-    return feature.kind or _DECLARED[feature.name][0].kind
+    return feature.kind or feature.family.kind
 
 
 def names(*wanted: str) -> tuple[str, ...]:
