@@ -137,6 +137,14 @@ def test_docs_example_queries_run(con):
         assert con.execute(query).fetchall(), query
 
 
+def test_readme_example_queries_run(con):
+    (block,) = re.findall(r"```sql\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    queries = [q for q in block.split(";\n") if q.strip()]
+    assert len(queries) == 5
+    for query in queries:
+        assert con.execute(query).fetchall(), query
+
+
 def test_several_seeds_get_leave_one_seed_out_and_across_seed_cis(tmp_path):
     inputs = write_inputs(tmp_path, rungs={k: RUNGS[k] for k in ("tiny", "medium", "xl")}, seeds=(1, 2))
     params = AnalysisParams(fractions=(0.5,), bootstrap=50)

@@ -83,7 +83,7 @@ def topo_vs_spectral_tests(con, params: AnalysisParams) -> pd.DataFrame:
         spectral = [f for f in table.columns if kind(f) == "spectral"]
         for x in topo:
             for z in spectral:
-                rows.append(_steiger_row(rung, seed, x, z, table[x], table[z], loss))
+                rows.append(_steiger_row(rung=rung, seed=seed, topological=table[x], spectral=table[z], loss=loss))
     return _with_bonferroni(pd.DataFrame(rows, columns=_TEST_COLUMNS), params.alpha)
 
 
@@ -95,14 +95,13 @@ def across_seed_tests(con, predictions: pd.DataFrame, level: float = 0.95) -> pd
     rows = []
     for (rung, feature, layer), g in rho.groupby(["rung", "feature", "layer"], sort=True):
         mean, lo, hi = stats.correlation_mean_ci(g["rho"], level)
-        rows.append(_summary_row("spearman_across_seeds", rung, feature, layer, None, mean, lo, hi, len(g)))
+        interval = (mean, lo, hi)
+        rows.append(_summary_row("spearman_across_seeds", interval, len(g), rung=rung, feature=feature, layer=layer))
     ok = predictions[predictions["status"] == "ok"].assign(err=lambda d: (d["predicted"] - d["actual"]).abs())
     per_seed = ok.groupby(["method", "cv", "fraction", "seed"])["err"].mean().reset_index()
     for (method, cv, fraction), g in per_seed.groupby(["method", "cv", "fraction"], sort=True):
         mean, lo, hi = stats.mean_ci(g["err"], level)
-        rows.append(
-            _summary_row("mae_across_seeds", None, None, None, f"{method}/{cv}/{fraction:g}", mean, lo, hi, len(g))
-        )
+        rows.append(_summary_row("mae_across_seeds", (mean, lo, hi), len(g), other=f"{method}/{cv}/{fraction:g}"))
     return pd.DataFrame(rows, columns=_TEST_COLUMNS)
 
 
@@ -119,7 +118,7 @@ def scaling_fits(con) -> pd.DataFrame:
     rows = []
     for (feature, layer), g in final.groupby(["feature", "layer"], sort=True):
         fit = stats.fit_power_law(g["n_params"].to_numpy(float), g["value"].to_numpy(float))
-        rows.append(_fit_row("scaling", feature, layer, None, None, None, fit))
+        rows.append(_fit_row("scaling", feature, fit, layer=layer))
     return pd.DataFrame(rows, columns=_FIT_COLUMNS)
 
 
@@ -162,9 +161,9 @@ def build_metrics(con, params: AnalysisParams) -> dict:
     ).df()
     rungs = {}
     for r in final.itertuples(index=False):
-        mine = rho[(rho["rung"] == r.rung) & rho["feature"].isin(params.headline_features)]
+        headline = rho[(rho["rung"] == r.rung) & rho["feature"].isin(params.headline_features)]
         entry = {"n_params": _num(r.n_params), "final_val_loss": _num(r.final_val_loss), "n_seeds": int(r.n_seeds)}
-        entry["rho"] = {f: _num(v) for f, v in sorted(zip(mine["feature"], mine["rho"], strict=True))}
+        entry["rho"] = {name: _num(v) for name, v in sorted(zip(headline["feature"], headline["rho"], strict=True))}
         spread = across[(across["rung"] == r.rung) & across["feature"].isin(params.headline_features)]
         if len(spread):  # several seeds: the mean rho and its t-interval over seeds
             entry["rho_across_seeds"] = {t.feature: _interval(t) for t in spread.itertuples(index=False)}
@@ -199,9 +198,11 @@ def _with_bonferroni(frame: pd.DataFrame, alpha: float) -> pd.DataFrame:
     return frame.assign(p_bonferroni=adjusted, significant=significant)
 
 
-def _steiger_row(rung, seed, x_name, z_name, x, z, loss) -> dict:
-    both = pd.concat([x, z, loss], axis=1).dropna().to_numpy(float)
-    row = {"kind": "topo_vs_spectral", "rung": rung, "seed": seed, "feature": x_name, "layer": "all", "other": z_name}
+def _steiger_row(*, rung, seed, topological: pd.Series, spectral: pd.Series, loss: pd.Series) -> dict:
+    """Steiger's test row of one run: the two feature series (named by their feature) and the loss, by step."""
+    both = pd.concat([topological, spectral, loss], axis=1).dropna().to_numpy(float)
+    row = {"kind": "topo_vs_spectral", "rung": rung, "seed": seed, "feature": topological.name, "layer": "all"}
+    row["other"] = spectral.name
     n = len(both)
     if n <= 3 or np.ptp(both, axis=0).min() == 0:
         return row | {"n": n, "reason": "fewer than 4 checkpoints or a constant series"}
@@ -212,14 +213,18 @@ def _steiger_row(rung, seed, x_name, z_name, x, z, loss) -> dict:
     return row | {"estimate": abs(r_xy) - abs(r_zy), "statistic": z_stat, "p_value": p, "n": n}
 
 
-def _summary_row(kind, rung, feature, layer, other, mean, lo, hi, n) -> dict:
+def _summary_row(
+    kind, interval: tuple[float, float, float], n: int, *, rung=None, feature=None, layer=None, other=None
+):
+    """A ``tests`` row of an across-seed summary: ``interval`` = (mean, ci_low, ci_high) over ``n`` seeds."""
+    mean, lo, hi = interval
     reason = None if np.isfinite(lo) else f"{n} seed(s): no CI"
     return {"kind": kind, "rung": rung, "feature": feature, "layer": layer, "other": other}| {
         "estimate": mean, "ci_low": lo, "ci_high": hi, "n": n, "reason": reason,
     }  # fmt: skip
 
 
-def _fit_row(kind, target, layer, rung, seed, fraction, fit: stats.Fit) -> dict:
+def _fit_row(kind, target, fit: stats.Fit, *, layer=None, rung=None, seed=None, fraction=None) -> dict:
     p = fit.params
     return {
         "kind": kind, "target": target, "layer": layer, "rung": rung, "seed": seed, "fraction": fraction,
@@ -256,9 +261,9 @@ def _run_series(con, params: AnalysisParams) -> dict[tuple, dict[str, tuple[np.n
 
 def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict):
     """Loss-curve predictions for one run and fraction, their fit rows, and the learned models' inputs."""
-    mine = series.get((run.rung, run.seed), {})
+    run_values = series.get((run.rung, run.seed), {})
     cutoff = fraction * schedule.steps
-    t, loss = mine.get("val_loss", (np.array([]), np.array([])))
+    t, loss = run_values.get("val_loss", (np.array([]), np.array([])))
     seen = predict.observed(t, cutoff)
     base = {"fraction": fraction, "rung": run.rung, "seed": run.seed, "actual": run.actual}
     pl_fit, pl_pred = predict.fit_loss_power_law(t[seen], loss[seen], schedule.steps, schedule.warmup)
@@ -268,10 +273,10 @@ def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict):
         rows.append(
             base | {"method": method, "cv": "none", "predicted": value, "status": fit.status, "reason": fit.reason}
         )
-        fits.append(_fit_row("loss_curve", method, None, run.rung, run.seed, fraction, fit))
+        fits.append(_fit_row("loss_curve", method, fit, rung=run.rung, seed=run.seed, fraction=fraction))
     anchor = float(loss[seen][np.argmax(t[seen])]) if seen.any() else np.nan
     features = base | {"anchor": anchor, "loss_drop": (pl_pred if pl_pred is not None else np.nan) - anchor}
-    for name, (steps, values) in mine.items():
+    for name, (steps, values) in run_values.items():
         if name != "val_loss":
             features[f"{name}_level"], features[f"{name}_rate"] = predict.window_summary(steps, values, cutoff)
     return rows, fits, features

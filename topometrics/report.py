@@ -102,7 +102,7 @@ def banner(runs, meta, series_status: dict | None) -> tuple[dict[str, str], str 
             )
     out["validation series"] = series_line(runs, series_status)
     values = dict(zip(meta["key"], meta["value"], strict=True)) if isinstance(meta, pd.DataFrame) else {}
-    out["params digest"] = params_digest(values, ladder)
+    out["params digest"] = params_digest(values)
     out["code version"] = values.get("code_version", "not recorded")
     out["warehouse schema"] = values.get("schema_version", "not recorded")
     return out, used, fallback
@@ -127,16 +127,10 @@ def _series_status(series: dict) -> str:
     return text + (f"; why: {' | '.join(reasons[:3])}" if reasons else "")
 
 
-def params_digest(meta: dict[str, str], ladder: pd.DataFrame) -> str:
-    """The params digest recorded in the warehouse, else a hash of the runs' config fingerprints."""
-    for key in ("params_digest", "params_sha256"):
-        if meta.get(key):
-            return meta[key]
+def params_digest(meta: dict[str, str]) -> str:
+    """The sha256 (16 hex digits) of the params snapshot the warehouse recorded in ``meta.params``."""
     if meta.get("params"):
         return hashlib.sha256(meta["params"].encode()).hexdigest()[:16] + " (sha256 of meta.params)"
-    if not ladder.empty and ladder["fingerprint"].notna().any():
-        text = "\n".join(sorted(ladder["fingerprint"].dropna().astype(str)))
-        return hashlib.sha256(text.encode()).hexdigest()[:16] + " (sha256 of the runs' config fingerprints)"
     return "not recorded"
 
 
@@ -219,14 +213,14 @@ def topo_vs_spectral(tests) -> pd.DataFrame | Missing:
     """|rho(topological, loss)| - |rho(spectral, loss)| per headline topological x spectral feature x rung."""
     if isinstance(tests, Missing):
         return tests
-    mine = tests[tests["feature"].isin(TOPO_HEADLINE) & tests["estimate"].notna()]
-    if mine.empty:
+    headline = tests[tests["feature"].isin(TOPO_HEADLINE) & tests["estimate"].notna()]
+    if headline.empty:
         return Missing("no topological-vs-spectral tests for the headline features")
-    stars = mine["significant"].fillna(False).map({True: "*", False: ""})
-    column = mine["rung"] + (":" + mine["seed"].astype(str) if mine["seed"].nunique() > 1 else "")
-    cell = mine.assign(cell=mine["estimate"].map("{:+.3f}".format) + stars, column=column)
+    stars = headline["significant"].fillna(False).map({True: "*", False: ""})
+    column = headline["rung"] + (":" + headline["seed"].astype(str) if headline["seed"].nunique() > 1 else "")
+    cell = headline.assign(cell=headline["estimate"].map("{:+.3f}".format) + stars, column=column)
     wide = cell.pivot_table(index=["feature", "other"], columns="column", values="cell", aggfunc="first")
-    order = [c for r in charts.rung_domain(mine["rung"]) for c in wide.columns if c.split(":")[0] == r]
+    order = [c for r in charts.rung_domain(headline["rung"]) for c in wide.columns if c.split(":")[0] == r]
     wide = wide[order].rename_axis(columns=None)
     return wide.reset_index().rename(columns={"feature": "topological", "other": "spectral"})
 

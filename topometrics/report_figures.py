@@ -74,26 +74,28 @@ def _heatmap(rho):
     if isinstance(rho, Missing):
         return rho
     # The Betti curves are curves, not summaries: one row per scale would swamp the map.
-    mine = rho[~rho["feature"].str.match(BETTI.pattern) & rho["rho"].notna()]
-    return mine.groupby(["rung", "feature"], as_index=False)["rho"].mean()
+    summaries = rho[~rho["feature"].str.match(BETTI.pattern) & rho["rho"].notna()]
+    return summaries.groupby(["rung", "feature"], as_index=False)["rho"].mean()
 
 
 def _mae(mae):
     if isinstance(mae, Missing):
         return mae
-    mine = mae[mae["mae"].notna()]
-    label = np.where(mine["cv"].isin(["none", "rung"]), mine["method"], mine["method"] + " (cv " + mine["cv"] + ")")
-    return mine.assign(method=label)[["method", "fraction", "mae"]]
+    fitted = mae[mae["mae"].notna()]
+    label = np.where(
+        fitted["cv"].isin(["none", "rung"]), fitted["method"], fitted["method"] + " (cv " + fitted["cv"] + ")"
+    )
+    return fitted.assign(method=label)[["method", "fraction", "mae"]]
 
 
 def _scaling(points, fits):
     if isinstance(points, Missing):
         return points
-    mine = points[points["feature"].isin(SCALING_FEATURES) & (points["value"] > 0)]
-    if mine.empty:
+    final = points[points["feature"].isin(SCALING_FEATURES) & (points["value"] > 0)]
+    if final.empty:
         return Missing("no positive final-checkpoint values for the scaling features")
-    mine = mine.groupby(["rung", "n_params", "feature"], as_index=False)["value"].mean()
-    return charts.scaling(mine, _fitted_curves(fits, mine))
+    final = final.groupby(["rung", "n_params", "feature"], as_index=False)["value"].mean()
+    return charts.scaling(final, _fitted_curves(fits, final))
 
 
 def _fitted_curves(fits, points: pd.DataFrame) -> pd.DataFrame | None:
@@ -115,15 +117,15 @@ def _betti(features):
     if isinstance(features, Missing):
         return features
     parsed = features["feature"].str.extract(BETTI.pattern)
-    mine = features.assign(dim="H" + parsed[0], scale=pd.to_numeric(parsed[1])).dropna(subset=["scale"])
-    if mine.empty:
-        return mine
-    seed = mine.groupby("rung")["seed"].transform("min")
-    mine = mine[mine["seed"] == seed]
-    first, last = (mine.groupby("rung")["step"].transform(fn) for fn in ("min", "max"))
-    mine = mine[(mine["step"] == first) | (mine["step"] == last)]
-    label = np.where(mine["step"] == last.loc[mine.index], "final", "first")
-    return mine.assign(checkpoint=label, betti=mine["value"])[["rung", "checkpoint", "dim", "scale", "betti"]]
+    curves = features.assign(dim="H" + parsed[0], scale=pd.to_numeric(parsed[1])).dropna(subset=["scale"])
+    if curves.empty:
+        return curves
+    seed = curves.groupby("rung")["seed"].transform("min")
+    curves = curves[curves["seed"] == seed]
+    first, last = (curves.groupby("rung")["step"].transform(fn) for fn in ("min", "max"))
+    curves = curves[(curves["step"] == first) | (curves["step"] == last)]
+    label = np.where(curves["step"] == last.loc[curves.index], "final", "first")
+    return curves.assign(checkpoint=label, betti=curves["value"])[["rung", "checkpoint", "dim", "scale", "betti"]]
 
 
 def _series(np_series, features):

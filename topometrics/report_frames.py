@@ -103,6 +103,6 @@ def select_features(features, names: tuple[str, ...]):
 
 
 def wide_features(features: pd.DataFrame, names: list[str]) -> pd.DataFrame:
-    mine = features[features["feature"].isin(names)]
-    wide = mine.pivot_table(index=["rung", "step"], columns="feature", values="value", aggfunc="mean")
+    chosen = features[features["feature"].isin(names)]
+    wide = chosen.pivot_table(index=["rung", "step"], columns="feature", values="value", aggfunc="mean")
     return wide.reindex(columns=names).reset_index()

@@ -27,7 +27,7 @@ import topometrics
 from topometrics.params import ViewSettings
 from topometrics.shards import split_by_params
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: runs lost the always-NULL fingerprint column
 SQL_DIR = Path(__file__).parent / "sql"
 # Analysis tables the warehouse stage loads from the analysis stage's Parquet files.
 ANALYSIS_TABLES = ("predictions", "fits", "tests", "incremental_validity", "incremental_errors")
@@ -202,7 +202,7 @@ def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str |
         raise WarehouseError(f"{config_path} lacks {sorted(missing)}; regenerate it with the config stage")
     rung, seed, recipe, model = cfg["rung"], int(cfg["seed"]), cfg["recipe"], cfg["model"]
     run = {"rung": rung, "seed": seed, "kind": "ladder", "config_json": json.dumps(cfg, sort_keys=True)}
-    run |= {"fingerprint": cfg.get("fingerprint"), "code_version": code} | _corpus_columns(corpus)
+    run |= {"code_version": code} | _corpus_columns(corpus)
     run |= {k: recipe.get(k) for k in ("steps", "ckpt_every", "lr", "warmup", "min_lr_ratio")}
     _insert(con, "runs", pd.DataFrame([run]))
     shape = {k: model.get(k) for k in ("vocab_size", "context", "hidden", "layers", "heads")}

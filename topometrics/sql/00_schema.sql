@@ -1,4 +1,4 @@
--- topometrics warehouse: tables. Schema version 1 (topometrics.warehouse.SCHEMA_VERSION).
+-- topometrics warehouse: tables. Schema version 2 (topometrics.warehouse.SCHEMA_VERSION).
 -- Keys are (rung, seed, step): a "rung" is a ladder model (tiny ... xl) or an external series
 -- (e.g. 'EleutherAI/pythia-14m'); `kind` in runs/rungs says which.
 
@@ -21,7 +21,6 @@ CREATE TABLE runs (
     seed INTEGER NOT NULL,
     kind VARCHAR NOT NULL,             -- 'ladder' (trained here) or 'series' (external checkpoints)
     config_json VARCHAR,               -- data/config/<rung>.json verbatim: model shape + recipe
-    fingerprint VARCHAR,
     steps INTEGER,                     -- planned optimizer steps (recipe.steps)
     ckpt_every INTEGER,
     lr DOUBLE,                         -- peak learning rate
