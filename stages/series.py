@@ -21,19 +21,20 @@ from topometrics.tokens import decode, load_tokens
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory (val.u8)")
-    ap.add_argument("--out", type=Path, required=True, help="features.parquet, diagrams.parquet, status.json")
+    ap.add_argument("--out", type=Path, required=True, help="features/diagrams/checkpoints.parquet, status.json")
     args = ap.parse_args()
     params = load_params()
     hf_logging.disable_progress_bar()  # one progress line per checkpoint, not a bar per file
     text = decode(load_tokens(args.corpus, "val"))
     # One BLAS thread: the per-layer SVDs are small, and extra BLAS threads only contend (docs/series.md).
     with threadpool_limits(limits=1, user_api="blas"):
-        features, diagrams, status = run_series(
+        features, diagrams, checkpoints, status = run_series(
             params.series, params.features, text, progress=lambda line: print(f"series: {line}", flush=True)
         )
     args.out.mkdir(parents=True, exist_ok=True)
     features.to_parquet(args.out / "features.parquet", index=False)
     diagrams.to_parquet(args.out / "diagrams.parquet", index=False)
+    checkpoints.to_parquet(args.out / "checkpoints.parquet", index=False)
     write_text(args.out / "status.json", json.dumps(status, indent=1))
     for s in status["series"]:
         note = "" if not s["skipped"] else " (see status.json; rerun `dvc repro` when the hub or cache has them)"

@@ -13,10 +13,12 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from topometrics import features as feat
 from topometrics.architectures import (
     ArchitectureError,
+    block_path,
     config_rules,
     match_tensors,
     module_layers,
     module_weights,
+    name_layers,
     oriented,
     rules_from_layers,
     user_rules,
@@ -223,3 +225,22 @@ def test_bare_state_dict_file_with_config_streams_like_save_pretrained(tmp_path)
     files = streamed(tmp_path)
     for name, w in module_weights(model).items():
         np.testing.assert_array_equal(files[name], w)
+
+
+def test_without_a_config_tensor_names_are_classified_by_the_same_table():
+    parts = [("attn.qkv", "attention.query_key_value"), ("attn.out", "attention.dense"),
+             ("mlp.in", "mlp.dense_h_to_4h"), ("mlp.out", "mlp.dense_4h_to_h")]  # fmt: skip
+    names = {f"gpt_neox.layers.{i}.{m}.{kind}": (4, 4) if kind == "weight" else (4,)
+             for i in (1, 0) for _, m in parts for kind in ("weight", "bias")}  # fmt: skip
+    layers = name_layers(names | {"gpt_neox.embed_in.weight": (9, 4)}, "f")
+    assert [la.name for la in layers] == [f"block{i}.{part}" for i in (0, 1) for part, _ in parts]
+    assert layers[-1].tensor == "gpt_neox.layers.1.mlp.dense_4h_to_h.weight" and not layers[-1].transposed
+    with pytest.raises(ArchitectureError, match="incomplete blocks, block1.mlp.out is missing"):
+        name_layers({k: v for k, v in names.items() if "1.mlp.dense_4h_to_h.weight" not in k}, "f")
+    with pytest.raises(ArchitectureError, match=r"no canonical part for blocks.0.attn.mystery.weight"):
+        name_layers({"blocks.0.attn.mystery.weight": (4, 4)}, "f")
+
+
+def test_block_path():
+    assert block_path("transformer.h.11.attn.c_attn.weight") == "transformer.h.11"
+    assert block_path("model.decoder.layers.0.fc1.weight") == "model.decoder.layers.0"

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -24,7 +25,7 @@ from topometrics.checkpoints import CheckpointError
 from topometrics.corpus import offline_text
 from topometrics.params import FeaturesParams, ParamsError, SeriesSource, parse_params
 from topometrics.safetensors_reader import SafetensorsFile
-from topometrics.series import causal_lm_on_batch, neox_linear_layers, series_features
+from topometrics.series import causal_lm_on_batch, run_series, series_features
 from topometrics.series_checkpoints import hub_checkpoints, step_from_name
 from topometrics.tokens import encode
 
@@ -118,11 +119,9 @@ def test_representation_features_equal_the_in_memory_model_on_the_same_tokens(lo
     root, models_by_step = local_series
     ids = AutoTokenizer.from_pretrained(root)(TEXT, add_special_tokens=False)["input_ids"]
     x, y = feat.validation_batch(np.asarray(ids), SEQ_LEN, PARAMS.rep_batch)
-    layers = {
-        name: f"gpt_neox.layers.{name[5]}.{dict(MAPPING)[name[7:]]}.weight" for name in in_memory_weights(tiny_neox(0))
-    }
     for step, model in models_by_step.items():
-        states, grads, loss = causal_lm_on_batch(model, x, y, layers)
+        states, grads, loss = causal_lm_on_batch(model, x, y)
+        assert list(grads) == list(in_memory_weights(model))
         with torch.no_grad():
             out = model(input_ids=x, output_hidden_states=True)
         # the states are the last block's output before the final layer norm (our convention)
@@ -281,20 +280,6 @@ def test_stage_reads_hub_revisions_from_a_local_cache_offline(local_series, loca
 # ---------------------------------------------------------------------------
 
 
-def test_neox_mapping_is_in_our_network_order_and_rejects_incomplete_blocks():
-    names = [f"gpt_neox.layers.{i}.{m}.{kind}" for i in (1, 0) for _, m in MAPPING for kind in ("weight", "bias")]
-    layers = neox_linear_layers(names)
-    assert list(layers) == [f"block{i}.{part}" for i in (0, 1) for part, _ in MAPPING]
-    assert layers["block1.mlp.out"] == "gpt_neox.layers.1.mlp.dense_4h_to_h.weight"
-    assert neox_linear_layers([n.removeprefix("gpt_neox.") for n in names])["block0.attn.qkv"] == (
-        "layers.0.attention.query_key_value.weight"
-    )
-    with pytest.raises(CheckpointError, match="missing layers.1.mlp.dense_4h_to_h.weight"):
-        neox_linear_layers([n for n in names if "1.mlp.dense_4h_to_h" not in n])
-    with pytest.raises(CheckpointError, match="no GPT-NeoX linear layers"):
-        neox_linear_layers(["blocks.0.attn.qkv.weight"])
-
-
 @pytest.mark.parametrize(
     ("name", "step"),
     [("step0", 0), ("step143000", 143000), ("step_001000", 1000), ("checkpoint-500", 500), ("main", None)],
@@ -330,6 +315,102 @@ def test_series_params_default_to_the_papers_pythia_validation_and_validate():
         ({"sources": {"x": {"path": "/p", "revisions": ["step1"]}}}, "revisions applies to model only"),
         ({"sources": {"x": {"model": "a/b", "revisions": ["s"], "typo": 1}}}, "unknown param series.sources.x.typo"),
         ({"seq_len": 0}, "series.seq_len must be positive"),
+        ({"sources": {"x": {"path": "/p", "log": "/l"}}}, "give exactly one of model .* or log"),
+        ({"sources": {"x": {"log": "/l", "losses": "a.csv"}}}, "series.sources.x.losses applies to path only"),
+        ({"sources": {"x": {"log": "/l", "layers": {"attn.q": "a"}}}}, "layers does not apply to a monitor log"),
+        ({"sources": {"x": {"path": "/p", "layers": {"attn.q": 1}}}}, "series.sources.x.layers must map names"),
     ]:
         with pytest.raises(ParamsError, match=message):
             parse_params(raw | {"series": bad})
+
+
+# ---------------------------------------------------------------------------
+# Any decoder family, run folders, live logs, bad input
+# ---------------------------------------------------------------------------
+
+FAMILIES = {
+    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64},
+    "llama": {"num_key_value_heads": 2},
+    "mistral": {"num_key_value_heads": 2},
+    "qwen2": {"num_key_value_heads": 2},
+    "olmo2": {},
+    "phi": {},
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_streams_to_the_in_memory_features_with_its_forward_pass(local_series, tmp_path, family):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from topometrics.architectures import module_weights
+
+    root, _ = local_series
+    common = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+    config = AutoConfig.for_model(family, vocab_size=300, **(common if family != "gpt2" else {}), **FAMILIES[family])
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(tmp_path / "run" / "checkpoint-7")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(root / name, tmp_path / "run")
+    result = series_features(family, SeriesSource(path=str(tmp_path / "run")), TEXT, PARAMS, SEQ_LEN)
+    assert [c["status"] for c in result.status] == ["computed"]
+    got = values(result.features, 7)
+    for layer, name, value, _ in feat.weight_features(module_weights(model), PARAMS).rows:
+        assert got[(layer, name)] == value, (layer, name)
+    forward = {k: v for k, v in got.items() if k[1] in ("grad_norm", "batch_loss", "rep_tp0")}
+    assert len(forward) == len(module_weights(model)) + 3 and all(np.isfinite(list(forward.values())))
+    losses = pd.concat(result.losses)  # a Trainer folder without trainer_state.json: NULL with the reason
+    assert losses["val_loss"].isna().all() and losses["reason"].iloc[0].startswith("no trainer_state.json")
+
+
+def test_run_folder_losses_and_a_live_log_reach_the_checkpoints_table(local_series, tmp_path):
+    from topometrics.monitor import TopologyMonitor
+
+    root, models_by_step = local_series
+    run = tmp_path / "run"
+    shutil.copytree(root, run)
+    (run / "losses.jsonl").write_text('{"step": 0, "loss": 5.5, "eval_loss": 5.6}\n{"step": 10, "loss": 4.5}\n')
+    (run / "step_30.pt").write_bytes(b"a pickle is never opened")
+    with TopologyMonitor(tmp_path / "live", every=10, params=PARAMS, log=lambda _: None) as monitor:
+        for step, model in models_by_step.items():
+            monitor.step(model, step, loss=float(step))
+    sources = {
+        "folder": SeriesSource(path=str(run), losses=str(run / "losses.jsonl")),
+        "live": SeriesSource(log=str(tmp_path / "live"), seed=3),
+        "nothing": SeriesSource(log=str(tmp_path / "absent")),
+    }
+    params = parse_params(yaml.safe_load((REPO / "params.yaml").read_text())).series
+    features, _, checkpoints, status = run_series(replace(params, sources=sources, seq_len=SEQ_LEN), PARAMS, TEXT)
+    by_name = {s["name"]: s for s in status["series"]}
+    assert (by_name["folder"]["computed"], by_name["folder"]["skipped"]) == (3, 1)
+    pickle = next(c for c in by_name["folder"]["checkpoints"] if c["revision"] == "step_30.pt")
+    assert "pickle weights are never opened" in pickle["reason"] and "weights_only=True" in pickle["reason"]
+    assert (by_name["live"]["computed"], by_name["nothing"]["skipped"]) == (3, 1)
+    rows = checkpoints.set_index(["rung", "step"])
+    assert rows.loc[("folder", 0), "val_loss"] == 5.6 and np.isnan(rows.loc[("folder", 10), "val_loss"])
+    assert rows.loc[("folder", 20), "reason"] == "the losses file has no row for step 20"
+    assert rows.loc[("live", 10), "train_loss"] == 10.0 and set(checkpoints[checkpoints.rung == "live"].seed) == {3}
+    live = features[features["rung"] == "live"]
+    folder = features[(features["rung"] == "folder") & (features["step"] == 10)]
+    shared = live[live["step"] == 10].merge(folder, on=["layer", "feature"])  # same weights, same values
+    assert len(shared) > 50 and (shared["value_x"] == shared["value_y"]).all()
+
+
+def test_unknown_architecture_and_a_layers_option_that_maps_it(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    state = {f"enc.blk.{b}.{m}.weight": torch.randn(8, 6, generator=gen) for b in range(2) for m in ("wa", "wb")}
+    (tmp_path / "run").mkdir()
+    save_file(state, str(tmp_path / "run" / "step_5.safetensors"))
+    result = series_features("u", SeriesSource(path=str(tmp_path / "run")), TEXT, PARAMS, SEQ_LEN)
+    (skip,) = result.status
+    assert skip["status"] == "skipped" and "unknown architecture" in skip["reason"]
+    assert "enc.blk.{i}.wa.weight (8, 6)" in skip["reason"] and "layers: {attn.qkv:" in skip["reason"]
+    layers = {"attn.qkv": r"enc\.blk\.(\d+)\.wa\.weight", "attn.out": r"enc\.blk\.(\d+)\.wb\.weight"}
+    result = series_features("u", SeriesSource(path=str(tmp_path / "run"), layers=layers), TEXT, PARAMS, SEQ_LEN)
+    got = values(result.features, 5)
+    want = feat.weight_features({f"block{b}.attn.{p}": state[f"enc.blk.{b}.{m}.weight"].numpy()
+                                 for b in range(2) for p, m in (("qkv", "wa"), ("out", "wb"))}, PARAMS)  # fmt: skip
+    assert all(got[(layer, name)] == value for layer, name, value, _ in want.rows)
+    assert got[("all", "rep_tp0")] != got[("all", "rep_tp0")]  # no config.json: NULL forward rows
+    result = series_features("u", SeriesSource(path=str(tmp_path / "run"), layers=layers | {"attn.q": r"x\.(\d+)"}),
+                             TEXT, PARAMS, SEQ_LEN)  # fmt: skip
+    assert "layers.attn.q ('x\\\\.(\\\\d+)') matches no 2-D tensor" in result.status[0]["reason"]

@@ -404,3 +404,28 @@ def test_feature_shards_of_other_params_are_reported_not_read(tmp_path):
     assert [s for (s,) in got] == sorted(s for s in flat.step.unique() if s % 200)
     assert con.execute("SELECT count(*) FROM features").fetchone()[0] == (flat.step % 200 != 0).sum()
     assert len(warehouse.discover_inputs(*args).feature_files) == flat.step.nunique()  # no params: every shard
+
+
+def test_series_losses_reach_the_checkpoints_table_and_the_views(tmp_path):
+    inputs = write_inputs(tmp_path, rungs={"tiny": 2936})
+    steps = [0, 100, 200, 300, 400]
+    np_values, val = [0.20, 0.30, 0.25, 0.24, 0.23], [5.0, 4.0, 3.5, 3.4, np.nan]
+    series = pd.DataFrame({"rung": "my-run", "seed": 0, "step": steps, "layer": "all", "feature": "np_norm",
+                           "value": np_values, "reason": None})  # fmt: skip
+    _write_parquet(tmp_path / "series" / "features.parquet", series)
+    losses = pd.DataFrame({"rung": "my-run", "seed": 0, "step": steps, "val_loss": val, "train_loss": 1.0,
+                           "reason": [None] * 4 + ["trainer_state.json logs no eval_loss at step 400"]})  # fmt: skip
+    _write_parquet(tmp_path / "series" / "checkpoints.parquet", losses)
+    found = warehouse.discover_inputs(tmp_path / "config", tmp_path / "runs", None, [tmp_path / "series"])
+    assert found.checkpoint_files == [tmp_path / "series" / "checkpoints.parquet"]
+    files = {"feature_files": [*inputs.feature_files, tmp_path / "series" / "features.parquet"]}
+    inputs = Inputs(**(inputs.__dict__ | files | {"checkpoint_files": found.checkpoint_files}))
+    con = duckdb.connect()
+    warehouse.populate(con, inputs, AnalysisParams(np_patience=2).settings(), {})
+    rows = con.execute("SELECT step, val_loss, reason FROM checkpoints WHERE rung = 'my-run' ORDER BY step").fetchall()
+    assert rows[-1] == (400, None, "trainer_state.json logs no eval_loss at step 400") and rows[0] == (0, 5.0, None)
+    assert con.execute("SELECT reason FROM checkpoints WHERE rung = 'tiny' LIMIT 1").fetchone() == (None,)
+    rho = con.execute("SELECT rho, n FROM feature_loss_spearman WHERE rung = 'my-run'").fetchone()
+    assert rho == pytest.approx((stats.spearmanr(np_values[:4], val[:4]).statistic, 4))
+    stop = con.execute("SELECT np_fired, np_stop_step FROM early_stopping WHERE rung = 'my-run'").fetchone()
+    assert stop == (True, 300)  # best 0.30 at step 100, then two checkpoints without a rise

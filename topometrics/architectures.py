@@ -288,6 +288,58 @@ def match_tensors(
     if not found:
         two_d = [f"{n} {tuple(s)}" for n, s in shapes.items() if len(s) == 2]
         raise ArchitectureError(unknown_architecture_message(label, two_d, "no tensor matches the layer rules"))
+    return _complete(found, label)
+
+
+def name_layers(shapes: Mapping[str, tuple[int, ...]], label: str) -> list[LinearLayer]:
+    """Without a config: the 2-D ``.weight`` tensors inside numbered blocks, named by the module table.
+
+    The same classification as :func:`module_layers`, applied to tensor names; weights are read as
+    stored, ``(out, in)`` (a GPT-2 Conv1D file needs its ``config.json`` to be read transposed).
+    Raises :class:`ArchitectureError` listing the 2-D tensors when a block tensor has no part.
+    """
+    found, unmapped = {}, []
+    for name, shape in shapes.items():
+        where = _split_block(name.removesuffix(".weight")) if len(shape) == 2 and name.endswith(".weight") else None
+        if where is None:
+            continue
+        part = _part(where[1])
+        if part is None:
+            unmapped.append(name)
+            continue
+        found[(where[0], part)] = LinearLayer("", name)
+    if unmapped or not found:
+        two_d = [f"{n} {tuple(s)}" for n, s in shapes.items() if len(s) == 2]
+        why = f"no canonical part for {', '.join(unmapped[:4])}" if unmapped else "no 2-D weights in numbered blocks"
+        raise ArchitectureError(unknown_architecture_message(label, two_d, why))
+    return _complete(found, label)
+
+
+def checkpoint_layers(
+    shapes: Mapping[str, tuple[int, ...]], config_dir: Path | None, layers: Mapping[str, str] | None, label: str
+) -> list[LinearLayer]:
+    """A checkpoint's linear layers: by the ``layers:`` option if given, else by the rules of its
+    ``config.json``'s family, else by tensor names (:func:`name_layers`)."""
+    if layers:
+        return match_tensors(shapes, user_rules(layers), label, every_rule=True)
+    if config_dir is None:
+        return name_layers(shapes, label)
+    try:
+        rules = config_rules(config_dir)
+    except ArchitectureError as err:
+        two_d = [f"{n} {tuple(s)}" for n, s in shapes.items() if len(s) == 2]
+        raise ArchitectureError(unknown_architecture_message(label, two_d, str(err))) from err
+    return match_tensors(shapes, rules, label)
+
+
+def block_path(tensor: str) -> str:
+    """The module path of the block holding a layer: ``transformer.h.3.attn.c_attn.weight`` -> ``transformer.h.3``."""
+    head, number, _ = _BLOCK_NUMBER.split(tensor, maxsplit=1)
+    return f"{head}.{number}"
+
+
+def _complete(found: dict[tuple[int, str], LinearLayer], label: str) -> list[LinearLayer]:
+    """Canonical order, after checking every block 0..n-1 has every part that any block has."""
     blocks = sorted({block for block, _ in found})
     parts = sorted({part for _, part in found}, key=PARTS.index)
     missing = [f"block{b}.{p}" for b in blocks for p in parts if (b, p) not in found]

@@ -105,20 +105,30 @@ PYTHIA_REVISIONS = ("step0", "step1000", "step5000", "step10000", "step50000", "
 
 @dataclass(frozen=True)
 class SeriesSource:
-    """One external checkpoint series: a Hugging Face model id with revisions, or a local folder."""
+    """One external checkpoint series: hub revisions, a run folder, or a live monitor's log folder."""
 
     model: str | None = None  # Hugging Face model id, e.g. EleutherAI/pythia-14m
     revisions: tuple[str, ...] = ()  # hub branches/tags, one checkpoint each; the step is read from 'step<N>'
-    path: str | None = None  # or a local folder: one save_pretrained folder or .safetensors file per step
+    path: str | None = None  # or a run folder: Trainer checkpoint-<step>/ folders or <name>-<step>.safetensors files
+    log: str | None = None  # or a TopologyMonitor log folder (features-<step>.parquet, losses-*.parquet)
+    losses: str | None = None  # path: a CSV/JSONL of losses by step (step, val_loss/eval_loss, train_loss/loss)
+    layers: dict[str, str] | None = None  # canonical part -> tensor-name regex, (\d+) = block; for unknown models
     seed: int = 0  # label for the seed column (e.g. a PolyPythia seed); not used in any computation
 
     def check(self, prefix: str) -> None:
-        if (self.model is None) == (self.path is None):
-            raise ParamsError(f"{prefix}: give exactly one of model (a Hugging Face id) or path (a local folder)")
+        given = [k for k in ("model", "path", "log") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ParamsError(
+                f"{prefix}: give exactly one of model (a Hugging Face id), path (a run folder) or log (a monitor log)"
+            )
         if self.model is not None and not self.revisions:
             raise ParamsError(f"{prefix}.revisions is empty; list the hub revisions, e.g. [step0, step1000]")
-        if self.path is not None and self.revisions:
+        if self.model is None and self.revisions:
             raise ParamsError(f"{prefix}.revisions applies to model only; a local folder's steps come from its names")
+        if self.path is None and self.losses is not None:
+            raise ParamsError(f"{prefix}.losses applies to path only (a run folder of safetensors files)")
+        if self.log is not None and self.layers is not None:
+            raise ParamsError(f"{prefix}.layers does not apply to a monitor log (its layers are named already)")
         _non_negative(self, prefix, ("seed",))
 
 
@@ -330,6 +340,10 @@ def _coerce(value: object, hint: object, key: str) -> object:
             return None
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
         origin = typing.get_origin(hint)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise ParamsError(f"{key} must map names to strings, e.g. {{attn.q: 'h\\.(\\d+)\\.q\\.weight'}}")
+        return dict(value)
     if origin is tuple:
         item = typing.get_args(hint)[0]
         if not isinstance(value, list | tuple):

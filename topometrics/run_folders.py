@@ -86,8 +86,9 @@ def scan_run_folder(folder: Path, losses_file: Path | None = None) -> RunFolder:
     folder : Path
         The run folder.
     losses_file : Path, optional
-        CSV or JSONL of losses by step for plain safetensors files (Trainer checkpoints read
-        ``trainer_state.json``). Raises :class:`RunFolderError` when it cannot be read.
+        CSV or JSONL of losses by step; without it, Trainer checkpoints read ``trainer_state.json``
+        and plain files their ``<entry>.json`` sidecars. Raises :class:`RunFolderError` when it
+        cannot be read.
 
     Returns
     -------
@@ -139,7 +140,11 @@ def _entry(entry: Path, folder: Path, table: pd.DataFrame | None) -> RunCheckpoi
         step = step if step is not None else _json_value(entry / "trainer_state.json", "global_step")
         if step is None:
             return _skip(entry.name, None, f"{entry}: cannot tell the step; name it checkpoint-<step>")
-        losses = trainer_losses(entry / "trainer_state.json", step, folder / "trainer_state.json")
+        losses = (
+            trainer_losses(entry / "trainer_state.json", step, folder / "trainer_state.json")
+            if table is None
+            else table_losses(table, step)
+        )
         config = _dir_with(entry, folder, "config.json")
         return RunCheckpoint(step, entry.name, weights, config, _tokenizer(entry, folder), *losses)
     if entry.suffix in PICKLE_SUFFIXES and _is_pickle_weights(entry):

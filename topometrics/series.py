@@ -22,26 +22,20 @@ Loading rules
   process's memory (3.3 GB for a Pythia-1B-shaped file, measured).
 - Representation features load the model with ``transformers`` and its own tokenizer.
 
-GPT-NeoX layer mapping (``gpt_neox.layers.{i}.`` + module, weights ``(out, in)`` like ours)::
-
-    block{i}.attn.qkv  <- attention.query_key_value   (3d, d)
-    block{i}.attn.out  <- attention.dense             (d, d)
-    block{i}.mlp.in    <- mlp.dense_h_to_4h           (4d, d)
-    block{i}.mlp.out   <- mlp.dense_4h_to_h           (d, 4d)
-
-NeoX's fused QKV rows are interleaved per head (q, k, v of head 0, then head 1, ...) where ours
-are stacked (all q, all k, all v). The rows are used as stored: NP, the spectral baselines and the
-Vietoris-Rips diagram of all rows are invariant to a row permutation; only the seeded choice of
-``max_points`` rows (and the seeded shuffled null) picks different, equally random, rows.
+Linear layers of any decoder family are found by ``topometrics.architectures`` (tensor-name rules
+derived from the family's ``transformers`` module tree, or a ``layers:`` option), under canonical
+names (``block{i}.attn.qkv``, ``block{i}.mlp.gate``, ...); run folders (Trainer output, plain
+safetensors files) resolve through ``topometrics.run_folders``, with their losses; a live
+monitor's log folder (``topometrics.monitor``) is read as computed.
 """
 
 from __future__ import annotations
 
 import functools
-import re
+import json
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +46,14 @@ from safetensors import safe_open
 from torch.nn import functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from topometrics.architectures import (
+    ArchitectureError,
+    LinearLayer,
+    block_path,
+    checkpoint_layers,
+    module_layers,
+    oriented,
+)
 from topometrics.checkpoints import CheckpointError
 from topometrics.features import (
     DIAGRAM_COLUMNS,
@@ -66,30 +68,15 @@ from topometrics.features import (
     null_features,
     validation_batch,
 )
+from topometrics.monitor import read_log
 from topometrics.params import FeaturesParams, SeriesParams, SeriesSource
+from topometrics.run_folders import RunCheckpoint, RunFolderError, scan_run_folder
 from topometrics.safetensors_reader import SafetensorsFile
-from topometrics.series_checkpoints import (
-    SeriesCheckpoint,
-    hub_checkpoints,
-    local_checkpoints,
-    skip_record,
-    weights_sha256,
-)
+from topometrics.series_checkpoints import SeriesCheckpoint, hub_checkpoints, skip_record, weights_sha256
 
+CHECKPOINT_COLUMNS = ["rung", "seed", "step", "val_loss", "train_loss", "reason"]  # the warehouse's checkpoints
 EXTRA_COLUMNS = ["series", "revision"]  # appended to both tables: the hub id or folder, and the revision/entry
 
-# Our layer part -> GPT-NeoX module inside a block, in our network order.
-NEOX_LINEAR = {
-    "attn.qkv": "attention.query_key_value",
-    "attn.out": "attention.dense",
-    "mlp.in": "mlp.dense_h_to_4h",
-    "mlp.out": "mlp.dense_4h_to_h",
-}
-_NEOX_TENSOR = re.compile(
-    r"^(?P<blocks>(?:gpt_neox\.)?layers)\.(?P<block>\d+)\.(?P<module>"
-    + "|".join(map(re.escape, NEOX_LINEAR.values()))
-    + r")\.weight$"
-)
 _TOKEN_MARGIN = 64  # spare tokens when tokenising a prefix of the validation text
 
 
@@ -100,45 +87,23 @@ class SeriesResult:
     features: list[pd.DataFrame] = field(default_factory=list)
     diagrams: list[pd.DataFrame] = field(default_factory=list)
     status: list[dict] = field(default_factory=list)
+    losses: list[pd.DataFrame] = field(default_factory=list)  # CHECKPOINT_COLUMNS rows of computed steps
 
 
-def neox_linear_layers(tensor_names) -> dict[str, str]:
-    """Map GPT-NeoX linear weights onto our layer names, in our network order.
+def open_weights(
+    files: tuple[Path, ...], config_dir: Path | None = None, layers: Mapping[str, str] | None = None
+) -> tuple[dict[str, SafetensorsFile], dict[str, LinearLayer]]:
+    """Validate the shards; return tensor name -> shard and canonical layer name -> layer.
 
-    Parameters
-    ----------
-    tensor_names : iterable of str
-        State-dict keys, with or without the ``gpt_neox.`` prefix.
-
-    Returns
-    -------
-    {``block{i}.attn.qkv`` ...: tensor name}
-        Blocks in order, then qkv, attention out, MLP in, MLP out (biases, embeddings, layer
-        norms and the head are excluded, as for our models).
+    Layers come from ``layers`` (a ``layers:`` option), else from the family of
+    ``config_dir/config.json``, else from the tensor names (``topometrics.architectures``); an
+    architecture no rule covers raises :class:`ArchitectureError` listing its 2-D tensors.
     """
-    found = {}
-    for name in tensor_names:
-        match = _NEOX_TENSOR.match(name)
-        if match:
-            found[(int(match["block"]), match["module"])] = name
-    if not found:
-        raise CheckpointError("no GPT-NeoX linear layers (gpt_neox.layers.{i}.attention.query_key_value.weight, ...)")
-    blocks = max(block for block, _ in found) + 1
-    missing = [f"{b}.{m}" for b in range(blocks) for m in NEOX_LINEAR.values() if (b, m) not in found]
-    if missing:
-        raise CheckpointError(f"incomplete GPT-NeoX blocks, missing layers.{missing[0]}.weight (+{len(missing) - 1})")
-    return {f"block{b}.{part}": found[(b, module)] for b in range(blocks) for part, module in NEOX_LINEAR.items()}
-
-
-def open_weights(files: tuple[Path, ...]) -> tuple[dict[str, SafetensorsFile], dict[str, str]]:
-    """Validate the shards; return tensor name -> shard and our layer name -> tensor name."""
     shards = [SafetensorsFile(path) for path in files]
     shard_of = {name: shard for shard in shards for name in shard.names}
-    try:
-        layers = neox_linear_layers(shard_of)
-    except CheckpointError as err:
-        raise CheckpointError(f"{', '.join(str(p) for p in files)}: {err}") from err
-    return shard_of, layers
+    shapes = {name: tuple(shard.header[name]["shape"]) for name, shard in shard_of.items()}
+    found = checkpoint_layers(shapes, config_dir, layers, ", ".join(str(p) for p in files))
+    return shard_of, {layer.name: layer for layer in found}
 
 
 # ---------------------------------------------------------------------------
@@ -163,7 +128,14 @@ def load_causal_lm(ckpt: SeriesCheckpoint) -> torch.nn.Module:
     for path in ckpt.weights:
         with safe_open(str(path), framework="pt") as f:
             state.update({name: f.get_tensor(name).float() for name in f.keys()})  # noqa: SIM118 (not a dict)
-    model.load_state_dict(state, strict=True)
+    # A head tied to the embedding is not in the file (safetensors stores shared tensors once).
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    result = model.load_state_dict(state, strict=False)
+    if set(result.missing_keys) - tied or result.unexpected_keys:
+        missing = sorted(set(result.missing_keys) - tied)
+        raise RuntimeError(f"state dict does not fit {type(model).__name__}: missing {missing[:3]}, "
+                           f"unexpected {result.unexpected_keys[:3]}")  # fmt: skip
+    model.tie_weights()
     return model.eval()
 
 
@@ -182,14 +154,16 @@ def validation_tokens(tokenizer, text: str, needed: int) -> np.ndarray:
         chars *= 4
 
 
-def causal_lm_on_batch(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, layers: dict[str, str]) -> ForwardPass:
-    """As :func:`topometrics.features.model_on_batch`, for a ``transformers`` GPT-NeoX model.
+def causal_lm_on_batch(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> ForwardPass:
+    """As :func:`topometrics.features.model_on_batch`, for a ``transformers`` causal LM of any family.
 
     States are the residual stream after the last block, before the final layer norm (a forward
     hook on the last block: ``output_hidden_states`` differs across transformers versions on
-    whether the last entry is normalised). Gradient norms are of the mapped linear weights.
+    whether the last entry is normalised). Gradient norms are of the linear weights of the model's
+    module tree (``topometrics.architectures.module_layers``), under their canonical names.
     """
-    last_block = layers[next(reversed(layers))].rsplit(".", 3)[0]  # gpt_neox.layers.{L-1}
+    layers = {layer.name: layer.tensor for layer in module_layers(model)}
+    last_block = block_path(layers[next(reversed(layers))])  # e.g. gpt_neox.layers.{L-1}
     captured = []
     hook = model.get_submodule(last_block).register_forward_hook(
         lambda _m, _i, out: captured.append((out[0] if isinstance(out, tuple) else out).detach())
@@ -207,9 +181,7 @@ def causal_lm_on_batch(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     return ForwardPass(states.reshape(-1, states.shape[-1]).double().numpy(), grads, float(loss.detach()))
 
 
-def causal_lm_forward(
-    ckpt: SeriesCheckpoint, layers: dict[str, str], text: str, params: FeaturesParams, seq_len: int
-) -> ForwardPass:
+def causal_lm_forward(ckpt: SeriesCheckpoint, text: str, params: FeaturesParams, seq_len: int) -> ForwardPass:
     """The forward/backward pass of a series checkpoint on its fixed validation batch.
 
     The batch is ``features.rep_batch`` windows of ``seq_len`` tokens of the model's own
@@ -226,11 +198,11 @@ def causal_lm_forward(
         x, y = validation_batch(ids, seq_len, params.rep_batch)
     except (OSError, ValueError, RuntimeError) as err:
         raise NoForwardPass(f"model not loadable by transformers: {err}".splitlines()[0]) from err
-    return causal_lm_on_batch(model, x, y, layers)
+    return causal_lm_on_batch(model, x, y)
 
 
 def series_checkpoint_features(
-    ckpt: SeriesCheckpoint, text: str, params: FeaturesParams, seq_len: int
+    ckpt: SeriesCheckpoint, text: str, params: FeaturesParams, seq_len: int, layers: Mapping[str, str] | None = None
 ) -> tuple[CheckpointFeatures, list[str]]:
     """All features of one checkpoint but the distances; also returns its layer names.
 
@@ -240,27 +212,32 @@ def series_checkpoint_features(
     :class:`CheckpointError` (message naming the file) for an unreadable checkpoint; a diverged one
     (NaN/Inf in a linear layer) gives NULLs with the reason and a ``RuntimeWarning``.
     """
-    shard_of, layers = open_weights(ckpt.weights)
+    shard_of, layers = open_weights(ckpt.weights, ckpt.config_dir, layers)
     loaders, global_max = streamed_linear_weights(shard_of, layers)
     if not np.isfinite(global_max):
         reason = "diverged: non-finite weights in a linear layer"
         warnings.warn(f"{ckpt.revision}: {reason}", RuntimeWarning, stacklevel=2)
         return null_features(list(layers), params, reason), list(layers)
-    forward = functools.partial(causal_lm_forward, ckpt, layers, text, params, seq_len)
+    forward = functools.partial(causal_lm_forward, ckpt, text, params, seq_len)
     return linear_and_forward_features(loaders, global_max, forward, params), list(layers)
 
 
 def streamed_linear_weights(
-    shard_of: dict[str, SafetensorsFile], layers: dict[str, str]
+    shard_of: dict[str, SafetensorsFile], layers: dict[str, LinearLayer]
 ) -> tuple[dict[str, Callable[[], np.ndarray]], float]:
-    """Loaders that read one linear layer each, and ``max |w|`` over all of them (NaN if any is not finite).
+    """Loaders that read one linear layer each as ``(out, in)``, and ``max |w|`` over all of them
+    (NaN if any is not finite).
 
     The maximum is pass 1 over the files, in cache-sized chunks; a loader reads its layer when called.
     """
-    absmax = [shard_of[tensor].absmax(tensor) for tensor in layers.values()]
+    absmax = [shard_of[layer.tensor].absmax(layer.tensor) for layer in layers.values()]
     global_max = max(absmax) if np.isfinite(absmax).all() else float("nan")
-    loaders = {layer: functools.partial(shard_of[tensor].read, tensor) for layer, tensor in layers.items()}
+    loaders = {name: functools.partial(_read_layer, shard_of[layer.tensor], layer) for name, layer in layers.items()}
     return loaders, global_max
+
+
+def _read_layer(shard: SafetensorsFile, layer: LinearLayer) -> np.ndarray:
+    return oriented(shard.read(layer.tensor), layer.transposed)
 
 
 # ---------------------------------------------------------------------------
@@ -282,12 +259,18 @@ def series_features(
     Distances (``*_prev``) are to the previous *computed* checkpoint of the series. A checkpoint
     that cannot be resolved or read is recorded as skipped with the reason; the others are kept.
     """
+    if source.log is not None:
+        return log_series(name, source, progress)
     label = source.model or str(source.path)
-    ckpts = (
-        hub_checkpoints(source.model, source.revisions, cache_dir)
-        if source.model
-        else local_checkpoints(Path(source.path))
-    )
+    if source.model:
+        ckpts = hub_checkpoints(source.model, source.revisions, cache_dir)
+    else:
+        try:
+            folder = scan_run_folder(Path(source.path), Path(source.losses) if source.losses else None)
+        except RunFolderError as err:
+            progress(f"{name}: skipped: {err}")
+            return SeriesResult(status=[skip_record(source.path, None, str(err))])
+        ckpts = [*folder.skipped, *folder.checkpoints]
     result, prev, hashes = SeriesResult(), None, {}
     for ckpt in ckpts:
         if isinstance(ckpt, dict):
@@ -296,8 +279,8 @@ def series_features(
             continue
         start = time.perf_counter()
         try:
-            cur, layers = series_checkpoint_features(ckpt, text, params, seq_len)
-        except CheckpointError as err:
+            cur, layers = series_checkpoint_features(ckpt, text, params, seq_len, source.layers)
+        except (CheckpointError, ArchitectureError) as err:
             progress(f"{name} {ckpt.revision}: skipped: {err}")
             result.status.append(skip_record(ckpt.revision, ckpt.step, str(err)))
             continue
@@ -306,6 +289,9 @@ def series_features(
         extra = {"series": label, "revision": ckpt.revision}
         result.features.append(features_frame(cur, name, source.seed, ckpt.step).assign(**extra))
         result.diagrams.append(diagrams_frame(cur, name, source.seed, ckpt.step).assign(**extra))
+        if isinstance(ckpt, RunCheckpoint):  # a run folder's losses at this step (hub revisions have none)
+            row = (name, source.seed, ckpt.step, ckpt.val_loss, ckpt.train_loss, ckpt.loss_reason)
+            result.losses.append(pd.DataFrame([row], columns=CHECKPOINT_COLUMNS))
         digest = weights_sha256(ckpt.weights)
         seconds = time.perf_counter() - start
         computed = {"revision": ckpt.revision, "step": ckpt.step, "status": "computed", "reason": None}
@@ -315,6 +301,33 @@ def series_features(
         if digest is not None:
             hashes.setdefault(digest, ckpt.revision)
         progress(f"{name} {ckpt.revision} (step {ckpt.step}): computed in {seconds:.1f} s")
+    return result
+
+
+def log_series(name: str, source: SeriesSource, progress: Callable[[str], None] = lambda line: None) -> SeriesResult:
+    """A live monitor's log folder as a series: its complete files, as computed (``topometrics.monitor``).
+
+    The rows keep their values; ``rung``/``seed`` become the series name and seed. Every measured
+    step is a computed checkpoint; a folder with no complete file is one skip; an early stop
+    (``stop.json``) is in the status of its step.
+    """
+    folder = Path(source.log)
+    features, losses = read_log(folder) if folder.is_dir() else (pd.DataFrame(), pd.DataFrame())
+    if features.empty:
+        reason = f"{folder}: no features-<step>.parquet files (is it a TopologyMonitor log folder?)"
+        progress(f"{name}: skipped: {reason}")
+        return SeriesResult(status=[skip_record(folder.name, None, reason)])
+    stop = json.loads((folder / "stop.json").read_text()) if (folder / "stop.json").is_file() else {}
+    extra = {"series": str(folder), "revision": "live"}
+    result = SeriesResult(features=[features.assign(rung=name, seed=source.seed, **extra)])
+    for step in sorted(features["step"].unique()):
+        note = stop.get("reason") if stop.get("step") == step else None
+        result.status.append({"revision": f"live step {step}", "step": int(step), "status": "computed", "reason": note})
+    measured = losses[losses["step"].isin(features["step"])]
+    missing = measured[["val_loss", "train_loss"]].isna().any(axis=1)
+    reason = np.where(missing, "not logged at this step (TopologyMonitor.record_losses)", None)
+    result.losses.append(measured.assign(rung=name, seed=source.seed, reason=reason)[CHECKPOINT_COLUMNS])
+    progress(f"{name}: {len(result.status)} live measurements from {folder}")
     return result
 
 
@@ -333,20 +346,31 @@ def run_series(
         :data:`topometrics.features.FEATURE_COLUMNS` + ``series``, ``revision``.
     diagrams : DataFrame
         :data:`topometrics.features.DIAGRAM_COLUMNS` + ``series``, ``revision``.
+    checkpoints : DataFrame
+        :data:`CHECKPOINT_COLUMNS`: the losses of run folders and monitor logs at computed steps
+        (NULL with the reason when not logged), for the warehouse's ``checkpoints`` table.
     status : dict
         ``{"series": [{name, model, path, seed, computed, skipped, checkpoints: [...]}]}`` where each
         checkpoint has ``revision, step, status ('computed' | 'skipped'), reason`` (and, when
         computed, ``seconds, files, weights_sha256, duplicate_of``).
     """
-    feature_parts, diagram_parts, status = [], [], []
+    feature_parts, diagram_parts, loss_parts, status = [], [], [], []
     for name, source in params.sources.items():
         result = series_features(name, source, text, features, params.seq_len, cache_dir, progress)
         feature_parts += result.features
         diagram_parts += result.diagrams
+        loss_parts += result.losses
         counts = {s: sum(c["status"] == s for c in result.status) for s in ("computed", "skipped")}
         status.append({"name": name, "model": source.model, "path": source.path, "seed": source.seed, **counts,
                        "checkpoints": result.status})  # fmt: skip
-    return _concat(feature_parts, FEATURE_COLUMNS), _concat(diagram_parts, DIAGRAM_COLUMNS), {"series": status}
+    tables = _concat(feature_parts, FEATURE_COLUMNS), _concat(diagram_parts, DIAGRAM_COLUMNS)
+    return *tables, _losses(loss_parts), {"series": status}
+
+
+def _losses(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=CHECKPOINT_COLUMNS)
+    types = {"seed": "int64", "step": "int64", "val_loss": "float64", "train_loss": "float64", "reason": "object"}
+    return frame.astype(types)
 
 
 def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Resolving an external checkpoint series to local files: Hugging Face revisions or a local folder.
+"""Resolving hub revisions of an external checkpoint series to local files (run folders: ``topometrics.run_folders``).
 
 Hub revisions resolve through ``huggingface_hub.snapshot_download``, so the Hugging Face cache
 (``HF_HOME`` / ``HF_HUB_CACHE``) and ``HF_HUB_OFFLINE`` are honoured; only safetensors, configs and
@@ -8,7 +8,6 @@ yielded as a skip record with its reason, never raised.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -66,53 +65,6 @@ def hub_checkpoints(model_id: str, revisions: tuple[str, ...], cache_dir: Path |
         yield SeriesCheckpoint(
             steps[revision], revision, weights, _if_has(folder, "config.json"), _tokenizer_dir(folder)
         )
-
-
-def local_checkpoints(folder: Path) -> Iterator:
-    """The checkpoints of a local folder, in step order: yields SeriesCheckpoint or a skip dict.
-
-    Entries are sub-folders holding ``*.safetensors`` (``save_pretrained`` folders) and
-    ``*.safetensors`` files directly in ``folder``. The step comes from the name (``step1000``,
-    ``step_001000``, ``checkpoint-1000``), else from a sidecar ``<entry>.json`` with ``"step"``,
-    else from ``trainer_state.json``'s ``global_step`` inside a folder. ``config.json`` and the
-    tokenizer are taken from the entry's folder, else from ``folder`` itself.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        yield skip_record(str(folder), None, f"{folder}: not a directory")
-        return
-    entries = [p for p in sorted(folder.iterdir()) if p.is_dir() and any(p.glob("*.safetensors"))]
-    entries += sorted(folder.glob("*.safetensors"))
-    found, seen = [], {}
-    for entry in entries:
-        step = _entry_step(entry)
-        if step is None:
-            yield skip_record(
-                entry.name, None, f"{entry}: cannot tell the step (name it step<N> or add {entry.stem}.json)"
-            )
-            continue
-        home = entry if entry.is_dir() else folder
-        weights = tuple(sorted(entry.glob("*.safetensors"))) if entry.is_dir() else (entry,)
-        config_dir = _if_has(home, "config.json") or _if_has(folder, "config.json")
-        found.append(
-            SeriesCheckpoint(step, entry.name, weights, config_dir, _tokenizer_dir(home) or _tokenizer_dir(folder))
-        )
-    for ckpt in sorted(found, key=lambda c: c.step):
-        if ckpt.step in seen:
-            yield skip_record(ckpt.revision, ckpt.step, f"step {ckpt.step} already given by {seen[ckpt.step]}")
-            continue
-        seen[ckpt.step] = ckpt.revision
-        yield ckpt
-
-
-def _entry_step(entry: Path) -> int | None:
-    step = step_from_name(entry.stem if entry.is_file() else entry.name)
-    sidecars = [entry.with_suffix(".json") if entry.is_file() else entry.parent / f"{entry.name}.json"]
-    for sidecar, key in ((sidecars[0], "step"), (entry / "trainer_state.json", "global_step")):
-        if step is None and sidecar.is_file():
-            value = json.loads(sidecar.read_text()).get(key)
-            step = int(value) if value is not None else None
-    return step
 
 
 def _if_has(folder: Path, name: str) -> Path | None:

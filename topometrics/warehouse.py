@@ -31,7 +31,8 @@ SCHEMA_VERSION = 2  # 2: runs lost the always-NULL fingerprint column
 SQL_DIR = Path(__file__).parent / "sql"
 # Analysis tables the warehouse stage loads from the analysis stage's Parquet files.
 ANALYSIS_TABLES = ("predictions", "fits", "tests", "incremental_validity", "incremental_errors")
-_OPTIONAL_FEATURE_COLUMNS = {"reason": "VARCHAR"}
+# Columns a Parquet file may lack (they become NULL), per table: why a value or a loss is NULL.
+_OPTIONAL_COLUMNS = {"features": {"reason": "VARCHAR"}, "checkpoints": {"reason": "VARCHAR"}}
 
 
 class WarehouseError(ValueError):
@@ -54,6 +55,9 @@ class Inputs:
         ``features.parquet`` / ``diagrams.parquet`` of every rung and external series.
     analysis_files : dict
         Table name (``predictions``, ``fits``, ``tests``) -> Parquet file; empty for the analysis stage.
+    checkpoint_files : list of Path
+        ``checkpoints.parquet`` directly in a feature directory: the losses of external series
+        (``data/series/checkpoints.parquet``), rows of the ``checkpoints`` table.
     """
 
     configs: list[Path]
@@ -63,6 +67,7 @@ class Inputs:
     diagram_files: list[Path] = field(default_factory=list)
     analysis_files: dict[str, Path] = field(default_factory=dict)
     not_read: list[str] = field(default_factory=list)  # one line per folder of shards from other feature params
+    checkpoint_files: list[Path] = field(default_factory=list)
 
 
 def discover_inputs(
@@ -117,7 +122,10 @@ def discover_inputs(
         for path in configs:
             if not path.exists():
                 raise WarehouseError(f"{path} not found; run `dvc repro config@{path.stem}` first")
-    return Inputs(configs, Path(runs_dir), source, feature_files, diagram_files, analysis, not_read)
+    losses = [
+        Path(root) / "checkpoints.parquet" for root in feature_dirs if (Path(root) / "checkpoints.parquet").exists()
+    ]
+    return Inputs(configs, Path(runs_dir), source, feature_files, diagram_files, analysis, not_read, losses)
 
 
 def sql_files() -> list[Path]:
@@ -136,6 +144,7 @@ def populate(con: duckdb.DuckDBPyConnection, inputs: Inputs, settings: ViewSetti
         load_run(con, config_path, inputs.runs_dir / config_path.stem, corpus, code)
     load_parquet(con, "features", inputs.feature_files)
     load_parquet(con, "diagrams", inputs.diagram_files)
+    load_parquet(con, "checkpoints", inputs.checkpoint_files)
     _add_series_runs(con, corpus, code)
     for table, path in inputs.analysis_files.items():
         load_parquet(con, table, [path])
@@ -233,7 +242,7 @@ def load_parquet(con, table: str, files: list[Path]) -> None:
     columns: dict[str, set[str]] = {str(path): set() for path in files}
     for file_name, column in con.execute(f"SELECT file_name, name FROM parquet_schema({listing})").fetchall():
         columns[file_name].add(column)
-    optional = _OPTIONAL_FEATURE_COLUMNS if table == "features" else {}
+    optional = _OPTIONAL_COLUMNS.get(table, {})
     for path in files:
         missing = [c for c in table_columns if c not in columns[str(path)] and c not in optional]
         if missing and table not in ANALYSIS_TABLES:

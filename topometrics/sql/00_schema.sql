@@ -54,10 +54,11 @@ CREATE TABLE steps (
     PRIMARY KEY (rung, seed, step)
 );
 
--- Every checkpoint: held-out validation loss and the train loss logged there.
+-- Every checkpoint: held-out validation loss and the train loss logged there. External series
+-- (run folders, live monitor logs) have rows for their computed steps; reason says why a loss is NULL.
 CREATE TABLE checkpoints (
     rung VARCHAR NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
-    val_loss DOUBLE, train_loss DOUBLE,
+    val_loss DOUBLE, train_loss DOUBLE, reason VARCHAR,
     PRIMARY KEY (rung, seed, step)
 );
 
