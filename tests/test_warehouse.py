@@ -376,7 +376,7 @@ def _features_rows(con, rung, feature, layer, values, every=100):
 
 def _checkpoint_rows(con, rung, losses, every=100):
     for i, v in enumerate(losses):
-        con.execute("INSERT INTO checkpoints VALUES (?, 0, ?, ?, NULL)", [rung, i * every, v])
+        con.execute("INSERT INTO checkpoints (rung, seed, step, val_loss) VALUES (?, 0, ?, ?)", [rung, i * every, v])
 
 
 def test_feature_shards_of_other_params_are_reported_not_read(tmp_path):
