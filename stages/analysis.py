@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 
 from topometrics import analysis, warehouse
+from topometrics.atomic import write_parquet, write_text
 from topometrics.params import load_params
 
 
@@ -37,10 +38,10 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
-        frame.to_parquet(args.out / f"{name}.parquet", index=False)
+        write_parquet(args.out / f"{name}.parquet", frame)
         warehouse.load_parquet(con, name, [args.out / f"{name}.parquet"])  # exactly what the warehouse will hold
     args.metrics.parent.mkdir(parents=True, exist_ok=True)
-    args.metrics.write_text(analysis.metrics_json(analysis.build_metrics(con, params)))
+    write_text(args.metrics, analysis.metrics_json(analysis.build_metrics(con, params)))
     failed = tables["predictions"].query("status == 'failed'")
     print(f"analysis: {len(tables['predictions'])} predictions ({len(failed)} failed), -> {args.out}, {args.metrics}")
 

@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from topometrics.atomic import write_text
 from topometrics.params import load_params, run_name
 from topometrics.train import build_rung_config
 
@@ -24,7 +25,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(cfg, indent=1, sort_keys=True) + "\n"
     if not args.out.exists() or args.out.read_text() != text:
-        args.out.write_text(text)
+        write_text(args.out, text)
     print(f"config@{run_name(args.rung, args.seed)}: {cfg['n_params']:,} parameters -> {args.out}")
 
 

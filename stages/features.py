@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from topometrics.atomic import write_parquet
 from topometrics.features import run_features
 from topometrics.params import load_params
 
@@ -32,8 +33,8 @@ def main(argv: list[str]) -> int:
     start = time.monotonic()
     features, diagrams = run_features(args.runs, args.corpus, params, args.rung)
     args.out.mkdir(parents=True, exist_ok=True)
-    features.to_parquet(args.out / "features.parquet", index=False)
-    diagrams.to_parquet(args.out / "diagrams.parquet", index=False)
+    write_parquet(args.out / "features.parquet", features)
+    write_parquet(args.out / "diagrams.parquet", diagrams)
     nulls = int(features.value.isna().sum())
     print(
         f"features@{args.runs.name}: {features.step.nunique()} checkpoints, {len(features)} feature rows "

@@ -8,6 +8,7 @@ from pathlib import Path
 import duckdb
 
 from topometrics import report, report_html
+from topometrics.atomic import write_bytes, write_text
 from topometrics.report_frames import Missing, load
 
 
@@ -29,11 +30,11 @@ def main() -> None:
     drawn = {name: chart for name, chart in doc.figures.items() if not isinstance(chart, Missing)}
     for name, chart in drawn.items():
         svg, png = report_html.export_figure(chart)
-        (figures_dir / f"{name}.svg").write_text(svg)
-        (figures_dir / f"{name}.png").write_bytes(png)
+        write_text(figures_dir / f"{name}.svg", svg)
+        write_bytes(figures_dir / f"{name}.png", png)
     for name, frame in doc.plots.items():
-        frame.to_csv(plots_dir / f"{name}.csv", index=False)
-    (args.out / "report.html").write_text(report_html.render_html(doc, report_html.vega_bundle()))
+        write_text(plots_dir / f"{name}.csv", frame.to_csv(index=False))
+    write_text(args.out / "report.html", report_html.render_html(doc, report_html.vega_bundle()))
     corpus = f"{doc.corpus_used}{' (OFFLINE FALLBACK)' if doc.corpus_fallback else ''}"
     missing = sum(isinstance(t, Missing) for t in [*doc.tables.values(), *doc.figures.values()])
     print(

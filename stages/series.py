@@ -12,7 +12,7 @@ from pathlib import Path
 from threadpoolctl import threadpool_limits
 from transformers.utils import logging as hf_logging
 
-from topometrics.atomic import write_text
+from topometrics.atomic import write_parquet, write_text
 from topometrics.params import load_params
 from topometrics.series import run_series
 from topometrics.tokens import decode, load_tokens
@@ -32,9 +32,9 @@ def main() -> None:
             params.series, params.features, text, progress=lambda line: print(f"series: {line}", flush=True)
         )
     args.out.mkdir(parents=True, exist_ok=True)
-    features.to_parquet(args.out / "features.parquet", index=False)
-    diagrams.to_parquet(args.out / "diagrams.parquet", index=False)
-    checkpoints.to_parquet(args.out / "checkpoints.parquet", index=False)
+    write_parquet(args.out / "features.parquet", features)
+    write_parquet(args.out / "diagrams.parquet", diagrams)
+    write_parquet(args.out / "checkpoints.parquet", checkpoints)
     write_text(args.out / "status.json", json.dumps(status, indent=1))
     for s in status["series"]:
         note = "" if not s["skipped"] else " (see status.json; rerun `dvc repro` when the hub or cache has them)"

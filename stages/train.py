@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from topometrics.atomic import write_text
 from topometrics.params import load_params
 from topometrics.tokens import load_tokens
 from topometrics.train import RungConfig, train_rung, write_checkpoint_table
@@ -37,7 +38,7 @@ def main() -> None:
     write_checkpoint_table(args.out, args.curve)
     summary["corpus"] = source["used"]
     args.metrics.parent.mkdir(parents=True, exist_ok=True)
-    args.metrics.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    write_text(args.metrics, json.dumps(summary, indent=1, sort_keys=True) + "\n")
     if summary["status"] != "complete":
         print(f"train@{cfg.name}: STOPPED, {summary['status']}")
     print(

@@ -2,7 +2,9 @@
 
 A rename within one directory is atomic (``os.replace``), so a reader sees the old file or the
 new one, never half of one, and a killed writer leaves the previous file intact. Every file the
-library writes goes through :func:`replacing`.
+project writes goes through :func:`replacing` (the DuckDB warehouse and the Parquet shards with their
+own temporary names, safetensors in ``topometrics.checkpoints.save_tensors``; everything else through the
+``write_*`` functions here).
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-from safetensors.torch import save_file
+if TYPE_CHECKING:  # annotations only: writing text needs neither numpy nor pandas loaded
+    import numpy as np
+    import pandas as pd
 
 
 @contextmanager
@@ -39,13 +42,19 @@ def write_text(path: Path, text: str) -> None:
         tmp.write_text(text)
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with replacing(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    """Write a DataFrame as Parquet (no index) to ``path`` atomically."""
+    with replacing(path) as tmp:
+        frame.to_parquet(tmp, index=False)
+
+
 def write_array(path: Path, array: np.ndarray) -> None:
     """Write an array's raw bytes (``ndarray.tofile``) to ``path`` atomically."""
     with replacing(path) as tmp:
         array.tofile(tmp)
-
-
-def write_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """Write tensors as a safetensors file atomically (contiguous CPU copies; nothing is pickled)."""
-    with replacing(path) as tmp:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
-from topometrics.atomic import write_tensors, write_text
+from topometrics.atomic import replacing, write_text
 from topometrics.model import GPT, GPTConfig
 
 _STEP_FILE = re.compile(r"^step_(\d{6,})\.safetensors$")
@@ -49,10 +49,16 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / f"step_{step:06d}.safetensors"
 
 
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """Write tensors as a safetensors file atomically (contiguous CPU copies; nothing is pickled)."""
+    with replacing(path) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+
+
 def save_checkpoint(run_dir: Path, model: GPT, meta: dict) -> Path:
     """Write weights, then the sidecar; the sidecar's presence marks the checkpoint complete."""
     path = checkpoint_path(run_dir, meta["step"])
-    write_tensors(path, model.state_dict())
+    save_tensors(path, model.state_dict())
     write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True))
     return path
 

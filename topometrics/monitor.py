@@ -46,6 +46,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from topometrics.architectures import LinearLayer, module_layers, oriented
+from topometrics.atomic import write_parquet, write_text
 from topometrics.features import FEATURE_COLUMNS, CheckpointFeatures, features_frame, weight_features
 from topometrics.params import FeaturesParams
 from topometrics.vocabulary import ALL, NP, SPECTRAL, VR, model_level, per_layer
@@ -153,7 +154,7 @@ class TopologyMonitor:
             {"val_loss": "float64", "train_loss": "float64"}
         )
         kind = "eval" if val_loss is not None else "train"
-        write_atomic(frame, self.out_dir / f"losses-{step:09d}-{kind}.parquet")
+        write_parquet(self.out_dir / f"losses-{step:09d}-{kind}.parquet", frame)
         if self._live is not None:
             self._live.step = step
             for name, value in (("val_loss", val_loss), ("train_loss", train_loss)):
@@ -211,7 +212,7 @@ class TopologyMonitor:
                 f"{self.min_delta} for {self.patience} measurements (Rieck et al. 2019, Algorithm 2)"
             )
             record = {"step": step, "reason": self.stop_reason, "best_np": self.best, "best_step": self.best_step}
-            _atomic_text(self.out_dir / "stop.json", json.dumps(record, indent=1))
+            write_text(self.out_dir / "stop.json", json.dumps(record, indent=1))
             self.log(f"monitor: {self.stop_reason}")
 
     def _live_step(self, step: int, summary: dict) -> None:
@@ -274,19 +275,6 @@ def read_log(out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return features, losses.groupby("step", as_index=False).first()
 
 
-def write_atomic(frame: pd.DataFrame, path: Path) -> None:
-    """Parquet via a temporary name in the same folder and a rename: readers see all or nothing."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 # ---------------------------------------------------------------------------
 # The worker
 # ---------------------------------------------------------------------------
@@ -303,7 +291,7 @@ def _measure(out_dir: Path, snapshot: dict, params: FeaturesParams, rung: str, s
         for name in weights:
             result.add(name, dict.fromkeys([n for f in WEIGHT_FAMILIES for n in per_layer(f)], np.nan), reason)
         result.add(ALL, dict.fromkeys([n for f in WEIGHT_FAMILIES for n in model_level(f)], np.nan), reason)
-    write_atomic(features_frame(result, rung, seed, step), Path(out_dir) / f"features-{step:09d}.parquet")
+    write_parquet(Path(out_dir) / f"features-{step:09d}.parquet", features_frame(result, rung, seed, step))
     summary = {feature: value for layer, feature, value, _ in result.rows if layer == ALL}
     return summary | {"_seconds": time.perf_counter() - start}
 

@@ -31,6 +31,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from topometrics.atomic import replacing
+
 META_KEY = "topometrics"
 EXECUTION_PARAMS = frozenset({"workers"})  # how the work runs, not what it computes: not fingerprinted
 
@@ -146,11 +148,8 @@ def write_shard(root: Path, key: ShardKey, fingerprint: Fingerprint, tables: Map
         metadata = {**(table.schema.metadata or {}), META_KEY.encode(): fingerprint.to_json().encode()}
         path = folder / f"{name}.parquet"
         tmp = folder / f".{name}.parquet.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        try:
+        with replacing(path, tmp):
             pq.write_table(table.replace_schema_metadata(metadata), tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
     return folder
 
 

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from topometrics.atomic import write_tensors, write_text
-from topometrics.checkpoints import list_checkpoints, load_state, save_checkpoint
+from topometrics.atomic import write_text
+from topometrics.checkpoints import list_checkpoints, load_state, save_checkpoint, save_tensors
 from topometrics.lr_schedule import Schedule
 from topometrics.model import GPT, GPTConfig, count_parameters
 from topometrics.params import ParamsError, run_name
@@ -160,7 +160,7 @@ def save_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torc
     """Full training state after a checkpoint; weights and the sampler state as tensors, no pickles."""
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
     tensors |= _optimizer_tensors(opt) | {"rng.data": gen.get_state()}
-    write_tensors(run_dir / "resume.safetensors", tensors)
+    save_tensors(run_dir / "resume.safetensors", tensors)
     write_text(run_dir / "resume.json", json.dumps(info, sort_keys=True))
 
 

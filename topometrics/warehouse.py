@@ -24,6 +24,7 @@ import duckdb
 import pandas as pd
 
 import topometrics
+from topometrics.atomic import replacing
 from topometrics.params import ViewSettings
 from topometrics.shards import split_by_params
 
@@ -168,16 +169,15 @@ def build_warehouse(path: Path, inputs: Inputs, settings: ViewSettings, meta: Ma
     remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        con = duckdb.connect(str(tmp))
-        try:
-            populate(con, inputs, settings, meta)
-            con.execute("CHECKPOINT")
-        finally:
-            con.close()
-        os.replace(tmp, path)
+        with replacing(path, tmp):
+            con = duckdb.connect(str(tmp))
+            try:
+                populate(con, inputs, settings, meta)
+                con.execute("CHECKPOINT")
+            finally:
+                con.close()
     finally:
-        for leftover in (tmp, Path(f"{tmp}.wal")):
-            leftover.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)
     return path
 
 
