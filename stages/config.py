@@ -1,9 +1,9 @@
-"""Stage `config@<rung>-<seed>`: merge `train` with `ladder.<rung>` into one run's config file.
+"""Stage `config`: one config file per declared run (ladder x variants x train.seeds) in data/config/.
 
-DVC params dependencies cannot express inheritance, so this cheap stage depends on the
-whole `train` section and `ladder.<rung>`, and `train@<rung>-<seed>` depends only on its
-output: a params change re-trains exactly the runs whose merged config changed (adding a
-seed to `train.seeds` rewrites no existing file, so it trains only the new runs).
+Each file merges `train`, the run's variant (`variants.<name>`) and `ladder.<rung>`. DVC params
+dependencies cannot express that inheritance, so this cheap stage depends on those sections and the
+training stage depends on its files: a params change rewrites exactly the configs of the runs it
+changes, and the training stage retrains only those (the others are complete and are skipped).
 """
 
 import argparse
@@ -11,22 +11,23 @@ import json
 from pathlib import Path
 
 from topometrics.atomic import write_text
-from topometrics.params import load_params, run_name
+from topometrics.params import load_params
 from topometrics.train import build_rung_config
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--rung", required=True)
-    ap.add_argument("--seed", type=int, required=True, help="one of train.seeds")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="directory of <run>.json files")
     args = ap.parse_args()
-    cfg = build_rung_config(load_params(), args.rung, args.seed).to_dict()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(cfg, indent=1, sort_keys=True) + "\n"
-    if not args.out.exists() or args.out.read_text() != text:
-        write_text(args.out, text)
-    print(f"config@{run_name(args.rung, args.seed)}: {cfg['n_params']:,} parameters -> {args.out}")
+    params = load_params()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for rung, variant, seed in params.runs():
+        cfg = build_rung_config(params, rung, seed, variant)
+        path = args.out / f"{cfg.name}.json"
+        text = json.dumps(cfg.to_dict(), indent=1, sort_keys=True) + "\n"
+        if not path.exists() or path.read_text() != text:
+            write_text(path, text)
+    print(f"config: {len(params.runs())} runs ({len(params.variants) + 1} variants) -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,51 +1,50 @@
-"""Stage `train@<rung>-<seed>`: train one rung with one seed from its config file, with resumable checkpoints."""
+"""Stage `train`: train every declared run (ladder x variants x train.seeds) at once on the whole machine.
+
+    python stages/train.py --configs data/config --corpus data/corpus --runs data/runs \
+        --metrics reports/train --curves reports/curves [--run xl-42 ...]
+
+Runs already complete are skipped untouched; unfinished ones resume (topometrics.run_queue).
+`--run NAME` trains only the named runs (their config files must exist: `dvc repro config`).
+"""
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-import torch
-
-from topometrics.atomic import write_text
 from topometrics.params import load_params
-from topometrics.tokens import load_tokens
-from topometrics.train import RungConfig, train_rung, write_checkpoint_table
+from topometrics.run_queue import RunFiles, plan_pool, train_runs
+from topometrics.train import RungConfig
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--config", type=Path, required=True, help="data/config/<rung>-<seed>.json")
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", type=Path, required=True, help="data/config (one <run>.json per run)")
     ap.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory")
-    ap.add_argument("--out", type=Path, required=True, help="run directory (checkpoints and logs)")
-    ap.add_argument("--metrics", type=Path, required=True, help="final metrics JSON")
-    ap.add_argument("--curve", type=Path, required=True, help="per-checkpoint loss table for dvc plots")
+    ap.add_argument("--runs", type=Path, required=True, help="parent of the run directories")
+    ap.add_argument("--metrics", type=Path, required=True, help="directory of per-run metrics JSON")
+    ap.add_argument("--curves", type=Path, required=True, help="directory of per-run loss curves for dvc plots")
+    ap.add_argument("--run", action="append", default=[], help="train only this run (repeatable), e.g. xl-42")
     args = ap.parse_args()
-    train = load_params().train
-    if train.threads:
-        torch.set_num_threads(train.threads)
-    cfg = RungConfig.from_dict(json.loads(args.config.read_text()))
-    source = json.loads((args.corpus / "source.json").read_text())
-    summary = train_rung(
-        cfg,
-        load_tokens(args.corpus, "train"),
-        load_tokens(args.corpus, "val"),
-        args.out,
-        source["sha256"],
-        train.device,
-    )
-    args.curve.parent.mkdir(parents=True, exist_ok=True)
-    write_checkpoint_table(args.out, args.out / "checkpoints.csv")
-    write_checkpoint_table(args.out, args.curve)
-    summary["corpus"] = source["used"]
-    args.metrics.parent.mkdir(parents=True, exist_ok=True)
-    write_text(args.metrics, json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    if summary["status"] != "complete":
-        print(f"train@{cfg.name}: STOPPED, {summary['status']}")
-    print(
-        f"train@{cfg.name}: {summary['checkpoints']} checkpoints in {args.out}, "
-        f"final val loss {summary['final_val_loss']:.4f} ({summary['status']})"
-    )
+    params = load_params()
+    names = params.run_names()
+    if unknown := [n for n in args.run if n not in names]:
+        sys.exit(f"train: --run {unknown[0]} is not declared in params.yaml; runs are {', '.join(names)}")
+    missing = [n for n in args.run or names if not (args.configs / f"{n}.json").exists()]
+    if missing:
+        sys.exit(f"train: {args.configs / missing[0]}.json not found; run `dvc repro config` first")
+    runs = [
+        RunFiles(RungConfig.from_dict(json.loads((args.configs / f"{n}.json").read_text())), args.runs / n,
+                 args.metrics / f"{n}.json", args.curves / f"{n}.csv")
+        for n in args.run or names
+    ]  # fmt: skip
+    t = params.train
+    summaries = train_runs(runs, args.corpus, plan_pool(t.device, t.workers, t.threads, len(runs)))
+    bad = {n: s["status"] for n, s in summaries.items() if s["status"] != "complete"}
+    print(f"train: {len(summaries) - len(bad)}/{len(summaries)} runs complete" + "".join(
+        f"; {n}: {status}" for n, status in bad.items()))  # fmt: skip
+    return 1 if any(status.startswith("failed") for status in bad.values()) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

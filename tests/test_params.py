@@ -102,3 +102,68 @@ def test_run_configs_are_one_per_rung_and_seed():
     assert run_name("tiny", 7) == "tiny-7"
     with pytest.raises(ParamsError, match=r"seed 3 is not in train\.seeds=\[42, 7\]"):
         build_rung_config(params, "tiny", 3)
+
+
+def test_variants_override_the_recipe_and_name_their_runs():
+    raw = default_raw() | {"variants": {"lr_hi": {"lr": 0.006}, "wd0": {"weight_decay": 0}}}
+    raw["train"]["seeds"] = [42, 7]
+    params = parse_params(raw)
+    assert params.recipe("lr_hi") == dataclasses.replace(params.train, lr=0.006)
+    assert params.recipe("wd0").weight_decay == 0.0 and params.recipe("base") == params.train
+    names = params.run_names()
+    assert len(names) == 5 * 3 * 2 and names[:2] == ["tiny-42", "tiny-7"] and "xl-lr_hi-7" in names
+    assert run_name("tiny", 7) == "tiny-7" and run_name("tiny", 7, "lr_hi") == "tiny-lr_hi-7"
+    cfg = build_rung_config(params, "xl", 7, "lr_hi")
+    assert (cfg.name, cfg.variant, cfg.recipe.lr, cfg.recipe.seed) == ("xl-lr_hi-7", "lr_hi", 0.006, 7)
+    assert build_rung_config(params, "xl", 7).model == cfg.model  # a variant never changes the shape
+
+
+def test_the_default_params_declare_one_base_run_per_rung():
+    params = load_params(REPO / "params.yaml")
+    assert params.variants == {} and params.run_names() == ["tiny-42", "small-42", "medium-42", "large-42", "xl-42"]
+
+
+@pytest.mark.parametrize(
+    ("variants", "message"),
+    [
+        ({"wide": {"hidden": 64}}, "variants.wide.hidden: the model shape belongs in ladder"),
+        ({"v": {"seeds": [1]}}, "variants.v.seeds: train.seeds applies to every run"),
+        ({"v": {"device": "cpu"}}, "variants.v.device: train.device applies to every run"),
+        ({"v": {"learning_rate": 1}}, "unknown param variants.v.learning_rate; variants may set steps"),
+        ({"": {"lr": 1}}, "variants: the name '' must be non-empty letters, digits or '_'"),
+        ({"lr-hi": {"lr": 1}}, "variants: the name 'lr-hi' must be non-empty"),
+        ({"base": {"lr": 1}}, "variants.base: 'base' is the recipe in train itself"),
+        ({"v": {"lr": "fast"}}, "variants.v.lr must be float"),
+        ({"v": {"steps": 550}}, "variants.v: steps=550 is not a multiple of ckpt_every=100"),
+        ({"v": {"warmup": 9000}}, "variants.v: warmup=9000 must be smaller than steps=5000"),
+        ({"v": {"lr": 0}}, "variants.v.lr must be positive"),
+        ({"v": [1]}, "variants.v must map recipe keys to values"),
+        ([1], "variants must map variant names to recipe overrides"),
+    ],
+)
+def test_invalid_variants_name_the_key_and_the_fix(variants, message):
+    with pytest.raises(ParamsError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        parse_params(default_raw() | {"variants": variants})
+
+
+def test_runs_that_would_share_a_name_are_refused():
+    raw = default_raw() | {"variants": {"b": {"lr": 0.001}}}
+    raw["ladder"] = {"a": {}, "a-b": {}}
+    with pytest.raises(ParamsError, match=r"runs \['a-b-42'\] are declared twice"):
+        parse_params(raw)
+
+
+def test_the_analysed_variant_must_be_declared():
+    raw = default_raw()
+    raw["analysis"]["variant"] = "lr_hi"
+    with pytest.raises(ParamsError, match="analysis.variant='lr_hi' is not a declared variant"):
+        parse_params(raw)
+    assert parse_params(raw | {"variants": {"lr_hi": {"lr": 0.006}}}).analysis.variant == "lr_hi"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_a_cuda_device_is_a_params_error():
+    raw = default_raw()
+    raw["train"]["device"] = "cuda"
+    with pytest.raises(ParamsError, match="train.device is cuda but no CUDA device is visible; set train.device"):
+        parse_params(raw)

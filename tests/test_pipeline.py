@@ -77,29 +77,29 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
     assert "didn't change" in run(["dvc", "repro"], project).replace("Stage 'corpus'", "")
     commit(project, "trained")
 
-    # rung b inherits train.hidden, rung a overrides it: only b's chain re-runs, and the metrics show it.
+    # rung b inherits train.hidden, rung a overrides it: only b is retrained and its features recomputed,
+    # a's files are not touched, and the metrics show the change.
+    a_files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (project / "data/runs/a-42").iterdir()}
     exp = run(["dvc", "exp", "run", "-S", "train.hidden=16", "analysis"], project)
-    assert "Running stage 'train@b-42'" in exp and "Running stage 'features@b-42'" in exp
-    assert "Running stage 'train@a-42'" not in exp and "Running stage 'features@a-42'" not in exp
+    assert "1 complete, 1 to train" in exp and "[b-42] step 40/40" in exp and "[a-42] step" not in exp
+    assert "Running stage 'features@b-42'" in exp and "Running stage 'features@a-42'" not in exp
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (project / "data/runs/a-42").iterdir()} == a_files
     assert "train.hidden" in run(["dvc", "exp", "show", "--no-pager", "--csv"], project)
     diff = run(["dvc", "metrics", "diff", "--all", "--md"], project)
     assert "reports/train/b-42.json" in diff and "n_params" in diff
     assert "reports/metrics.json" in diff and "final_val_loss" in diff
 
     # overriding one rung re-runs only its chain; adding a rung adds its stages
-    exp = run(
-        ["dvc", "exp", "run", "-S", "ladder.a.hidden=12", "-S", "ladder.a.heads=2", "train@a-42", "train@b-42"],
-        project,
-    )
-    assert "Running stage 'train@a-42'" in exp and "Running stage 'train@b-42'" not in exp
-    exp = run(["dvc", "exp", "run", "-S", "+ladder.c={hidden: 4, layers: 1, heads: 1}", "train@c-42"], project)
-    assert "Running stage 'train@c-42'" in exp and "Running stage 'train@a-42'" not in exp
+    exp = run(["dvc", "exp", "run", "-S", "ladder.a.hidden=12", "-S", "ladder.a.heads=2", "train"], project)
+    assert "[a-42] step 40/40" in exp and "[b-42] step" not in exp
+    exp = run(["dvc", "exp", "run", "-S", "+ladder.c={hidden: 4, layers: 1, heads: 1}", "features@c-42"], project)
+    assert "[c-42] step 40/40" in exp and "[a-42] step" not in exp and "Running stage 'features@c-42'" in exp
     back_to_baseline(project)
 
     # a second seed trains only the new runs, and one warehouse holds both seeds with across-seed CIs
     exp = run(["dvc", "exp", "run", "-S", "train.seeds=[42,7]"], project)
-    assert "Running stage 'train@a-7'" in exp and "Running stage 'features@b-7'" in exp
-    assert "Running stage 'train@a-42'" not in exp and "Running stage 'features@b-42'" not in exp
+    assert "2 complete, 2 to train" in exp and "Running stage 'features@b-7'" in exp
+    assert "[a-42] step" not in exp and "Running stage 'features@b-42'" not in exp
     with duckdb.connect(str(project / "data/warehouse.duckdb"), read_only=True) as con:
         seeds = con.execute("select rung, list(distinct seed order by seed) from checkpoints group by rung").fetchall()
         assert sorted(seeds) == [("a", [7, 42]), ("b", [7, 42])]
@@ -120,7 +120,7 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
     assert (clone / "data/runs/b-42/step_000020.safetensors").read_bytes() == (
         project / "data/runs/b-42/step_000020.safetensors"
     ).read_bytes()
-    status = run(["dvc", "status", "train@a-42", "train@b-42", "config@a-42", "config@b-42"], clone)
+    status = run(["dvc", "status", "train", "config"], clone)
     assert "up to date" in status, status
 
 

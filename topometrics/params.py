@@ -16,6 +16,9 @@ from pathlib import Path
 import yaml
 
 SHAPE_KEYS = ("hidden", "layers", "heads")
+# keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
+RECIPE_KEYS = ("steps", "ckpt_every", "batch_size", "lr", "warmup", "min_lr_ratio", "weight_decay", "grad_clip")
+BASE_VARIANT = "base"  # the recipe in `train` itself; its runs keep the short name <rung>-<seed>
 
 
 class ParamsError(ValueError):
@@ -54,14 +57,15 @@ class TrainParams:
     grad_clip: float = 1.0  # max global gradient 2-norm; 0 disables clipping
     seeds: tuple[int, ...] = (42,)  # one run per rung x seed (stage instances train@<rung>-<seed>)
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda
-    threads: int = 0  # torch intra-op threads; 0 = one per core shared by parallel rungs
+    threads: int = 0  # torch intra-op threads per training process; 0 = 1 (the processes fill the cores)
+    workers: int = 0  # runs trained at once; 0 = one per usable core on CPU, 4 per GPU on CUDA
     hidden: int = 48  # default shape, inherited by rungs that do not override it
     layers: int = 3
     heads: int = 4
 
     def check(self) -> None:
         _positive(self, "train", ("steps", "ckpt_every", "batch_size", "lr", "hidden", "layers", "heads"))
-        _non_negative(self, "train", ("warmup", "weight_decay", "grad_clip", "threads", "min_lr_ratio"))
+        _non_negative(self, "train", ("warmup", "weight_decay", "grad_clip", "threads", "workers", "min_lr_ratio"))
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
             raise ParamsError(
                 f"train.seeds must be a non-empty list of distinct integers >= 0, got {list(self.seeds)}; e.g. [42, 43]"
@@ -75,6 +79,20 @@ class TrainParams:
             raise ParamsError(f"train.warmup={self.warmup} must be smaller than train.steps={self.steps}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ParamsError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and not _cuda_available():
+            raise ParamsError("train.device is cuda but no CUDA device is visible; set train.device: auto or cpu")
+
+    def check_recipe(self, prefix: str) -> None:
+        """The recipe rules alone (``prefix`` names where the values came from, e.g. variants.lr_hi)."""
+        _positive(self, prefix, ("steps", "ckpt_every", "batch_size", "lr"))
+        _non_negative(self, prefix, ("warmup", "weight_decay", "grad_clip", "min_lr_ratio"))
+        if self.steps % self.ckpt_every:
+            raise ParamsError(
+                f"{prefix}: steps={self.steps} is not a multiple of ckpt_every={self.ckpt_every}; "
+                "the last step must be a checkpoint"
+            )
+        if self.warmup >= self.steps:
+            raise ParamsError(f"{prefix}: warmup={self.warmup} must be smaller than steps={self.steps}")
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,23 @@ class RungShape:
     hidden: int | None = None
     layers: int | None = None
     heads: int | None = None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named recipe variant: ``train``'s recipe with these keys overridden (None = inherited)."""
+
+    steps: int | None = None
+    ckpt_every: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    warmup: int | None = None
+    min_lr_ratio: float | None = None
+    weight_decay: float | None = None
+    grad_clip: float | None = None
+
+    def overrides(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -178,6 +213,7 @@ class AnalysisParams:
     np_min_delta: float = 0.001  # ... minimum NP increase that counts as an improvement
     loss_patience: int = 5  # validation-loss early stopping, in checkpoints
     loss_min_delta: float = 0.001  # ... minimum val-loss decrease (nats) that counts
+    variant: str = "base"  # the recipe variant whose runs the scaling fits (across rungs) use
     # Feature names (topometrics.vocabulary; checked by topometrics.analysis, which reads them):
     topology_features: tuple[str, ...] = ("vr_tp0", "vr_tp1")  # layer-'all' series used with NP for prediction
     weight_norm_features: tuple[str, ...] = ("w_fro",)  # weight-norm baseline: the first present
@@ -217,10 +253,27 @@ class Params:
     analysis: AnalysisParams = field(default_factory=AnalysisParams)
     series: SeriesParams = field(default_factory=SeriesParams)
     compute: ComputeParams = field(default_factory=ComputeParams)
+    variants: dict[str, Variant] = field(default_factory=dict)
+
+    def runs(self) -> list[tuple[str, str, int]]:
+        """Every training run params.yaml declares, as (rung, variant, seed): ladder x variants x seeds.
+
+        The base variant (``train``'s own recipe) comes first, then ``variants`` in file order.
+        """
+        variants = [BASE_VARIANT, *self.variants]
+        return [(rung, v, seed) for v in variants for rung in self.ladder for seed in self.train.seeds]
 
     def run_names(self) -> list[str]:
-        """Every training run params.yaml declares: ``<rung>-<seed>`` for each rung x ``train.seeds``."""
-        return [run_name(rung, seed) for rung in self.ladder for seed in self.train.seeds]
+        """The names of :meth:`runs` (see :func:`run_name`): run directories and config files."""
+        return [run_name(rung, seed, variant) for rung, variant, seed in self.runs()]
+
+    def recipe(self, variant: str = BASE_VARIANT) -> TrainParams:
+        """``train`` with the overrides of ``variants.<variant>`` (``base``: ``train`` itself)."""
+        if variant == BASE_VARIANT:
+            return self.train
+        if variant not in self.variants:
+            raise ParamsError(f"variants.{variant} does not exist; variants are {[BASE_VARIANT, *self.variants]}")
+        return dataclasses.replace(self.train, **self.variants[variant].overrides())
 
     def rung_shape(self, rung: str) -> dict[str, int]:
         """``train``'s shape with ``ladder.<rung>``'s overrides: the inheritance rule."""
@@ -236,9 +289,13 @@ class Params:
         return merged
 
 
-def run_name(rung: str, seed: int) -> str:
-    """Name of one training run: DVC's matrix key ``<rung>-<seed>`` (stage train@<rung>-<seed>, data/runs/<name>)."""
-    return f"{rung}-{seed}"
+def run_name(rung: str, seed: int, variant: str = BASE_VARIANT) -> str:
+    """Name of one training run (data/runs/<name>, data/config/<name>.json, features@<name>).
+
+    ``<rung>-<seed>`` for the base variant, as DVC's matrix over ladder x train.seeds keys it;
+    ``<rung>-<variant>-<seed>`` for the others (the key of the matrix over ladder x variants x seeds).
+    """
+    return f"{rung}-{seed}" if variant == BASE_VARIANT else f"{rung}-{variant}-{seed}"
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
@@ -271,12 +328,65 @@ def parse_params(raw: dict) -> Params:
         analysis=_build(AnalysisParams, raw.get("analysis") or {}, "analysis"),
         series=_parse_series(raw.get("series") or {}),
         compute=_parse_compute(raw.get("compute") or {}),
+        variants=_parse_variants(raw.get("variants") or {}),
     )
     for section in (params.data, params.train, params.features, params.analysis, params.series, params.compute):
         section.check()
     for rung in ladder:
         params.rung_shape(rung)
+    for name in params.variants:
+        params.recipe(name).check_recipe(f"variants.{name}")
+    if params.analysis.variant != BASE_VARIANT and params.analysis.variant not in params.variants:
+        raise ParamsError(
+            f"analysis.variant={params.analysis.variant!r} is not a declared variant; "
+            f"use one of {[BASE_VARIANT, *params.variants]}"
+        )
+    names = params.run_names()
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ParamsError(f"runs {twice} are declared twice (a rung name with '-' meets a variant); rename one")
     return params
+
+
+def _parse_variants(raw: object) -> dict[str, Variant]:
+    """``variants``: name -> overrides of train's recipe keys; the shape and run-level keys are refused."""
+    if not isinstance(raw, dict):
+        raise ParamsError(
+            f"variants must map variant names to recipe overrides, e.g. lr_hi: {{lr: 0.006}}; got {raw!r}"
+        )
+    variants = {}
+    for name, overrides in raw.items():
+        if not isinstance(name, str) or not name or not name.replace("_", "").isalnum():
+            raise ParamsError(f"variants: the name {name!r} must be non-empty letters, digits or '_', e.g. lr_hi")
+        if name == BASE_VARIANT:
+            raise ParamsError(
+                f"variants.{BASE_VARIANT}: '{BASE_VARIANT}' is the recipe in train itself; "
+                "change train.<key> or give this variant another name"
+            )
+        overrides = overrides or {}
+        if not isinstance(overrides, dict):
+            raise ParamsError(f"variants.{name} must map recipe keys to values, e.g. {{lr: 0.006}}; got {overrides!r}")
+        for key in overrides:
+            if key in SHAPE_KEYS:
+                raise ParamsError(
+                    f"variants.{name}.{key}: the model shape belongs in ladder, not in a recipe variant; "
+                    f"add a rung, e.g. ladder.{name}: {{{key}: ...}}"
+                )
+            if key not in RECIPE_KEYS and key in {f.name for f in fields(TrainParams)}:
+                raise ParamsError(
+                    f"variants.{name}.{key}: train.{key} applies to every run, not a recipe variant; "
+                    f"variants may set {', '.join(RECIPE_KEYS)}"
+                )
+            if key not in RECIPE_KEYS:
+                raise ParamsError(f"unknown param variants.{name}.{key}; variants may set {', '.join(RECIPE_KEYS)}")
+        variants[name] = _build(Variant, overrides, f"variants.{name}")
+    return variants
+
+
+def _cuda_available() -> bool:
+    import torch  # only when CUDA is asked for: params are read by every stage, most never need torch
+
+    return torch.cuda.is_available()
 
 
 def _parse_series(raw: object) -> SeriesParams:

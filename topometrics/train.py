@@ -32,7 +32,7 @@ from topometrics.atomic import write_text
 from topometrics.checkpoints import list_checkpoints, load_state, save_checkpoint, save_tensors
 from topometrics.lr_schedule import Schedule
 from topometrics.model import GPT, GPTConfig, count_parameters
-from topometrics.params import ParamsError, run_name
+from topometrics.params import BASE_VARIANT, ParamsError, run_name
 
 STEPS_HEADER = "step,train_loss,grad_norm,lr\n"
 
@@ -63,19 +63,25 @@ class RungConfig:
     rung: str
     model: GPTConfig
     recipe: Recipe
+    variant: str = BASE_VARIANT  # the recipe variant's name (params.yaml `variants`; base = `train`)
 
     def to_dict(self) -> dict:
-        body = {"rung": self.rung, "model": self.model.to_dict(), "recipe": asdict(self.recipe)}
+        body = {
+            "rung": self.rung,
+            "variant": self.variant,
+            "model": self.model.to_dict(),
+            "recipe": asdict(self.recipe),
+        }
         return body | {"seed": self.recipe.seed, "n_params": count_parameters(GPT(self.model))}
 
     @property
     def name(self) -> str:
-        """The run's name, ``<rung>-<seed>``: its DVC stage suffix and run directory."""
-        return run_name(self.rung, self.recipe.seed)
+        """The run's name (:func:`topometrics.params.run_name`): its config file and run directory."""
+        return run_name(self.rung, self.recipe.seed, self.variant)
 
     @classmethod
     def from_dict(cls, d: dict) -> RungConfig:
-        return cls(d["rung"], GPTConfig(**d["model"]), Recipe(**d["recipe"]))
+        return cls(d["rung"], GPTConfig(**d["model"]), Recipe(**d["recipe"]), d.get("variant", BASE_VARIANT))
 
 
 def recipe_fingerprint(cfg: RungConfig, corpus_sha256: str) -> str:
@@ -223,7 +229,8 @@ class Run:
         """Evaluate, save the checkpoint and the resume state; returns the validation loss."""
         r = self.cfg.recipe
         val_loss = evaluate(self.model, self.val_x, self.val_y, r.batch_size)
-        meta = {"step": step, "rung": self.cfg.rung, "seed": r.seed, "config": self.cfg.model.to_dict()}
+        meta = {"step": step, "rung": self.cfg.rung, "variant": self.cfg.variant, "seed": r.seed}
+        meta |= {"config": self.cfg.model.to_dict()}
         meta |= {"recipe_fingerprint": self.fingerprint, "val_loss": val_loss, "train_loss": train_loss}
         save_checkpoint(self.run_dir, self.model, meta)
         info = {"step": step, "recipe_fingerprint": self.fingerprint}
@@ -239,8 +246,12 @@ def train_rung(
     corpus_sha256: str,
     device: str = "auto",
     log=print,
+    progress_bar: bool | None = None,
 ) -> dict:
     """Train (or resume) one rung, writing checkpoints and logs into ``run_dir``.
+
+    ``progress_bar``: a progress bar on stderr (None: when it is a terminal); without one, a ``log`` line
+    per checkpoint. Concurrent runs pass False, so their lines interleave instead of their bars.
 
     Returns a summary: final val/train loss, steps run, tokens/s, status
     ('complete' or 'diverged' with the step and reason).
@@ -248,7 +259,7 @@ def train_rung(
     run, resume_info = setup_run(cfg, train_ids, val_ids, run_dir, corpus_sha256, device)
     start = resume_run(run, resume_info, log)
     t0 = time.perf_counter()
-    status, tokens = training_loop(run, start, log)
+    status, tokens = training_loop(run, start, log, progress_bar)
     return run_summary(run, status, tokens, time.perf_counter() - t0)
 
 
@@ -288,14 +299,15 @@ def resume_run(run: Run, resume_info: dict | None, log) -> int:
     return start
 
 
-def training_loop(run: Run, start: int, log) -> tuple[str, int]:
+def training_loop(run: Run, start: int, log, progress_bar: bool | None = None) -> tuple[str, int]:
     """Steps ``start + 1 .. steps`` with a checkpoint every ``ckpt_every``; returns (status, tokens trained).
 
     A non-finite loss stops before its update: status ``diverged: ...``, earlier checkpoints kept.
     """
     r, model, opt, schedule = run.cfg.recipe, run.model, run.opt, run.cfg.recipe.schedule
     status, tokens, loss_sum, t0 = "complete", 0, 0.0, time.perf_counter()  # loss_sum restarts at checkpoints
-    bar = tqdm(total=r.steps, initial=start, desc=run.cfg.name, unit="step", disable=None, file=sys.stderr)
+    disable = None if progress_bar is None else not progress_bar  # None: a bar only on a terminal
+    bar = tqdm(total=r.steps, initial=start, desc=run.cfg.name, unit="step", disable=disable, file=sys.stderr)
     with (run.run_dir / "steps.csv").open("a") as steps_file:
         for step in range(start + 1, r.steps + 1):
             lr = schedule.at(step)
@@ -331,6 +343,7 @@ def run_summary(run: Run, status: str, tokens: int, elapsed: float) -> dict:
     last = ckpts[-1].meta if ckpts else {}
     return {
         "rung": run.cfg.rung,
+        "variant": run.cfg.variant,
         "seed": run.cfg.recipe.seed,
         "status": status,
         "n_params": count_parameters(run.model),
@@ -349,12 +362,13 @@ def write_checkpoint_table(run_dir: Path, path: Path) -> None:
     write_text(path, "step,val_loss,train_loss\n" + "".join(rows))
 
 
-def build_rung_config(params, rung: str, seed: int) -> RungConfig:
-    """Merge ``train`` with ``ladder.<rung>`` (topometrics.params.Params) into the config of one run.
+def build_rung_config(params, rung: str, seed: int, variant: str = BASE_VARIANT) -> RungConfig:
+    """Merge ``train`` (with ``variants.<variant>``'s overrides) and ``ladder.<rung>``
+    (topometrics.params.Params) into the config of one run.
 
-    ``seed`` must be one of ``train.seeds``: the config stage runs once per rung x seed.
+    ``seed`` must be one of ``train.seeds``: there is one run per rung x variant x seed.
     """
-    t = params.train
+    t = params.recipe(variant)
     if seed not in t.seeds:
         raise ParamsError(f"seed {seed} is not in train.seeds={list(t.seeds)}; add it there")
     model = GPTConfig(context=params.data.seq_len, **params.rung_shape(rung))
@@ -370,4 +384,4 @@ def build_rung_config(params, rung: str, seed: int) -> RungConfig:
         seed=seed,
         val_windows=params.data.val_windows,
     )
-    return RungConfig(rung, model, recipe)
+    return RungConfig(rung, model, recipe, variant)

@@ -1,0 +1,135 @@
+"""Many runs at once: pool sizing, longest-first order, complete runs skipped untouched, a diverging run
+stopping alone, and a real SIGKILL of the whole queue resuming every run bit-identically."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from topometrics.corpus import offline_text
+from topometrics.model import GPTConfig
+from topometrics.run_queue import (
+    Pool,
+    RunFiles,
+    estimated_flops,
+    is_complete,
+    plan_pool,
+    train_runs,
+    usable_cores,
+)
+from topometrics.tokens import encode, load_tokens
+from topometrics.train import Recipe, RungConfig, train_rung
+
+
+def config(rung="t", seed=7, steps=40, lr=3e-3, hidden=8, layers=1, variant="base") -> RungConfig:
+    recipe = Recipe(steps, 10 if steps % 20 else 20, 8, lr, 5, 0.0, 0.01, 1.0, seed, 8)
+    return RungConfig(rung, GPTConfig(hidden=hidden, layers=layers, heads=1, context=32), recipe, variant)
+
+
+def corpus(root: Path) -> Path:
+    """A prepared corpus directory (what the corpus stage writes) from the offline text."""
+    root.mkdir(parents=True, exist_ok=True)
+    text = encode(offline_text()[:200_000])
+    text[:180_000].tofile(root / "train.u8")
+    text[180_000:].tofile(root / "val.u8")
+    (root / "source.json").write_text(json.dumps({"sha256": "test", "used": "python-docs-offline"}))
+    return root
+
+
+def files(root: Path, cfg: RungConfig) -> RunFiles:
+    name = cfg.name
+    return RunFiles(cfg, root / "runs" / name, root / "metrics" / f"{name}.json", root / "curves" / f"{name}.csv")
+
+
+def quiet(*_):
+    pass
+
+
+def snapshot(run_dir: Path) -> dict:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run_dir.iterdir())}
+
+
+def test_the_pool_fills_the_usable_cores_with_one_thread_each():
+    assert plan_pool("cpu", 0, 0, 1000) == Pool(usable_cores(), 1, ("cpu",))
+    assert plan_pool("cpu", 0, 0, 1).workers == 1  # never more processes than runs
+    assert plan_pool("cpu", 3, 2, 10) == Pool(3, 2, ("cpu",))
+
+
+def test_the_longest_runs_go_first_and_a_resumed_run_counts_what_is_left():
+    shapes = {"tiny": (8, 1), "small": (16, 1), "medium": (24, 2), "large": (32, 3), "xl": (48, 3)}
+    cost = {k: estimated_flops(config(hidden=h, layers=n)) for k, (h, n) in shapes.items()}
+    assert sorted(cost, key=cost.get) == list(shapes)
+    assert estimated_flops(config(steps=40), from_step=30) == pytest.approx(estimated_flops(config(steps=40)) / 4)
+
+
+def test_runs_train_at_once_a_diverging_run_stops_alone_and_complete_runs_are_skipped_untouched(tmp_path):
+    data = corpus(tmp_path / "corpus")
+    runs = [
+        files(tmp_path, config(seed=1)),
+        files(tmp_path, config(seed=2, lr=float("inf"))),
+        files(tmp_path, config(seed=3)),
+    ]
+    summaries = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=quiet)
+    assert [summaries[r.config.name]["status"] for r in runs][::2] == ["complete", "complete"]
+    assert summaries["t-2"]["status"].startswith("diverged: loss is nan at step")
+    metrics = json.loads(runs[0].metrics.read_text())
+    assert metrics["final_step"] == 40 and metrics["corpus"] == "python-docs-offline"
+    assert runs[0].curve.read_text().splitlines()[-1].startswith("40,")
+    assert is_complete(runs[0].config, runs[0].run_dir, "test") and not is_complete(
+        runs[1].config, runs[1].run_dir, "test"
+    )
+    assert not is_complete(config(seed=1, lr=1e-3), runs[0].run_dir, "test")  # another recipe
+    assert not is_complete(runs[0].config, runs[0].run_dir, "another corpus")
+
+    before = [snapshot(r.run_dir) for r in runs]
+    runs[0].metrics.unlink()  # the stage's reports are rewritten from the run directory
+    lines = []
+    again = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=lines.append)
+    assert "train: 3 runs, 2 complete, 1 to train" in lines[0]
+    assert snapshot(runs[0].run_dir) == before[0] and snapshot(runs[2].run_dir) == before[2]
+    assert json.loads(runs[0].metrics.read_text()) == metrics
+    assert again["t-2"]["status"].startswith("diverged")
+
+
+KILLED = """
+import sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_run_queue import Pool, config, files, quiet, train_runs
+root = Path({root!r})
+train_runs([files(root, config(seed=s, steps=200)) for s in (1, 2)], root / "corpus", Pool(2, 1, ("cpu",)), log=quiet)
+"""
+
+
+def test_kill_9_of_the_whole_queue_resumes_every_run_bit_identically(tmp_path):
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    data = corpus(killed / "corpus")
+    code = KILLED.format(tests=str(Path(__file__).parent), root=str(killed))
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)  # its own process group
+    marks = [killed / "runs" / name / "step_000060.json" for name in ("t-1", "t-2")]
+    deadline = time.time() + 120
+    while not all(p.exists() for p in marks) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.1)  # into the next interval: the kill lands between checkpoints
+    os.killpg(proc.pid, signal.SIGKILL)  # the parent and every worker process at once
+    proc.wait()
+    runs = [files(killed, config(seed=s, steps=200)) for s in (1, 2)]
+    done = [max(int(p.stem[5:]) for p in r.run_dir.glob("step_*.json")) for r in runs]
+    assert all(60 <= d < 200 for d in done), f"the runs were not interrupted mid-way: {done}"
+
+    resumed = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=quiet)
+    assert {s["status"] for s in resumed.values()} == {"complete"}
+    torch.set_num_threads(1)  # as in the pool's processes
+    for r in runs:
+        reference = clean / r.config.name
+        train_rung(r.config, load_tokens(data, "train"), load_tokens(data, "val"), reference, "test", "cpu", quiet)
+        wa, wb = (load_file(str(d / "step_000200.safetensors")) for d in (r.run_dir, reference))
+        assert all(torch.equal(wa[k], wb[k]) for k in wb)
+        assert (r.run_dir / "steps.csv").read_text() == (reference / "steps.csv").read_text()
