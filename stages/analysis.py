@@ -1,4 +1,5 @@
-"""Stage `analysis`: statistics, fits and final-loss predictions over every run; writes reports/metrics.json.
+"""Stage `analysis`: statistics, fits and final-loss predictions over the runs of `analysis.variant`; writes
+reports/metrics.json.
 
 Runs before the warehouse stage (one writer per artifact): it loads the same inputs into an
 in-memory DuckDB with the warehouse's own loader and SQL views, computes what SQL cannot
@@ -29,7 +30,7 @@ def main() -> None:
     declared = load_params(args.params)
     params = declared.analysis
 
-    runs = declared.run_names()
+    runs = declared.run_names(params.variant)  # the paper's analysis is of one recipe variant at a time
     inputs = warehouse.discover_inputs(args.configs, args.runs, args.corpus, args.features, runs=runs)
     inputs = warehouse.Inputs(**(inputs.__dict__ | {"diagram_files": []}))  # the analysis never reads diagrams
     con = duckdb.connect()

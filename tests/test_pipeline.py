@@ -4,8 +4,10 @@ only the rungs that inherit the changed value, and `dvc push` / `dvc pull` throu
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -24,11 +26,15 @@ TINY = {
 }
 
 
-def run(args: list[str], cwd: Path) -> str:
+def dvc_env() -> dict:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     env["DVC_NO_ANALYTICS"] = "1"
     env["HF_HUB_OFFLINE"] = "1"  # the series stage records Pythia as skipped instead of trying the network
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    return env
+
+
+def run(args: list[str], cwd: Path) -> str:
+    proc = subprocess.run(args, cwd=cwd, env=dvc_env(), capture_output=True, text=True)
     if proc.returncode:
         raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout + proc.stderr
@@ -106,6 +112,37 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
     metrics = json.loads((project / "reports/metrics.json").read_text())
     assert metrics["rungs"]["a"]["n_seeds"] == 2  # MAE intervals need fits, which 5 checkpoints do not allow
     assert metrics["rungs"]["a"]["rho_across_seeds"]["vr_tp0"]["n_seeds"] == 2
+    back_to_baseline(project)
+
+    # a recipe variant adds only its runs; the warehouse keys every run by variant, the analysis reads one variant
+    exp = run(["dvc", "exp", "run", "-S", "+variants.lr_hi={lr: 0.006}"], project)
+    assert "2 complete, 2 to train" in exp and "Running stage 'variant_features@b-lr_hi-42'" in exp
+    assert "Running stage 'features@b-42'" not in exp
+    with duckdb.connect(str(project / "data/warehouse.duckdb"), read_only=True) as con:
+        runs = con.execute("select rung, variant, seed, lr from runs where kind = 'ladder' order by all").fetchall()
+        assert runs == [("a", "base", 42, 0.003), ("a", "lr_hi", 42, 0.006), ("b", "base", 42, 0.003),
+                        ("b", "lr_hi", 42, 0.006)]  # fmt: skip
+        n = con.execute("select count(distinct (rung, variant, seed)) from feature_loss_spearman").fetchone()[0]
+        assert n == 4 and con.execute("select distinct variant from predictions").fetchall() == [("base",)]
+    back_to_baseline(project)
+
+    # kill -9 of the whole `dvc repro` mid-training, then `dvc repro` again: every run ends bit-identical to an
+    # uninterrupted one (variant `again` has the base recipe, so its runs must equal the base runs byte for byte)
+    params = yaml.safe_load((project / "params.yaml").read_text()) | {"variants": {"again": {}}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = subprocess.Popen(["dvc", "repro", "train"], cwd=project, env=dvc_env(), start_new_session=True)
+    mark = project / "data/runs/b-again-42/step_000010.json"
+    deadline = time.time() + 300
+    while not mark.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (project / "data/runs/b-again-42/step_000040.json").exists(), "the kill came too late"
+    assert "[b-again-42] resuming from step" in run(["dvc", "repro", "train"], project)
+    for rung in ("a", "b"):
+        for name in ("step_000040.safetensors", "steps.csv", "checkpoints.csv"):
+            again = (project / f"data/runs/{rung}-again-42/{name}").read_bytes()
+            assert again == (project / f"data/runs/{rung}-42/{name}").read_bytes(), (rung, name)
     back_to_baseline(project)
 
     # share through a local-folder remote and pull in a second clone

@@ -175,8 +175,8 @@ from topometrics import warehouse
 from topometrics.params import AnalysisParams
 from topometrics.warehouse import Inputs
 real = warehouse.load_parquet
-def slow(con, table, files):
-    real(con, table, files)
+def slow(con, table, files, *constants):
+    real(con, table, files, *constants)
     if table == "diagrams":
         Path({str(ready)!r}).touch(); time.sleep(60)
 warehouse.load_parquet = slow
@@ -371,7 +371,8 @@ def _hand_made_db(np_values, settings=None) -> duckdb.DuckDBPyConnection:
 
 def _features_rows(con, rung, feature, layer, values, every=100):
     for i, v in enumerate(values):
-        con.execute("INSERT INTO features VALUES (?, 0, ?, ?, ?, ?, NULL)", [rung, i * every, layer, feature, v])
+        row = [rung, i * every, layer, feature, v]
+        con.execute("INSERT INTO features (rung, seed, step, layer, feature, value) VALUES (?, 0, ?, ?, ?, ?)", row)
 
 
 def _checkpoint_rows(con, rung, losses, every=100):

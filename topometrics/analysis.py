@@ -25,6 +25,9 @@ LOSS_ONLY = "loss_power_law"
 def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
     """Every statistic the SQL views cannot compute, as the warehouse's analysis tables.
 
+    ``con`` holds the runs of one recipe variant, ``params.variant`` (the analysis stage loads only
+    those): fits across rungs compare sizes trained with the same recipe.
+
     Returns
     -------
     dict
@@ -37,7 +40,8 @@ def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
         ignore_index=True,
     )
     fits = pd.concat([scaling_fits(con), curve_fits], ignore_index=True)
-    return {"predictions": predictions, "fits": fits, "tests": tests}
+    tables = {"predictions": predictions, "fits": fits, "tests": tests}
+    return {name: frame.assign(variant=params.variant) for name, frame in tables.items()}
 
 
 def check_feature_names(params: AnalysisParams) -> None:

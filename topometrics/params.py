@@ -263,9 +263,10 @@ class Params:
         variants = [BASE_VARIANT, *self.variants]
         return [(rung, v, seed) for v in variants for rung in self.ladder for seed in self.train.seeds]
 
-    def run_names(self) -> list[str]:
-        """The names of :meth:`runs` (see :func:`run_name`): run directories and config files."""
-        return [run_name(rung, seed, variant) for rung, variant, seed in self.runs()]
+    def run_names(self, variant: str | None = None) -> list[str]:
+        """The names of :meth:`runs` (see :func:`run_name`), of one ``variant`` if given: run directories
+        and config files."""
+        return [run_name(r, s, v) for r, v, s in self.runs() if variant is None or v == variant]
 
     def recipe(self, variant: str = BASE_VARIANT) -> TrainParams:
         """``train`` with the overrides of ``variants.<variant>`` (``base``: ``train`` itself)."""

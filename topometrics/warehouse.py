@@ -25,10 +25,10 @@ import pandas as pd
 
 import topometrics
 from topometrics.atomic import replacing
-from topometrics.params import ViewSettings
+from topometrics.params import BASE_VARIANT, ViewSettings
 from topometrics.shards import split_by_params
 
-SCHEMA_VERSION = 2  # 2: runs lost the always-NULL fingerprint column
+SCHEMA_VERSION = 3  # 2: runs lost the always-NULL fingerprint column; 3: a variant column keys every run
 SQL_DIR = Path(__file__).parent / "sql"
 # Analysis tables the warehouse stage loads from the analysis stage's Parquet files.
 ANALYSIS_TABLES = ("predictions", "fits", "tests", "incremental_validity", "incremental_errors")
@@ -141,11 +141,17 @@ def populate(con: duckdb.DuckDBPyConnection, inputs: Inputs, settings: ViewSetti
     _insert(con, "settings", pd.DataFrame([asdict(settings)]))
     corpus = _read_corpus(inputs.corpus_source)
     code = meta.get("code_version")
+    variant_of = {}  # run name -> recipe variant; a run's feature files sit under a folder named after it
     for config_path in inputs.configs:
-        load_run(con, config_path, inputs.runs_dir / config_path.stem, corpus, code)
-    load_parquet(con, "features", inputs.feature_files)
-    load_parquet(con, "diagrams", inputs.diagram_files)
-    load_parquet(con, "checkpoints", inputs.checkpoint_files)
+        variant_of[config_path.stem] = load_run(con, config_path, inputs.runs_dir / config_path.stem, corpus, code)
+    for table, files in (("features", inputs.feature_files), ("diagrams", inputs.diagram_files)):
+        by_variant: dict[str, list[Path]] = {}
+        for path in files:
+            run = next((p.name for p in Path(path).parents if p.name in variant_of), None)
+            by_variant.setdefault(variant_of.get(run, BASE_VARIANT), []).append(path)
+        for variant, paths in by_variant.items():
+            load_parquet(con, table, paths, {"variant": variant})
+    load_parquet(con, "checkpoints", inputs.checkpoint_files, {"variant": BASE_VARIANT})  # external series
     _add_series_runs(con, corpus, code)
     for table, path in inputs.analysis_files.items():
         load_parquet(con, table, [path])
@@ -203,15 +209,18 @@ def code_version(repo: Path = Path(".")) -> str:
     return out.stdout.strip() if out.returncode == 0 else f"topometrics {topometrics.__version__}"
 
 
-def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str | None) -> None:
-    """Insert one trained run: its ``runs`` and ``rungs`` rows, per-step log and checkpoints table."""
+def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str | None) -> str:
+    """Insert one trained run: its ``runs`` and ``rungs`` rows, per-step log and checkpoints table.
+
+    Returns the run's recipe variant (configs written before variants existed are ``base``)."""
     cfg = json.loads(Path(config_path).read_text())
     missing = {"rung", "seed", "model", "recipe"} - set(cfg)
     if missing:
         raise WarehouseError(f"{config_path} lacks {sorted(missing)}; regenerate it with the config stage")
     rung, seed, recipe, model = cfg["rung"], int(cfg["seed"]), cfg["recipe"], cfg["model"]
-    run = {"rung": rung, "seed": seed, "kind": "ladder", "config_json": json.dumps(cfg, sort_keys=True)}
-    run |= {"code_version": code} | _corpus_columns(corpus)
+    variant = cfg.get("variant", BASE_VARIANT)
+    run = {"rung": rung, "variant": variant, "seed": seed, "kind": "ladder"}
+    run |= {"config_json": json.dumps(cfg, sort_keys=True), "code_version": code} | _corpus_columns(corpus)
     run |= {k: recipe.get(k) for k in ("steps", "ckpt_every", "lr", "warmup", "min_lr_ratio")}
     _insert(con, "runs", pd.DataFrame([run]))
     shape = {k: model.get(k) for k in ("vocab_size", "context", "hidden", "layers", "heads")}
@@ -226,14 +235,16 @@ def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str |
         absent = {"step", *columns} - set(frame.columns)
         if absent:
             raise WarehouseError(f"{csv} lacks columns {sorted(absent)}; expected step,{','.join(columns)}")
-        _insert(con, table, frame[["step", *columns]].assign(rung=rung, seed=seed), source=csv)
+        _insert(con, table, frame[["step", *columns]].assign(rung=rung, variant=variant, seed=seed), source=csv)
+    return variant
 
 
-def load_parquet(con, table: str, files: list[Path]) -> None:
+def load_parquet(con, table: str, files: list[Path], constants: Mapping[str, str] | None = None) -> None:
     """Append Parquet files to ``table`` by column name, in one ``read_parquet`` over the list.
 
     Optional columns absent from a file become NULL; a file that lacks a required column is an
-    error naming it. The partition folders of shards (``rung=...``) are not read as columns.
+    error naming it. ``constants`` fills columns the files do not hold (a run's ``variant``). The
+    partition folders of shards (``rung=...``) are not read as columns.
     """
     if not files:
         return
@@ -245,10 +256,11 @@ def load_parquet(con, table: str, files: list[Path]) -> None:
     optional = _OPTIONAL_COLUMNS.get(table, {})
     for path in files:
         missing = [c for c in table_columns if c not in columns[str(path)] and c not in optional]
+        missing = [c for c in missing if c not in (constants or {})]
         if missing and table not in ANALYSIS_TABLES:
             raise WarehouseError(f"{path} lacks columns {missing} of table {table}; see docs/warehouse.md")
     present = set().union(*columns.values())
-    select = ", ".join(c if c in present else f"NULL::{optional.get(c, 'VARCHAR')} AS {c}" for c in table_columns)
+    select = ", ".join(_column(c, present, optional, constants or {}) for c in table_columns)
     rel = f"read_parquet({listing}, union_by_name = true, hive_partitioning = false)"
     try:
         con.execute(f"INSERT INTO {table} BY NAME SELECT {select} FROM {rel}")
@@ -257,10 +269,18 @@ def load_parquet(con, table: str, files: list[Path]) -> None:
         raise WarehouseError(f"{where}: duplicate rows for table {table} ({err}); rebuild those files") from err
 
 
+def _column(name: str, present: set[str], optional: Mapping[str, str], constants: Mapping[str, str]) -> str:
+    """The SELECT expression of one table column: the file's, a constant where files lack it, or NULL."""
+    if name in constants:
+        value = f"'{_quote(constants[name])}'"
+        return f"coalesce({name}, {value}) AS {name}" if name in present else f"{value} AS {name}"
+    return name if name in present else f"NULL::{optional.get(name, 'VARCHAR')} AS {name}"
+
+
 def _add_series_runs(con, corpus: Mapping, code: str | None) -> None:
     """External series appear only in features: give each (rung, seed) a ``runs`` and ``rungs`` row."""
     series = con.execute(
-        "SELECT DISTINCT rung, seed FROM features ANTI JOIN runs USING (rung, seed) ORDER BY rung, seed"
+        "SELECT DISTINCT rung, variant, seed FROM features ANTI JOIN runs USING (rung, variant, seed) ORDER BY ALL"
     ).df()
     if series.empty:
         return

@@ -1,6 +1,7 @@
--- topometrics warehouse: tables. Schema version 2 (topometrics.warehouse.SCHEMA_VERSION).
--- Keys are (rung, seed, step): a "rung" is a ladder model (tiny ... xl) or an external series
--- (e.g. 'EleutherAI/pythia-14m'); `kind` in runs/rungs says which.
+-- topometrics warehouse: tables. Schema version 3 (topometrics.warehouse.SCHEMA_VERSION).
+-- Keys are (rung, variant, seed, step): a "rung" is a ladder model (tiny ... xl) or an external series
+-- (e.g. 'EleutherAI/pythia-14m'); `kind` in runs/rungs says which. `variant` is the recipe variant
+-- (params.yaml `variants`; 'base' = the recipe in `train`, and for external series).
 
 -- Build provenance: schema_version, code_version, duckdb_version, params (JSON), sql:<file> hashes.
 CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
@@ -15,9 +16,10 @@ CREATE TABLE settings (
     alpha DOUBLE NOT NULL DEFAULT 0.05 -- family-wise level of Bonferroni-corrected verdicts
 );
 
--- One row per training run (rung x seed): params snapshot, corpus used, code version.
+-- One row per training run (rung x variant x seed): params snapshot, corpus used, code version.
 CREATE TABLE runs (
     rung VARCHAR NOT NULL,
+    variant VARCHAR NOT NULL DEFAULT 'base',
     seed INTEGER NOT NULL,
     kind VARCHAR NOT NULL,             -- 'ladder' (trained here) or 'series' (external checkpoints)
     config_json VARCHAR,               -- data/config/<rung>.json verbatim: model shape + recipe
@@ -32,7 +34,7 @@ CREATE TABLE runs (
     corpus_fallback BOOLEAN,
     corpus_reason VARCHAR,
     code_version VARCHAR,
-    PRIMARY KEY (rung, seed)
+    PRIMARY KEY (rung, variant, seed)
 );
 
 -- One row per rung: shape and parameter count (NULL for series that do not state them).
@@ -49,29 +51,29 @@ CREATE TABLE rungs (
 
 -- Every optimizer step: train loss, gradient 2-norm before clipping, learning rate used.
 CREATE TABLE steps (
-    rung VARCHAR NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    rung VARCHAR NOT NULL, variant VARCHAR NOT NULL DEFAULT 'base', seed INTEGER NOT NULL, step INTEGER NOT NULL,
     train_loss DOUBLE, grad_norm DOUBLE, lr DOUBLE,
-    PRIMARY KEY (rung, seed, step)
+    PRIMARY KEY (rung, variant, seed, step)
 );
 
 -- Every checkpoint: held-out validation loss and the train loss logged there. External series
 -- (run folders, live monitor logs) have rows for their computed steps; reason says why a loss is NULL.
 CREATE TABLE checkpoints (
-    rung VARCHAR NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    rung VARCHAR NOT NULL, variant VARCHAR NOT NULL DEFAULT 'base', seed INTEGER NOT NULL, step INTEGER NOT NULL,
     val_loss DOUBLE, train_loss DOUBLE, reason VARCHAR,
-    PRIMARY KEY (rung, seed, step)
+    PRIMARY KEY (rung, variant, seed, step)
 );
 
 -- The features stage's contract (docs/features.md); layer = 'all' for aggregates; NULL value => reason.
 CREATE TABLE features (
-    rung VARCHAR NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    rung VARCHAR NOT NULL, variant VARCHAR NOT NULL DEFAULT 'base', seed INTEGER NOT NULL, step INTEGER NOT NULL,
     layer VARCHAR NOT NULL, feature VARCHAR NOT NULL, value DOUBLE, reason VARCHAR,
-    PRIMARY KEY (rung, seed, step, layer, feature)
+    PRIMARY KEY (rung, variant, seed, step, layer, feature)
 );
 
 -- Persistence diagrams: source in {weights, representation}; one row per (birth, death) pair.
 CREATE TABLE diagrams (
-    rung VARCHAR NOT NULL, seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    rung VARCHAR NOT NULL, variant VARCHAR NOT NULL DEFAULT 'base', seed INTEGER NOT NULL, step INTEGER NOT NULL,
     source VARCHAR NOT NULL, layer VARCHAR NOT NULL, dim INTEGER NOT NULL, birth DOUBLE, death DOUBLE
 );
 
@@ -80,7 +82,7 @@ CREATE TABLE predictions (
     method VARCHAR NOT NULL,           -- loss_power_law, schedule_aware, topology, loss_topology, ...
     cv VARCHAR NOT NULL,               -- 'none' (per-run fit), 'rung' or 'seed' (leave-one-group-out)
     fraction DOUBLE NOT NULL,
-    rung VARCHAR NOT NULL, seed INTEGER NOT NULL,
+    rung VARCHAR NOT NULL, variant VARCHAR NOT NULL DEFAULT 'base', seed INTEGER NOT NULL,
     predicted DOUBLE,                  -- NULL when status = 'failed'
     actual DOUBLE,                     -- final-checkpoint validation loss
     status VARCHAR NOT NULL,           -- 'ok' or 'failed'
@@ -93,7 +95,7 @@ CREATE TABLE fits (
     kind VARCHAR NOT NULL,
     target VARCHAR NOT NULL,           -- feature name, 'val_loss', or the prediction method
     layer VARCHAR,
-    rung VARCHAR, seed INTEGER, fraction DOUBLE,
+    rung VARCHAR, variant VARCHAR DEFAULT 'base', seed INTEGER, fraction DOUBLE,
     a DOUBLE, b DOUBLE, c DOUBLE,      -- f(N) = a*N^b + c, or L(t) = a*t^(-b) + c
     params_json VARCHAR,               -- every fitted parameter, by name
     r2 DOUBLE, spearman_rho DOUBLE, spearman_p DOUBLE, n INTEGER,
@@ -103,7 +105,7 @@ CREATE TABLE fits (
 -- Statistical tests: Spearman with bootstrap CI, Steiger/Fisher-z comparisons, across-seed summaries.
 CREATE TABLE tests (
     kind VARCHAR NOT NULL,             -- spearman, topo_vs_spectral, spearman_across_seeds, mae_across_seeds
-    rung VARCHAR, seed INTEGER,
+    rung VARCHAR, variant VARCHAR DEFAULT 'base', seed INTEGER,
     feature VARCHAR, layer VARCHAR,
     other VARCHAR,                     -- the compared feature (topo_vs_spectral) or method/fraction
     estimate DOUBLE, ci_low DOUBLE, ci_high DOUBLE,

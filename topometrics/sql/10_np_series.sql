@@ -6,17 +6,17 @@
 -- `np_source` names the one used.
 CREATE OR REPLACE VIEW np_series AS
 WITH candidates AS (
-    SELECT rung, seed, step, value AS np, 'all/np_norm' AS np_source, 1 AS preference
+    SELECT rung, variant, seed, step, value AS np, 'all/np_norm' AS np_source, 1 AS preference
     FROM features
     WHERE layer = 'all' AND feature = 'np_norm' AND value IS NOT NULL AND NOT isnan(value)
     UNION ALL
-    SELECT rung, seed, step, avg(value), 'avg(layer np_norm)', 2
+    SELECT rung, variant, seed, step, avg(value), 'avg(layer np_norm)', 2
     FROM features
     WHERE layer <> 'all' AND feature = 'np_norm' AND value IS NOT NULL AND NOT isnan(value)
-    GROUP BY rung, seed, step
+    GROUP BY rung, variant, seed, step
 ), chosen AS (
-    SELECT rung, seed, min(preference) AS preference FROM candidates GROUP BY rung, seed
+    SELECT rung, variant, seed, min(preference) AS preference FROM candidates GROUP BY rung, variant, seed
 )
-SELECT c.rung, c.seed, c.step, c.np, c.np_source
+SELECT c.rung, c.variant, c.seed, c.step, c.np, c.np_source
 FROM candidates AS c
-JOIN chosen USING (rung, seed, preference);
+JOIN chosen USING (rung, variant, seed, preference);
