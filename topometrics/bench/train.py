@@ -1,6 +1,7 @@
 """Training throughput per rung and the projected wall time of the default ladder.
 
     python -m topometrics.bench train [--steps 20] [--rungs tiny,xl] [--modes naive,serial,serial2,parallel]
+                                      [--cores N]
 
 Every mode times the real training step (sample a batch, forward, backward, clip, AdamW
 step with the schedule's learning rate) on random tokens (the cost does not depend on
@@ -15,12 +16,21 @@ the text), after ``--warmup`` untimed steps, and adds the amortised cost of a ch
             ``dvc repro`` runs, and the mode of ``projected_ladder_minutes``
   serial1   the same with 1 thread (opt-in)      serial2   ... with 2 threads (opt-in)
   compile2  serial2 with ``torch.compile`` on the loss, compile time counted (opt-in)
-  parallel  two processes with 1 thread each, rungs spread over them (longest first),
-            timed while both run: a projection for running rungs concurrently
+  parallel  one 1-thread process per core (``--cores``, default: the usable cores), rungs spread
+            over them, timed while all run: each rung's per-thread rate with every core busy
 
-The projection is steps x median step time + checkpoints x checkpoint time, summed over
-rungs (or the longest worker for ``parallel``). The machine is shared, so read ratios to
-``naive`` from the same run rather than absolute numbers. The last line is JSON.
+The projection of one run is steps x median step time + checkpoints x checkpoint time. From the
+``parallel`` rates (always measured) the last JSON line also holds, for the whole ladder:
+
+  serial_ladder_min   rungs one after another with params' threads: the old one-stage-per-run repro
+  repro_ladder_min    ``dvc repro`` now: topometrics.run_queue's schedule (its own longest-first order
+                      from estimated FLOPs, one process per core) plus the measured pool start-up
+  hand_schedule_min   the best hand schedule of whole runs over the same cores (exhaustive)
+  gemm_floor_min      the same schedule constraint (whole runs, one thread each) with only the
+                      training's matrix products, timed alone: the time no loop overhead can beat
+  projection          repro and hand minutes for 8 and 16 cores from the same per-thread rates
+
+The machine is shared, so read ratios measured in the same run rather than absolute numbers.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
 import tempfile
 import time
@@ -36,9 +47,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from topometrics.bench.schedule import best_makespan, gemm_seconds_per_step, pool_startup_s, queue_makespan
 from topometrics.checkpoints import save_checkpoint
 from topometrics.model import GPT
 from topometrics.params import load_params
+from topometrics.run_queue import estimated_flops, usable_cores
 from topometrics.train import (
     RungConfig,
     build_rung_config,
@@ -139,19 +152,19 @@ def _worker(cfgs: list[dict], steps: int, warmup: int, done, n_workers: int, out
         time_rung(busy, "serial1", 2, 0)
 
 
-def time_parallel(cfgs: dict[str, RungConfig], single: dict[str, float], steps: int, warmup: int) -> tuple:
-    """Two 1-thread processes; rungs assigned longest first to the less loaded worker."""
-    loads, plan = [0.0, 0.0], [[], []]
+def time_parallel(cfgs: dict[str, RungConfig], single: dict[str, float], steps: int, warmup: int, cores: int) -> tuple:
+    """``cores`` 1-thread processes; rungs assigned longest first to the least loaded worker."""
+    loads, plan = [0.0] * cores, [[] for _ in range(cores)]
     for rung in sorted(cfgs, key=lambda k: -single[k]):
         w = loads.index(min(loads))
         plan[w].append(rung)
         loads[w] += single[rung]
     ctx = mp.get_context("spawn")
     done, out = ctx.Value("i", 0), ctx.Queue()
+    plan = [p for p in plan if p]
     procs = [
-        ctx.Process(target=_worker, args=([cfgs[k].to_dict() for k in p], steps, warmup, done, 2, out))
+        ctx.Process(target=_worker, args=([cfgs[k].to_dict() for k in p], steps, warmup, done, len(plan), out))
         for p in plan
-        if p
     ]
     for p in procs:
         p.start()
@@ -160,7 +173,7 @@ def time_parallel(cfgs: dict[str, RungConfig], single: dict[str, float], steps: 
         results |= out.get()
     for p in procs:
         p.join()
-    return results, [p for p in plan if p]
+    return results, plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,12 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rungs", default="", help="comma-separated rungs (default: the whole ladder)")
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, from {','.join(MODES)}")
     ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--cores", type=int, default=usable_cores(), help="processes of the parallel mode and queue")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}; choose from {MODES}")
     if "naive" not in modes:
         modes.insert(0, "naive")
+    if "parallel" not in modes:
+        modes.append("parallel")
     params = load_params(args.params)
     rungs = args.rungs.split(",") if args.rungs else list(params.ladder)
     cfgs = {k: build_rung_config(params, k, params.train.seeds[0]) for k in rungs}
@@ -196,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = None
     if "parallel" in modes:
         single = {k: project(cfgs[k], timing.get("serial", timing["naive"])[k]) for k in cfgs}
-        timing["parallel"], plan = time_parallel(cfgs, single, args.steps, args.warmup)
+        timing["parallel"], plan = time_parallel(cfgs, single, args.steps, args.warmup, args.cores)
 
     tokens_per_step = {k: cfgs[k].recipe.batch_size * cfgs[k].model.context for k in cfgs}
     minutes, tok_s = {}, {}
@@ -241,5 +257,45 @@ def main(argv: list[str] | None = None) -> int:
         "timed_steps": args.steps,
         "bench_seconds": round(time.perf_counter() - t_start, 1),
     }
+    result |= ladder_schedules(cfgs, timing, minutes, params.train.seeds[0], args.cores)
+    result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, sort_keys=True))
     return 0
+
+
+def ladder_schedules(cfgs: dict[str, RungConfig], timing: dict, minutes: dict, seed: int, cores: int) -> dict:
+    """Serial, queue (``dvc repro``), best-hand and GEMM-floor minutes of the ladder, and projections."""
+    per_run = {k: project(cfgs[k], timing["parallel"][k]) for k in cfgs}  # 1 thread, every core busy
+    queue_order = sorted(cfgs, key=lambda k: -estimated_flops(cfgs[k]))  # what run_queue does
+    torch.set_num_threads(1)
+    gemm = {k: cfgs[k].recipe.steps * gemm_seconds_per_step(cfgs[k]) for k in cfgs}
+    startup = pool_startup_s(min(cores, len(cfgs)))
+
+    def queue(c: int) -> float:
+        return (startup + queue_makespan([per_run[k] for k in queue_order], c)) / 60
+
+    repro, hand = queue(cores), best_makespan(list(per_run.values()), cores) / 60
+    floor = max(sum(gemm.values()) / cores, max(gemm.values())) / 60
+    serial = minutes.get("serial", minutes["naive"])
+    print(
+        f"\nwhole runs on {cores} cores, 1 thread each (minutes): serial {serial:.1f}, repro (queue) {repro:.1f}, "
+        f"best hand schedule {hand:.1f}, GEMM floor {floor:.1f}; repro / hand {repro / hand:.3f}, "
+        f"repro / floor {repro / floor:.2f}, pool start-up {startup:.1f} s"
+    )
+    projection = {
+        str(c): {"repro_ladder_min": round(queue(c), 2), "hand_schedule_min": round(best_makespan(
+            list(per_run.values()), c) / 60, 2)} for c in (8, 16)
+    }  # fmt: skip
+    return {
+        "serial_ladder_min": round(serial, 2),
+        "repro_ladder_min": round(repro, 2),
+        "hand_schedule_min": round(hand, 2),
+        "gemm_floor_min": round(floor, 2),
+        "repro_vs_hand": round(repro / hand, 3),
+        "repro_vs_gemm_floor": round(repro / floor, 2),
+        "cores": cores,
+        "pool_startup_s": round(startup, 1),
+        "run_minutes_1thread": {k: round(v / 60, 2) for k, v in per_run.items()},
+        "gemm_minutes_1thread": {k: round(v / 60, 2) for k, v in gemm.items()},
+        "projection": projection,
+    }
