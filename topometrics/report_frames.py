@@ -17,23 +17,26 @@ from topometrics import charts
 
 BETTI = re.compile(r"^rep_betti(\d)_(\d+)$")  # the per-scale names of the rep_betti0 / rep_betti1 curves
 
+# The report shows the runs of the recipe variant the analysis tables were computed for (analysis.variant).
+ANALYSED = "variant = (SELECT coalesce(any_value(variant), 'base') FROM predictions)"
 QUERIES = {
-    "runs": "SELECT * FROM runs ORDER BY kind, rung, seed",
+    "runs": f"SELECT * FROM runs WHERE {ANALYSED} ORDER BY kind, rung, seed",
     "meta": "SELECT key, value FROM meta",
     "rungs": "SELECT * FROM rungs",
-    "checkpoints": "SELECT c.rung, c.seed, c.step, c.val_loss, g.kind FROM checkpoints c JOIN rungs g USING (rung)",
-    "final": "SELECT rung, seed, step, val_loss, n_params, kind, complete FROM final_checkpoints",
-    "features": """SELECT f.rung, f.seed, f.step, f.feature, f.value, g.kind FROM features f JOIN rungs g USING (rung)
-                   WHERE f.layer = 'all' AND f.value IS NOT NULL AND NOT isnan(f.value)""",
-    "np": "SELECT n.rung, n.seed, n.step, n.np, g.kind FROM np_series n JOIN rungs g USING (rung)",
-    "rho": """SELECT s.rung, s.seed, s.feature, s.n, s.rho, g.kind FROM feature_loss_spearman s
-              JOIN rungs g USING (rung) WHERE s.layer = 'all'""",
+    "checkpoints": f"""SELECT c.rung, c.seed, c.step, c.val_loss, g.kind FROM checkpoints c JOIN rungs g USING (rung)
+                       WHERE {ANALYSED}""",
+    "final": f"SELECT rung, seed, step, val_loss, n_params, kind, complete FROM final_checkpoints WHERE {ANALYSED}",
+    "features": f"""SELECT f.rung, f.seed, f.step, f.feature, f.value, g.kind FROM features f JOIN rungs g USING (rung)
+                   WHERE f.layer = 'all' AND f.value IS NOT NULL AND NOT isnan(f.value) AND {ANALYSED}""",
+    "np": f"SELECT n.rung, n.seed, n.step, n.np, g.kind FROM np_series n JOIN rungs g USING (rung) WHERE {ANALYSED}",
+    "rho": f"""SELECT s.rung, s.seed, s.feature, s.n, s.rho, g.kind FROM feature_loss_spearman s
+              JOIN rungs g USING (rung) WHERE s.layer = 'all' AND {ANALYSED}""",
     "spearman": "SELECT * FROM tests WHERE kind = 'spearman' AND layer = 'all'",
     "topo_vs_spectral": "SELECT * FROM tests WHERE kind = 'topo_vs_spectral'",
     "mae": "SELECT * FROM prediction_mae",
-    "phases": "SELECT * FROM phases",
-    "early_stopping": "SELECT * FROM early_stopping",
-    "scaling": "SELECT * FROM scaling WHERE kind = 'ladder' AND layer IN ('all', 'checkpoint')",
+    "phases": f"SELECT * FROM phases WHERE {ANALYSED}",
+    "early_stopping": f"SELECT * FROM early_stopping WHERE {ANALYSED}",
+    "scaling": f"SELECT * FROM scaling WHERE kind = 'ladder' AND layer IN ('all', 'checkpoint') AND {ANALYSED}",
     "scaling_fits": "SELECT * FROM fits WHERE kind = 'scaling'",
 }
 
