@@ -2,7 +2,7 @@
 
 import pytest
 
-from topometrics.bench.schedule import best_makespan, gemm_seconds_per_step, queue_makespan
+from topometrics.bench.schedule import best_makespan, gemm_seconds_per_step, gemm_shapes, queue_makespan
 from topometrics.model import GPTConfig
 from topometrics.train import Recipe, RungConfig
 
@@ -18,10 +18,12 @@ def test_the_best_hand_schedule_is_the_optimal_partition():
     assert best_makespan([1.0] * 6, 3) == pytest.approx(2.0)
 
 
-def test_the_gemm_floor_grows_with_the_model():
-    def cfg(hidden, layers):
-        recipe = Recipe(10, 10, 8, 1e-3, 1, 0.0, 0.0, 1.0, 0, 8)
-        return RungConfig("t", GPTConfig(hidden=hidden, layers=layers, heads=2, context=32), recipe)
-
-    small, large = gemm_seconds_per_step(cfg(8, 1)), gemm_seconds_per_step(cfg(64, 4))
-    assert 0 < small < large
+def test_the_gemm_floor_times_six_flops_per_weight_per_token_plus_attention():
+    recipe = Recipe(10, 10, 8, 1e-3, 1, 0.0, 0.0, 1.0, 0, 8)
+    cfg = RungConfig("t", GPTConfig(hidden=16, layers=2, heads=2, context=32), recipe)
+    tokens, h, t, layers = 8 * 32, 16, 32, 2
+    weights = layers * 12 * h * h + h * 128  # qkv 3h^2, out h^2, up and down 4h^2 each; the tied head
+    attention = layers * 12 * 8 * t * t * h  # Q K^T and A V, forward and two gradients each, 2 flops per MAC
+    flops = sum(2 * b * rows * inner * cols for b, rows, inner, cols in gemm_shapes(cfg))
+    assert flops == 6 * tokens * weights + attention
+    assert gemm_seconds_per_step(cfg, repeats=1) > 0

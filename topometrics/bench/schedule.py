@@ -50,23 +50,28 @@ def best_makespan(durations: list[float], workers: int, limit: int = 2_000_000) 
     return max(best, max(runs, default=0.0))
 
 
-def gemm_seconds_per_step(cfg: RungConfig, repeats: int = 5) -> float:
-    """Seconds of the matrix products of one training step of ``cfg`` timed alone in this process.
+def gemm_shapes(cfg: RungConfig) -> list[tuple[int, int, int, int]]:
+    """The matrix products of one training step of ``cfg`` as (batch, rows, inner, cols).
 
     Per block the four linear layers (qkv, out, up, down) and the attention products (Q K^T and
     A V per batch x head), plus the tied output head; each forward product and its two backward
-    products (input and weight gradients). The median of ``repeats`` timings per shape.
+    products (input and weight gradients).
     """
     m, r = cfg.model, cfg.recipe
     tokens, h, t, d = r.batch_size * m.context, m.hidden, m.context, m.hidden // m.heads
     bh = r.batch_size * m.heads
     linear = [(h, 3 * h), (h, h), (h, 4 * h), (4 * h, h)] * m.layers + [(h, m.vocab_size)]
-    shapes = []  # (batch, rows, inner, cols)
+    shapes = []
     for k, n in linear:
         shapes += [(1, tokens, k, n), (1, tokens, n, k), (1, k, tokens, n)]
     for _ in range(m.layers):  # scores = Q K^T, out = A V, and their gradients
         shapes += [(bh, t, d, t), (bh, t, t, d), (bh, t, d, t)] * 2
-    return sum(_time_bmm(shape, repeats) for shape in shapes)
+    return shapes
+
+
+def gemm_seconds_per_step(cfg: RungConfig, repeats: int = 5) -> float:
+    """Seconds of :func:`gemm_shapes` timed alone in this process (median of ``repeats`` per shape)."""
+    return sum(_time_bmm(shape, repeats) for shape in gemm_shapes(cfg))
 
 
 def _time_bmm(shape: tuple[int, int, int, int], repeats: int) -> float:
