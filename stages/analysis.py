@@ -15,6 +15,7 @@ import duckdb
 from topometrics import analysis, warehouse
 from topometrics.atomic import write_parquet, write_text
 from topometrics.params import load_params
+from topometrics.shards import params_digest
 
 
 def main() -> None:
@@ -31,7 +32,12 @@ def main() -> None:
     params = declared.analysis
 
     runs = declared.run_names(params.variant)  # the paper's analysis is of one recipe variant at a time
-    inputs = warehouse.discover_inputs(args.configs, args.runs, args.corpus, args.features, runs=runs)
+    digest = params_digest(declared.features)  # only shards of these feature params are read
+    inputs = warehouse.discover_inputs(
+        args.configs, args.runs, args.corpus, args.features, runs=runs, feature_params=digest
+    )
+    for line in inputs.not_read:
+        print(f"analysis: {line}")
     inputs = warehouse.Inputs(**(inputs.__dict__ | {"diagram_files": []}))  # the analysis never reads diagrams
     con = duckdb.connect()
     warehouse.populate(con, inputs, params.settings(), {})

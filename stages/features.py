@@ -2,7 +2,10 @@
 
     python stages/features.py --rung tiny --runs data/runs/tiny-42 --corpus data/corpus --out data/features/tiny-42
 
-Writes ``features.parquet`` and ``diagrams.parquet`` into --out (tables: docs/features.md).
+Writes one shard per checkpoint into --out (``rung=<rung>/variant=base/seed=<seed>/step=<step>/``
+with ``features``, ``diagrams`` and ``distances`` Parquet files; tables: docs/features.md, shards:
+docs/scaling.md). Shards that are current are kept, so a killed run resumes. ``compute.cluster``
+says where the checkpoints are computed.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from topometrics.atomic import write_parquet
-from topometrics.features import run_features
+from topometrics.cluster import ClusterError
+from topometrics.feature_shards import run_shards
 from topometrics.params import load_params
 
 
@@ -22,24 +25,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rung", required=True, help="rung name, e.g. tiny")
     parser.add_argument("--runs", type=Path, required=True, help="the run directory (data/runs/<rung>-<seed>)")
     parser.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory (val.u8)")
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--out", type=Path, required=True, help="output directory (shards)")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    params = load_params(args.params).features
+    params = load_params(args.params)
     start = time.monotonic()
-    features, diagrams = run_features(args.runs, args.corpus, params, args.rung)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_parquet(args.out / "features.parquet", features)
-    write_parquet(args.out / "diagrams.parquet", diagrams)
-    nulls = int(features.value.isna().sum())
+    try:
+        run = run_shards(args.runs, args.corpus, params.features, args.out, params.compute, args.rung)
+    except ClusterError as err:
+        print(f"features@{args.runs.name}: {err}", file=sys.stderr)
+        return 1
+    keys = set(run.computed) | set(run.reused) | set(run.failed)
     print(
-        f"features@{args.runs.name}: {features.step.nunique()} checkpoints, {len(features)} feature rows "
-        f"({nulls} NULL), {len(diagrams)} diagram bars, {time.monotonic() - start:.1f} s -> {args.out}"
+        f"features@{args.runs.name}: {len(keys)} checkpoints, {len(set(run.computed))} computed, "
+        f"{len(keys - set(run.computed) - set(run.failed))} already current, {len(run.failed)} failed, "
+        f"{time.monotonic() - start:.1f} s -> {args.out}"
     )
+    if run.failed:
+        first, reason = next(iter(run.failed.items()))
+        print(
+            f"features@{args.runs.name}: {len(run.failed)} checkpoints failed (step {first.step}: {reason}); "
+            "the others are written, re-run to retry them",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -7,38 +7,48 @@ recorded in status.json as skipped with the reason. The stage is always_changed,
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 from transformers.utils import logging as hf_logging
 
 from topometrics.atomic import write_parquet, write_text
+from topometrics.cluster import ClusterError
 from topometrics.params import load_params
-from topometrics.series import run_series
+from topometrics.series_shards import series_shards
 from topometrics.tokens import decode, load_tokens
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory (val.u8)")
-    ap.add_argument("--out", type=Path, required=True, help="features/diagrams/checkpoints.parquet, status.json")
+    ap.add_argument(
+        "--out", type=Path, required=True,
+        help="feature shards (docs/scaling.md), features.parquet of monitor logs, checkpoints.parquet, status.json",
+    )  # fmt: skip
     args = ap.parse_args()
     params = load_params()
     hf_logging.disable_progress_bar()  # one progress line per checkpoint, not a bar per file
     text = decode(load_tokens(args.corpus, "val"))
     # One BLAS thread: the per-layer SVDs are small, and extra BLAS threads only contend (docs/series.md).
     with threadpool_limits(limits=1, user_api="blas"):
-        features, diagrams, checkpoints, status = run_series(
-            params.series, params.features, text, progress=lambda line: print(f"series: {line}", flush=True)
-        )
+        try:
+            result = series_shards(
+                params.series, params.features, text, args.out, params.compute,
+                progress=lambda line: print(f"series: {line}", flush=True),
+            )  # fmt: skip
+        except ClusterError as err:
+            print(f"series: {err}", file=sys.stderr)
+            sys.exit(1)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_parquet(args.out / "features.parquet", features)
-    write_parquet(args.out / "diagrams.parquet", diagrams)
-    write_parquet(args.out / "checkpoints.parquet", checkpoints)
+    write_parquet(args.out / "features.parquet", result.logged)  # monitor logs; the rest are shards
+    write_parquet(args.out / "checkpoints.parquet", result.losses)
+    status = result.status
     write_text(args.out / "status.json", json.dumps(status, indent=1))
     for s in status["series"]:
         note = "" if not s["skipped"] else " (see status.json; rerun `dvc repro` when the hub or cache has them)"
-        print(f"series {s['name']}: {s['computed']} computed, {s['skipped']} skipped{note}")
+        print(f"series {s['name']}: {s['computed']} computed, {s['reused']} reused, {s['skipped']} skipped{note}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from topometrics import warehouse
 from topometrics.params import as_dict, load_params
+from topometrics.shards import params_digest
 
 
 def main() -> None:
@@ -26,8 +27,12 @@ def main() -> None:
     settings = params.analysis.settings()
 
     runs = params.run_names()
-    inputs = warehouse.discover_inputs(args.configs, args.runs, args.corpus, args.features, args.analysis, runs)
-    meta = {"code_version": warehouse.code_version(), "params": json.dumps(as_dict(params), sort_keys=True)}
+    digest = params_digest(params.features)  # only shards of these feature params are read
+    inputs = warehouse.discover_inputs(args.configs, args.runs, args.corpus, args.features, args.analysis, runs, digest)
+    for line in inputs.not_read:
+        print(f"warehouse: {line}")
+    declared = {k: v for k, v in as_dict(params).items() if k != "compute"}  # where it ran is not a result
+    meta = {"code_version": warehouse.code_version(), "params": json.dumps(declared, sort_keys=True)}
     path = warehouse.build_warehouse(args.out, inputs, settings, meta)
     print(f"warehouse: {len(inputs.configs)} runs, {len(inputs.feature_files)} feature tables -> {path}")
 

@@ -43,3 +43,49 @@ def test_progress_lines_go_to_stderr(capfd):
     map_jobs(abs, [-1, -2], workers=1, label="things")
     err = capfd.readouterr().err
     assert "things: 2/2 checkpoints" in err
+
+
+# --- the same seam on a Dask cluster ----------------------------------------------------------------
+
+
+def test_each_result_yields_failures_as_results_and_runs_the_rest():
+    from topometrics.compute import each_result
+
+    for workers in (1, 2):
+        got = dict(each_result(fail_on_three, list(range(8)), workers=workers, label="test"))
+        assert sorted(got) == list(range(8))
+        assert isinstance(got[3], ValueError) and str(got[3]) == "job 3 failed"
+        assert all(got[i] == i for i in got if i != 3)
+
+
+def test_map_jobs_on_a_dask_cluster_equals_local_and_runs_one_thread_jobs():
+    from distributed import LocalCluster
+
+    from topometrics.params import ComputeParams
+
+    local = map_jobs(square_and_where, list(range(6)), workers=1, label="test")
+    with LocalCluster(n_workers=2, processes=False, protocol="tcp://", host="127.0.0.1", dashboard_address=None) as c:
+        remote = map_jobs(
+            square_and_where, list(range(6)), workers=1, label="test", compute=ComputeParams(c.scheduler_address)
+        )
+        with pytest.raises(ValueError, match="job 3 failed"):
+            map_jobs(fail_on_three, list(range(6)), workers=1, label="test", compute=ComputeParams(c.scheduler_address))
+    assert [v for v, _, _ in remote] == [v for v, _, _ in local]
+    assert {threads for _, _, threads in remote} == {1}
+
+
+def test_an_unreachable_cluster_fails_before_any_job_runs(tmp_path):
+    from topometrics.cluster import ClusterError
+    from topometrics.compute import each_result
+    from topometrics.params import ComputeParams
+
+    address = "tcp://127.0.0.1:9"  # discard port: nothing listens
+    ran = tmp_path / "ran"
+    with pytest.raises(ClusterError, match=f"^cannot reach the Dask scheduler at {address} within 1 s"):
+        list(each_result(touch, [ran], workers=1, label="test", compute=ComputeParams(address, connect_timeout_s=1)))
+    assert not ran.exists()
+
+
+def touch(path):
+    path.touch()
+    return path

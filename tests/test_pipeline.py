@@ -72,7 +72,8 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
     assert "OFFLINE FALLBACK" in out
     for run_dir in ("a-42", "b-42"):  # one run per rung x train.seeds ([42] by default)
         assert len(list((project / "data/runs" / run_dir).glob("step_*.safetensors"))) == 5
-        assert (project / "data/features" / run_dir / "features.parquet").exists()
+        shards = list((project / "data/features" / run_dir).glob("rung=*/variant=base/seed=42/step=*/features.parquet"))
+        assert len(shards) == 5  # one shard per checkpoint
     assert (project / "data/warehouse.duckdb").exists() and (project / "reports/report.html").exists()
     metrics = json.loads((project / "reports/metrics.json").read_text())
     assert metrics["corpus"]["used"] == "python-docs-offline"

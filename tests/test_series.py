@@ -259,20 +259,25 @@ def test_stage_reads_hub_revisions_from_a_local_cache_offline(local_series, loca
     cmd = [sys.executable, str(REPO / "stages" / "series.py"), "--corpus", "data/corpus", "--out", "data/series"]
     run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert "series tiny: 3 computed, 1 skipped" in run.stdout
+    assert "series tiny: 3 computed, 0 reused, 1 skipped" in run.stdout
     status = json.loads((tmp_path / "data" / "series" / "status.json").read_text())["series"][0]
     by_revision = {c["revision"]: c for c in status["checkpoints"]}
     assert by_revision["step30"]["status"] == "skipped"
     assert "LocalEntryNotFoundError" in by_revision["step30"]["reason"]
     assert by_revision["step40"]["duplicate_of"] == "step20" and by_revision["step20"]["duplicate_of"] is None
-    frame = pd.read_parquet(tmp_path / "data" / "series" / "features.parquet")
+    shards = tmp_path / "data" / "series"
+    frame = pd.concat([pd.read_parquet(p) for p in sorted(shards.glob("rung=tiny/**/features.parquet"))])
     assert set(frame["series"]) == {"acme/tiny-neox"} and set(frame["step"]) == {0, 20, 40}
     got = {(r.step, r.layer, r.feature): r.value for r in frame.itertuples()}
     for step in (0, 20):  # distances differ at 20: its previous checkpoint here is 0, there 10
         for (layer, name), value in values(local_result.features, step).items():
             if not name.endswith("_prev"):
                 assert got[(step, layer, name)] == pytest.approx(value, rel=1e-9, abs=1e-12) or np.isnan(value)
-    assert len(pd.read_parquet(tmp_path / "data" / "series" / "diagrams.parquet")) > 0
+    assert sum(len(pd.read_parquet(p)) for p in shards.glob("rung=tiny/**/diagrams.parquet")) > 0
+    distances = pd.concat([pd.read_parquet(p) for p in sorted(shards.glob("rung=tiny/**/distances.parquet"))])
+    assert set(distances["step"]) == {0, 20, 40} and set(distances["revision"]) == {"step0", "step20", "step40"}
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert "series tiny: 0 computed, 3 reused, 1 skipped" in again.stdout  # current shards are not recomputed
 
 
 # ---------------------------------------------------------------------------

@@ -35,8 +35,7 @@ class ClusterError(RuntimeError):
 
 
 class CheckpointJobError(RuntimeError):
-    """A job failed on the cluster; ``kind`` names why (``WorkerLost``, ``WorkerOutOfMemory`` or the
-    exception type raised in the job)."""
+    """Every worker that ran a job died; ``kind`` names why (``WorkerLost`` or ``WorkerOutOfMemory``)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(f"{kind}: {message}")
@@ -122,9 +121,9 @@ def _client_kwargs(cluster: str, tls: SecurityParams | None) -> dict:
 def map_on_cluster(client, fn: Callable, jobs: list, keys: list[str] | None = None) -> Iterator[tuple[int, object]]:
     """``fn(job)`` for every job on the cluster, yielded as ``(index, result)`` as they complete.
 
-    A job that fails yields ``(index, CheckpointJobError)`` instead of stopping the others: its
-    exception type and message, or ``WorkerLost`` / ``WorkerOutOfMemory`` when every worker that
-    ran it died (Dask retries a job whose worker died ``distributed.scheduler.allowed-failures``
+    A job that fails yields ``(index, exception)`` instead of stopping the others: the exception it
+    raised, or a :class:`CheckpointJobError` (``WorkerLost`` / ``WorkerOutOfMemory``) when every
+    worker that ran it died (Dask retries a job whose worker died ``distributed.scheduler.allowed-failures``
     times on other workers first, so one killed worker loses nothing). ``keys`` names the tasks
     (unique; shown on the dashboard); ``pure=False`` so that a re-run computes again.
     """
@@ -142,10 +141,7 @@ def map_on_cluster(client, fn: Callable, jobs: list, keys: list[str] | None = No
             yield i, future.result()
             continue
         err = future.exception()
-        if isinstance(err, KilledWorker):
-            yield i, _lost(client, err)
-        else:
-            yield i, CheckpointJobError(type(err).__name__, str(err).splitlines()[0] if str(err) else repr(err))
+        yield i, _lost(client, err) if isinstance(err, KilledWorker) else err
         future.release()
 
 

@@ -1,21 +1,29 @@
-"""The execution seam: map a function over jobs (checkpoints), in worker processes or in this one.
+"""The execution seam: map a function over jobs (checkpoints), on this machine or on a Dask cluster.
 
-:func:`map_jobs` is the only way the project runs work in parallel; callers never see a pool.
-Jobs and results must pickle, and ``fn`` must be a module-level function.
+:func:`map_jobs` (results in order) and :func:`each_result` (results as they complete, a failed job
+as its exception) are the only way the project runs work in parallel; callers pass the ``compute``
+params through and never see a pool or a cluster. ``compute.cluster: local`` (the default) runs a
+process pool here; an address or scheduler file runs the jobs on that Dask cluster
+(``topometrics.cluster``, ``docs/scaling.md``). Jobs and results must pickle, and ``fn`` must be a
+module-level function.
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from typing import TypeVar
 
 import torch
 from threadpoolctl import threadpool_limits
+
+from topometrics.cluster import connect, map_on_cluster
+from topometrics.params import ComputeParams
 
 Job = TypeVar("Job")
 Result = TypeVar("Result")
@@ -24,21 +32,30 @@ Result = TypeVar("Result")
 MIN_JOBS_PER_WORKER = 4
 
 
-def map_jobs(fn: Callable[[Job], Result], jobs: Sequence[Job], *, workers: int, label: str) -> list[Result]:
-    """``[fn(job) for job in jobs]``, in order, on ``workers`` processes, with progress on stderr.
+def map_jobs(
+    fn: Callable[[Job], Result],
+    jobs: Sequence[Job],
+    *,
+    workers: int,
+    label: str,
+    compute: ComputeParams | None = None,
+) -> list[Result]:
+    """``[fn(job) for job in jobs]``, in order, where ``compute`` says, with progress on stderr.
 
     Parameters
     ----------
     fn : module-level function of one job
     jobs : the jobs, e.g. one per checkpoint
-    workers : processes to use; with 1, or fewer than ``MIN_JOBS_PER_WORKER`` jobs per worker,
-        everything runs in this process
+    workers : local processes to use; with 1, or fewer than ``MIN_JOBS_PER_WORKER`` jobs per worker,
+        everything runs in this process. Not used on a cluster (its workers are its own).
     label : what the progress line calls the work (``features: 12/51 checkpoints, 3.0 s``)
+    compute : the ``compute`` params; None or ``cluster: local`` is this machine
 
     Returns
     -------
     list
-        The results in the order of ``jobs``. A job's exception is raised here.
+        The results in the order of ``jobs``. The first failed job's exception is raised here,
+        after the others have finished.
 
     Notes
     -----
@@ -50,16 +67,64 @@ def map_jobs(fn: Callable[[Job], Result], jobs: Sequence[Job], *, workers: int, 
     has run torch (OpenMP) threads can deadlock; the fork server only imports, so torch has started
     no threads there. spawn where there is no fork server (Windows).
     """
+    results = dict(each_result(fn, jobs, workers=workers, label=label, compute=compute))
+    ordered = [results[i] for i in range(len(jobs))]
+    failed = next((r for r in ordered if isinstance(r, BaseException)), None)
+    if failed is not None:
+        raise failed
+    return ordered
+
+
+def each_result(
+    fn: Callable[[Job], Result],
+    jobs: Sequence[Job],
+    *,
+    workers: int,
+    label: str,
+    compute: ComputeParams | None = None,
+) -> Iterator[tuple[int, Result | BaseException]]:
+    """``(index, fn(jobs[index]))`` for every job as it completes; a failed job gives its exception.
+
+    Like :func:`map_jobs` (same arguments, same one-thread jobs), but a caller can keep each
+    result as soon as it arrives (a killed run keeps what finished) and one failed job does not
+    stop the others. On a Dask cluster the connection is made, and a first worker awaited, before
+    any job is submitted (:func:`topometrics.cluster.connect`: an unreachable address is a
+    one-line error naming it); a job whose workers all died is a
+    :class:`topometrics.cluster.CheckpointJobError` (``WorkerLost``, ``WorkerOutOfMemory``).
+    """
     progress = _Progress(len(jobs), label)
-    with _executor(fn, workers, len(jobs)) as pool:
-        # chunksize 1: jobs take 10 ms to seconds, so load balance beats saving IPC.
-        results = (fn(job) for job in jobs) if pool is None else pool.map(fn, jobs)
-        out = []
-        for result in results:
-            out.append(result)
-            progress.step()
+    if compute is not None and compute.cluster != "local":
+        with connect(compute.cluster, compute.security, compute.connect_timeout_s) as client:
+            for i, result in map_on_cluster(client, functools.partial(_in_one_thread, fn), list(jobs)):
+                progress.step()
+                yield i, result
+    else:
+        with _executor(fn, workers, len(jobs)) as pool:
+            yield from _local_results(pool, fn, jobs, progress)
     progress.close()
-    return out
+
+
+def _local_results(pool: ProcessPoolExecutor | None, fn: Callable, jobs: Sequence, progress) -> Iterator:
+    if pool is None:
+        for i, job in enumerate(jobs):
+            try:
+                result = fn(job)
+            except Exception as err:  # noqa: BLE001 - a job's failure is its result, as in the pool
+                result = err
+            progress.step()
+            yield i, result
+        return
+    futures = {pool.submit(fn, job): i for i, job in enumerate(jobs)}  # one job per task: load balance
+    for future in as_completed(futures):
+        progress.step()
+        error = future.exception()
+        yield futures[future], future.result() if error is None else error
+
+
+def _in_one_thread(fn: Callable, job):
+    """``fn(job)`` with one torch and one BLAS thread, as in a local worker (so results match)."""
+    with _one_thread():
+        return fn(job)
 
 
 @contextmanager

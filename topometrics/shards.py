@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from topometrics.atomic import replacing
 
 META_KEY = "topometrics"
+INFO_KEY = "topometrics.info"
 EXECUTION_PARAMS = frozenset({"workers"})  # how the work runs, not what it computes: not fingerprinted
 
 
@@ -135,17 +136,27 @@ def code_version(module: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def write_shard(root: Path, key: ShardKey, fingerprint: Fingerprint, tables: Mapping[str, pd.DataFrame]) -> Path:
+def write_shard(
+    root: Path,
+    key: ShardKey,
+    fingerprint: Fingerprint,
+    tables: Mapping[str, pd.DataFrame],
+    info: Mapping | None = None,
+) -> Path:
     """Write each table as ``<folder>/<name>.parquet`` with the fingerprint in its metadata; return the folder.
 
     Each file goes to a temporary name in the same folder and is renamed over the target, so a
-    reader or a killed writer never sees half a file.
+    reader or a killed writer never sees half a file. ``info`` (JSON-able facts about the
+    computation, e.g. seconds and files) goes into the metadata too, under ``INFO_KEY``.
     """
     folder = key.folder(root)
     folder.mkdir(parents=True, exist_ok=True)
+    extra = {META_KEY.encode(): fingerprint.to_json().encode()}
+    if info is not None:
+        extra[INFO_KEY.encode()] = json.dumps(info, sort_keys=True).encode()
     for name, frame in tables.items():
         table = pa.Table.from_pandas(frame, preserve_index=False)
-        metadata = {**(table.schema.metadata or {}), META_KEY.encode(): fingerprint.to_json().encode()}
+        metadata = {**(table.schema.metadata or {}), **extra}
         path = folder / f"{name}.parquet"
         tmp = folder / f".{name}.parquet.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         with replacing(path, tmp):
@@ -161,6 +172,15 @@ def stored_fingerprint(path: Path) -> Fingerprint | None:
         return None
     raw = metadata.get(META_KEY.encode())
     return Fingerprint.from_json(raw) if raw else None
+
+
+def stored_info(path: Path) -> dict | None:
+    """The ``info`` a shard file was written with (None: none, or no such file)."""
+    try:
+        raw = (pq.read_schema(path).metadata or {}).get(INFO_KEY.encode())
+    except (OSError, pa.ArrowInvalid):
+        return None
+    return json.loads(raw) if raw else None
 
 
 def split_by_params(files: Iterable[Path], params: str) -> tuple[list[Path], list[Path]]:
@@ -217,6 +237,9 @@ class ShardRun:
     reused: list[ShardKey] = field(default_factory=list)
     failed: dict[ShardKey, str] = field(default_factory=dict)
 
+    def merge(self, other: ShardRun) -> ShardRun:
+        return ShardRun(self.computed + other.computed, self.reused + other.reused, self.failed | other.failed)
+
 
 def compute_shards(
     root: Path,
@@ -227,8 +250,9 @@ def compute_shards(
 ) -> ShardRun:
     """Compute the shards of ``tasks`` that are not current; reuse the rest.
 
-    ``fn(job)`` returns ``{table name: DataFrame}`` for one checkpoint (or an exception instance:
-    that checkpoint failed); ``map_jobs(fn, jobs)`` runs it wherever the execution seam says and
+    ``fn(job)`` returns ``{table name: DataFrame}`` for one checkpoint, optionally with ``'info'``
+    (a JSON-able dict kept in the shard's metadata); a failed job's exception is recorded as the
+    checkpoint's failure; ``map_jobs(fn, jobs)`` runs it wherever the execution seam says and
     yields ``(index, result)``. Each result is written as soon as it arrives, so a killed run keeps
     what it finished.
     """
@@ -244,7 +268,7 @@ def compute_shards(
         if isinstance(result, BaseException):
             run.failed[task.key] = str(result)
             continue
-        write_shard(root, task.key, task.fingerprint, result)
+        write_shard(root, task.key, task.fingerprint, {t: result[t] for t in tables}, result.get("info"))
         run.computed.append(task.key)
     return run
 

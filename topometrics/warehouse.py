@@ -89,8 +89,9 @@ def discover_inputs(
     are always loaded. Feature rows are ``features.parquet`` and ``distances.parquet`` shards.
 
     ``feature_params`` (:func:`topometrics.shards.params_digest` of the feature params) keeps only
-    the shards computed with those params; the others are listed, one line per folder, in
-    ``not_read``. None reads every file.
+    the shards (files in ``rung=...`` partition folders) computed with those params; the others are
+    listed, one line per folder, in ``not_read``. Files outside shard folders are always read. None
+    reads every file.
     """
     declared = None if runs is None else set(runs)
     found: dict[str, list[Path]] = {"features": [], "distances": [], "diagrams": []}
@@ -102,8 +103,10 @@ def discover_inputs(
                 parts = path.relative_to(root).parts
                 if declared is None or len(parts) == 1 or parts[0].startswith("rung=") or parts[0] in declared:
                     paths.append(path)
-            if feature_params is not None:
-                paths, other = split_by_params(paths, feature_params)
+            if feature_params is not None:  # shards (in rung=... folders) carry their params; other files do not
+                shards = [p for p in paths if any(part.startswith("rung=") for part in p.relative_to(root).parts)]
+                matching, other = split_by_params(shards, feature_params)
+                paths = [p for p in paths if p not in set(shards)] + matching
                 if other:
                     not_read.append(
                         f"{root}: {len(other)} {name} shards computed with other feature params are not read "

@@ -1,0 +1,109 @@
+"""A run's checkpoints as shards through the execution seam: equal to the in-memory tables of
+topometrics.features.run_features, reused when current, the same on a Dask LocalCluster, and whole
+after a worker is killed with SIGKILL mid-run."""
+
+import os
+import signal
+import threading
+import time
+
+import duckdb
+import pandas as pd
+import pytest
+from distributed import Client
+from test_features import PARAMS, write_run
+
+from topometrics.cluster import local_cluster, worker_pids
+from topometrics.feature_shards import run_shards
+from topometrics.features import run_features
+from topometrics.params import ComputeParams
+from topometrics.shards import ShardKey, params_digest, scan
+
+STEPS = (0, 100, 200, 300)
+
+
+def read_back(root):
+    """features (+ distances) and diagrams of every shard under root, as the warehouse reads them."""
+    con = duckdb.connect()
+    digest = params_digest(PARAMS)
+    features = pd.concat(
+        [con.execute(f"SELECT * FROM {scan(con, root, t, digest).relation()}").df() for t in ("features", "distances")]
+    )
+    diagrams = con.execute(f"SELECT * FROM {scan(con, root, 'diagrams', digest).relation()}").df()
+    return features, diagrams
+
+
+def same_rows(a: pd.DataFrame, b: pd.DataFrame, keys: list[str]) -> None:
+    a = a[b.columns].sort_values(keys).reset_index(drop=True)
+    b = b.sort_values(keys).reset_index(drop=True)
+    if "reason" in b:  # NULL reads back as None, the in-memory table has NaN
+        a["reason"], b["reason"] = a["reason"].fillna("-"), b["reason"].fillna("-")
+    pd.testing.assert_frame_equal(a, b, check_dtype=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    write_run(root, STEPS)
+    features, diagrams = run_features(root / "run", root / "corpus", PARAMS, "tiny")
+    return root, features, diagrams
+
+
+def test_shards_hold_exactly_the_in_memory_tables_and_are_reused(tiny, tmp_path):
+    root, features, diagrams = tiny
+    out = tmp_path / "shards"
+    run = run_shards(root / "run", root / "corpus", PARAMS, out, rung="tiny")
+    assert sorted(k.step for k in set(run.computed)) == list(STEPS) and not run.failed
+    assert (out / "rung=tiny/variant=base/seed=42/step=100/distances.parquet").is_file()
+    got_features, got_diagrams = read_back(out)
+    same_rows(got_features, features, ["step", "layer", "feature"])
+    same_rows(got_diagrams, diagrams, ["step", "source", "layer", "dim", "birth", "death"])
+    files = {p: p.stat().st_mtime_ns for p in out.glob("**/*.parquet")}
+    again = run_shards(root / "run", root / "corpus", PARAMS, out, rung="tiny")
+    assert not again.computed and len(set(again.reused)) == len(STEPS)
+    assert {p: p.stat().st_mtime_ns for p in out.glob("**/*.parquet")} == files
+
+
+def test_a_removed_checkpoint_loses_its_shard_and_its_successor_gets_new_distances(tiny, tmp_path):
+    root, _, _ = tiny
+    out = tmp_path / "shards"
+    run_shards(root / "run", root / "corpus", PARAMS, out, rung="tiny")
+    run_dir = tmp_path / "fewer"
+    run_dir.mkdir()
+    for step in (0, 200, 300):  # step 100 is gone
+        for suffix in (".safetensors", ".json"):
+            name = f"step_{step:06d}{suffix}"
+            (run_dir / name).write_bytes((root / "run" / name).read_bytes())
+    run = run_shards(run_dir, root / "corpus", PARAMS, out, rung="tiny")
+    assert not ShardKey("tiny", "base", 42, 100).folder(out).exists()
+    assert [k.step for k in run.computed] == [200]  # only 200's distances (its previous is now 0)
+    features, _ = run_features(run_dir, root / "corpus", PARAMS, "tiny")
+    same_rows(read_back(out)[0], features, ["step", "layer", "feature"])
+
+
+def test_on_a_dask_cluster_with_a_worker_killed_mid_run_nothing_is_missing_or_twice(tiny, tmp_path):
+    root, features, diagrams = tiny
+    out = tmp_path / "shards"
+    with local_cluster(2, memory_limit=None) as cluster, Client(cluster) as client:
+        pids = worker_pids(client)
+        killed = []
+
+        def kill_a_busy_worker():  # as soon as a worker is running a checkpoint (its first import of torch)
+            deadline = time.monotonic() + 60
+            while not killed and time.monotonic() < deadline:
+                busy = [w for w, tasks in client.processing().items() if tasks]
+                if busy:
+                    os.kill(pids[busy[0]], signal.SIGKILL)
+                    killed.append(busy[0])
+                time.sleep(0.02)
+
+        killer = threading.Thread(target=kill_a_busy_worker)
+        killer.start()
+        run = run_shards(root / "run", root / "corpus", PARAMS, out, ComputeParams(cluster.scheduler_address), "tiny")
+        killer.join()
+    assert killed, "no worker was killed"
+    assert not run.failed
+    got_features, got_diagrams = read_back(out)
+    assert not got_features.duplicated(["step", "layer", "feature"]).any()
+    same_rows(got_features, features, ["step", "layer", "feature"])
+    same_rows(got_diagrams, diagrams, ["step", "source", "layer", "dim", "birth", "death"])

@@ -1,0 +1,178 @@
+"""External series to feature shards through the execution seam (``topometrics.feature_shards``).
+
+Each checkpoint is a job: a hub revision is fetched by the job, on whichever worker runs it, so
+a cluster's workers download in parallel and a revision that cannot be fetched there is skipped
+with the reason, like an unreadable checkpoint or a lost worker. Shard fingerprints: hub revisions
+``<model>@<revision>`` (a cached shard needs no download to be recognised), local entries the
+sha256 of their files; both with ``series.seq_len`` and the validation text's hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from topometrics.checkpoints import CheckpointError
+from topometrics.feature_shards import BASE_VARIANT, TABLES, distance_shards, frames, mapper, read_table
+from topometrics.params import ComputeParams, FeaturesParams, SeriesParams
+from topometrics.features import FEATURE_COLUMNS
+from topometrics.run_folders import RunCheckpoint, RunFolderError, scan_run_folder
+from topometrics.series import CHECKPOINT_COLUMNS, log_series, series_checkpoint_features
+from topometrics.series_checkpoints import hub_checkpoints, skip_record, step_from_name, weights_sha256
+from topometrics.shards import (
+    Fingerprint,
+    ShardKey,
+    ShardRun,
+    Task,
+    code_version,
+    compute_shards,
+    file_sha256,
+    params_digest,
+    prune,
+    stored_info,
+)
+
+
+@dataclass
+class SeriesShards:
+    """What the series stage writes besides the shards."""
+
+    status: dict  # {"series": [{name, model, path, log, seed, computed, reused, skipped, checkpoints: [...]}]}
+    logged: pd.DataFrame  # feature rows of monitor logs (computed by the monitor; not shards)
+    losses: pd.DataFrame  # CHECKPOINT_COLUMNS: losses of run folders and monitor logs at their available steps
+
+
+def series_shards(
+    series: SeriesParams,
+    params: FeaturesParams,
+    text: str,
+    out: Path,
+    compute: ComputeParams | None = None,
+    cache_dir: Path | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> SeriesShards:
+    """Shards of every configured hub or run-folder series under ``out``, the rows of monitor logs, and the status.
+
+    A hub revision is fetched by the job, on whichever worker runs it: one that cannot be fetched
+    there, an unreadable checkpoint, one no architecture rule maps, or a worker lost on it is
+    *skipped* with the reason, as is a revision without a step in its name. Distances are to the
+    previous available checkpoint. Each status checkpoint has ``revision, step, status ('computed'
+    | 'reused' | 'skipped'), reason`` and, with a shard, ``seconds, files, weights_sha256, duplicate_of``.
+    """
+    code, digest = code_version(__name__), params_digest(params)
+    context = f"seq_len {series.seq_len} text {hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    status, keep, logged, losses = [], [], [], []
+    for name, source in series.sources.items():
+        header = {"name": name, "model": source.model, "path": source.path, "log": source.log, "seed": source.seed}
+        if source.log is not None:  # already computed by the monitor: read, not computed
+            result = log_series(name, source, progress)
+            logged += result.features
+            losses += result.losses
+            counts = {s: sum(c["status"] == s for c in result.status) for s in ("computed", "reused", "skipped")}
+            status.append(header | counts | {"checkpoints": result.status})
+            continue
+        label = source.model or str(source.path)
+        tasks, records, found = [], [], {}
+        for ckpt in _series_checkpoints(source):
+            if isinstance(ckpt, dict):
+                records.append(ckpt)
+                continue
+            revision, step, where = ckpt
+            inputs = f"{source.model}@{revision}" if source.model else f"weights {file_sha256(*where.weights)}"
+            key = ShardKey(name, BASE_VARIANT, source.seed, step)
+            job = (where, source.model, revision, cache_dir, text, params, series.seq_len, source.layers, key, label)
+            tasks.append(Task(key, Fingerprint(f"{inputs} {context}", digest, code), job))
+            found[key] = (revision, where)
+        run = compute_shards(out, tasks, _series_tables, mapper(params, compute, f"series {name}"), TABLES)
+        available = [t for t in tasks if t.key not in run.failed]
+        run = run.merge(distance_shards(out, available, _layers(out, available), params, compute))
+        keep += [t.key for t in tasks if t.key not in run.failed]
+        losses += [_losses(name, source.seed, where) for key, (_, where) in found.items() if key not in run.failed]
+        records += _records(out, run, tasks, {key: revision for key, (revision, _) in found.items()})
+        records.sort(key=lambda r: (r["step"] is None, r["step"] or 0))
+        for r in records:
+            if r["status"] != "reused":  # one line per checkpoint that was computed or skipped
+                progress(f"{name} {r['revision']}: {r['status']}" + (f": {r['reason']}" if r["reason"] else ""))
+        counts = {s: sum(r["status"] == s for r in records) for s in ("computed", "reused", "skipped")}
+        status.append(header | counts | {"checkpoints": records})
+    prune(out, keep)
+    loss_rows = [part for part in losses if part is not None and len(part)]
+    frame = pd.concat(loss_rows, ignore_index=True) if loss_rows else pd.DataFrame(columns=CHECKPOINT_COLUMNS)
+    types = {"seed": "int64", "step": "int64", "val_loss": "float64", "train_loss": "float64", "reason": "object"}
+    rows = pd.concat(logged, ignore_index=True) if logged else pd.DataFrame(columns=FEATURE_COLUMNS + ["series"])
+    rows = rows.astype({"seed": "int64", "step": "int64", "value": "float64"})
+    return SeriesShards({"series": status}, rows, frame[CHECKPOINT_COLUMNS].astype(types))
+
+
+def _losses(name: str, seed: int, where) -> pd.DataFrame | None:
+    """A run folder checkpoint's logged losses as a ``checkpoints`` row (hub revisions have none)."""
+    if not isinstance(where, RunCheckpoint):
+        return None
+    row = (name, seed, where.step, where.val_loss, where.train_loss, where.loss_reason)
+    return pd.DataFrame([row], columns=CHECKPOINT_COLUMNS)
+
+
+def _series_tables(job) -> dict:
+    where, model, revision, cache_dir, text, params, seq_len, layers, key, label = job
+    start = time.perf_counter()
+    if model is not None:  # fetched here, on the worker
+        where = next(hub_checkpoints(model, (revision,), cache_dir))
+        if isinstance(where, dict):
+            raise CheckpointError(where["reason"])
+    result, _ = series_checkpoint_features(where, text, params, seq_len, layers)
+    out = frames(result, key, {"series": label, "revision": revision})
+    files = [str(p) for p in where.weights]
+    out["info"] = {
+        "seconds": round(time.perf_counter() - start, 3),
+        "files": files,
+        "weights_sha256": weights_sha256(where.weights),
+    }
+    return out
+
+
+def _series_checkpoints(source):
+    """(revision, step, RunCheckpoint or None for hub revisions) or skip records, in step order."""
+    if source.model is None:
+        try:
+            folder = scan_run_folder(Path(source.path), Path(source.losses) if source.losses else None)
+        except RunFolderError as err:
+            yield skip_record(source.path, None, str(err))
+            return
+        yield from folder.skipped
+        for ckpt in folder.checkpoints:
+            yield ckpt.revision, ckpt.step, ckpt
+        return
+    steps = {revision: step_from_name(revision) for revision in source.revisions}
+    for revision in [r for r in source.revisions if steps[r] is None]:
+        yield skip_record(revision, None, f"cannot tell the step of revision {revision!r}; name a step<N> branch")
+    for revision in sorted((r for r in source.revisions if steps[r] is not None), key=steps.get):
+        yield revision, steps[revision], None
+
+
+def _layers(root: Path, tasks: list[Task]) -> list[str]:
+    if not tasks:
+        return []
+    frame = read_table(root, tasks[0].key, "features")
+    return [layer for layer in dict.fromkeys(frame["layer"]) if layer != "all"]
+
+
+def _records(root: Path, run: ShardRun, tasks: list[Task], revision_of: dict) -> list[dict]:
+    records, first_of = [], {}
+    for task in tasks:
+        revision = revision_of[task.key]
+        if task.key in run.failed:
+            records.append(skip_record(revision, task.key.step, run.failed[task.key]))
+            continue
+        info = stored_info(task.key.folder(root) / "features.parquet") or {}
+        blob = info.get("weights_sha256")
+        status = "reused" if task.key in run.reused else "computed"
+        records.append({"revision": revision, "step": task.key.step, "status": status, "reason": None, **info,
+                        "duplicate_of": first_of.get(blob)})  # fmt: skip
+        if blob is not None:
+            first_of.setdefault(blob, revision)
+    return records
