@@ -5,8 +5,8 @@ hidden 512, 6 blocks, MLP 2048, vocabulary 50304, float16 as published, N(0, 0.0
 per step) into a temporary folder, then computes their weight-feature shards (the streamed,
 one-layer-at-a-time path of external series, written as Parquet shards) on a LocalCluster of 1
 and then 2 single-threaded workers, each a fresh cluster and a fresh shard folder. Also times the
-same work on the default ``local`` execution (the process pool) and on a LocalCluster including
-its start, which is what ``compute.cluster: local`` would cost either way.
+same work on the default ``local`` execution (the process pool of ``topometrics.compute``) and on a
+LocalCluster, each including its start: which of the two ``compute.cluster: local`` should be.
 
 Per worker count: seconds per checkpoint (wall / checkpoints), bytes read per second (the workers'
 ``read_chars``: both streaming passes, from the page cache since the files were just written),
@@ -114,6 +114,25 @@ def run_on_cluster(files: list[Path], workers: int, shard_root: Path) -> dict:
             "baseline_rss_mb": baseline, "peak_over_baseline_mb": max(extra)}  # fmt: skip
 
 
+def local_choices(files: list[Path], workers: int = 2) -> dict:
+    """Wall seconds for the same shards on the process pool and on a LocalCluster, each including its start."""
+    from distributed import Client
+
+    from topometrics.cluster import local_cluster, map_on_cluster
+    from topometrics.compute import each_result
+
+    jobs = [str(f) for f in files]
+    start = time.perf_counter()
+    pool = dict(each_result(weight_shard, jobs, workers=workers, label="pool"))
+    pool_s = time.perf_counter() - start
+    start = time.perf_counter()
+    with local_cluster(workers, memory_limit=None) as cluster, Client(cluster) as client:
+        dask = dict(map_on_cluster(client, weight_shard, jobs))
+    cluster_s = time.perf_counter() - start
+    assert len(pool) == len(dask) == len(jobs)
+    return {"pool_s": pool_s, "local_cluster_s": cluster_s}
+
+
 def main(argv: list[str]) -> int:
     from topometrics.bench.series import write_random_safetensors
 
@@ -129,6 +148,7 @@ def main(argv: list[str]) -> int:
             write_random_safetensors(path, shapes, "float16", seed=i)
         size = files[0].stat().st_size
         runs = {n: run_on_cluster(files, n, tmp / f"shards-{n}") for n in WORKER_COUNTS}
+        local = local_choices(files)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     one, two = runs[1], runs[2]
@@ -140,6 +160,8 @@ def main(argv: list[str]) -> int:
               f"{r['peak_over_baseline_mb']:.0f} MB over a {r['baseline_rss_mb']:.0f} MB baseline/worker")  # fmt: skip
     print(f"scaling efficiency {efficiency:.2f}; 2 x largest layer {limit_mb:.0f} MB; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")  # fmt: skip
+    print(f"compute.cluster local, 2 workers incl. start: process pool {local['pool_s']:.1f} s, "
+          f"LocalCluster {local['local_cluster_s']:.1f} s")  # fmt: skip
     print(json.dumps({
         "checkpoints": args.checkpoints, "checkpoint_bytes": size, "largest_layer_bytes": largest_linear_bytes(),
         "s_per_checkpoint": {n: round(r["s_per_checkpoint"], 3) for n, r in runs.items()},
@@ -148,6 +170,7 @@ def main(argv: list[str]) -> int:
         "scaling_efficiency": round(efficiency, 3),
         "peak_over_baseline_mb": {n: round(r["peak_over_baseline_mb"], 1) for n, r in runs.items()},
         "baseline_rss_mb": round(one["baseline_rss_mb"], 1), "two_largest_layers_mb": round(limit_mb, 1),
+        "local_pool_s": round(local["pool_s"], 2), "local_cluster_s": round(local["local_cluster_s"], 2),
         "loadavg": [round(x, 2) for x in load], "cores": os.cpu_count(),
     }))  # fmt: skip
     return 0
