@@ -32,7 +32,7 @@ from topometrics.features import (
     validation_batch,
 )
 from topometrics.model import linear_layer_names
-from topometrics.params import ComputeParams, FeaturesParams
+from topometrics.params import BASE_VARIANT, ComputeParams, FeaturesParams
 from topometrics.shards import (
     Fingerprint,
     ShardKey,
@@ -48,7 +48,6 @@ from topometrics.shards import (
 from topometrics.tokens import load_tokens
 
 TABLES = ("features", "diagrams")
-BASE_VARIANT = "base"  # the variant partition of runs without recipe variants
 
 
 def run_shards(
@@ -73,9 +72,8 @@ def run_shards(
     batch = hashlib.sha256(tokens.tobytes()).hexdigest()[:16]
     tasks = []
     for ckpt in ckpts:
-        key = ShardKey(
-            rung or ckpt.meta.get("rung", Path(run_dir).name), BASE_VARIANT, int(ckpt.meta.get("seed", -1)), ckpt.step
-        )
+        name, variant = rung or ckpt.meta.get("rung", Path(run_dir).name), ckpt.meta.get("variant", BASE_VARIANT)
+        key = ShardKey(name, variant, int(ckpt.meta.get("seed", -1)), ckpt.step)
         fingerprint = Fingerprint(f"weights {file_sha256(ckpt.path)} tokens {batch}", digest, code)
         tasks.append(Task(key, fingerprint, (ckpt, tokens, params, key)))
     run = compute_shards(out, tasks, _checkpoint_tables, mapper(params, compute, "features"), TABLES)

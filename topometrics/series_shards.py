@@ -18,9 +18,9 @@ from pathlib import Path
 import pandas as pd
 
 from topometrics.checkpoints import CheckpointError
-from topometrics.feature_shards import BASE_VARIANT, TABLES, distance_shards, frames, mapper, read_table
+from topometrics.feature_shards import TABLES, distance_shards, frames, mapper, read_table
 from topometrics.features import FEATURE_COLUMNS
-from topometrics.params import ComputeParams, FeaturesParams, SeriesParams
+from topometrics.params import BASE_VARIANT, ComputeParams, FeaturesParams, SeriesParams
 from topometrics.run_folders import RunCheckpoint, RunFolderError, scan_run_folder
 from topometrics.series import CHECKPOINT_COLUMNS, log_series, series_checkpoint_features
 from topometrics.series_checkpoints import hub_checkpoints, skip_record, step_from_name, weights_sha256
