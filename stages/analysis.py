@@ -7,27 +7,26 @@ in-memory DuckDB with the warehouse's own loader and SQL views, computes what SQ
 warehouse stage to load, plus the metrics that `dvc metrics diff` compares.
 """
 
-import argparse
 from pathlib import Path
 
 import duckdb
 
 from topometrics import analysis, warehouse
 from topometrics.atomic import write_parquet, write_text
+from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params
 from topometrics.shards import params_digest
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str]) -> None:
+    ap = stage_parser(__doc__)
     ap.add_argument("--configs", type=Path, default=Path("data/config"))
     ap.add_argument("--runs", type=Path, default=Path("data/runs"))
     ap.add_argument("--corpus", type=Path, default=Path("data/corpus/source.json"))
     ap.add_argument("--features", type=Path, nargs="+", default=[Path("data/features")])
     ap.add_argument("--out", type=Path, default=Path("data/analysis"))
     ap.add_argument("--metrics", type=Path, default=Path("reports/metrics.json"))
-    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     declared = load_params(args.params)
     params = declared.analysis
 
@@ -54,4 +53,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -1,4 +1,6 @@
-"""Stage `config`: one config file per declared run (ladder x variants x train.seeds) in data/config/.
+"""Stage `config`: one config file per declared run (ladder x variants x train.seeds).
+
+    python stages/config.py --out data/config
 
 Each file merges `train`, the run's variant (`variants.<name>`) and `ladder.<rung>`. DVC params
 dependencies cannot express that inheritance, so this cheap stage depends on those sections and the
@@ -6,20 +8,20 @@ training stage depends on its files: a params change rewrites exactly the config
 changes, and the training stage retrains only those (the others are complete and are skipped).
 """
 
-import argparse
 import json
 from pathlib import Path
 
 from topometrics.atomic import write_text
+from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params
 from topometrics.train import build_rung_config
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", type=Path, required=True, help="directory of <run>.json files")
-    args = ap.parse_args()
-    params = load_params()
+def main(argv: list[str]) -> None:
+    parser = stage_parser(__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="directory of <run>.json files")
+    args = parser.parse_args(argv)
+    params = load_params(args.params)
     args.out.mkdir(parents=True, exist_ok=True)
     for rung, variant, seed in params.runs():
         cfg = build_rung_config(params, rung, seed, variant)
@@ -31,4 +33,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -10,35 +10,25 @@ says where the checkpoints are computed.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-from topometrics.cluster import ClusterError
+from topometrics.errors import run_stage, stage_parser
 from topometrics.feature_shards import run_shards
 from topometrics.params import load_params
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str]) -> None:
+    parser = stage_parser(__doc__)
     parser.add_argument("--rung", required=True, help="rung name, e.g. tiny")
     parser.add_argument("--runs", type=Path, required=True, help="the run directory (data/runs/<rung>-<seed>)")
     parser.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory (val.u8)")
     parser.add_argument("--out", type=Path, required=True, help="output directory (shards)")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
+    args = parser.parse_args(argv)
     params = load_params(args.params)
     start = time.monotonic()
-    try:
-        run = run_shards(args.runs, args.corpus, params.features, args.out, params.compute, args.rung)
-    except ClusterError as err:
-        print(f"features@{args.runs.name}: {err}", file=sys.stderr)
-        return 1
+    run = run_shards(args.runs, args.corpus, params.features, args.out, params.compute, args.rung)
     keys = set(run.computed) | set(run.reused) | set(run.failed)
     print(
         f"features@{args.runs.name}: {len(keys)} checkpoints, {len(set(run.computed))} computed, "
@@ -48,13 +38,12 @@ def main(argv: list[str]) -> int:
     if run.failed:
         first, reason = next(iter(run.failed.items()))
         print(
-            f"features@{args.runs.name}: {len(run.failed)} checkpoints failed (step {first.step}: {reason}); "
+            f"error: features@{args.runs.name}: {len(run.failed)} checkpoints failed (step {first.step}: {reason}); "
             "the others are written, re-run to retry them",
             file=sys.stderr,
         )
-        return 1
-    return 0
+        sys.exit(1)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_stage(main)

@@ -1,28 +1,26 @@
 """Stage `report`: the offline HTML report, its figures (PNG/SVG) and the DVC plot files, from the warehouse."""
 
-import argparse
 import json
 import time
 from pathlib import Path
 
-import duckdb
-
-from topometrics import report, report_html
+from topometrics import report, report_html, warehouse
 from topometrics.atomic import write_bytes, write_text
+from topometrics.errors import run_stage, stage_parser
 from topometrics.report_frames import Missing, load
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str]) -> None:
+    ap = stage_parser(__doc__)
     ap.add_argument("--warehouse", type=Path, required=True, help="data/warehouse.duckdb (opened read-only)")
     ap.add_argument("--series-status", type=Path, help="data/series/status.json of the series stage (optional)")
     ap.add_argument("--out", type=Path, required=True, help="reports/: report.html, figures/, plots/")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     start = time.perf_counter()
     status = None
     if args.series_status is not None and args.series_status.exists():
         status = json.loads(args.series_status.read_text())
-    with duckdb.connect(str(args.warehouse), read_only=True) as con:
+    with warehouse.connect_read_only(args.warehouse) as con:
         doc = report.build(load(con), status)
     figures_dir, plots_dir = args.out / "figures", args.out / "plots"
     figures_dir.mkdir(parents=True, exist_ok=True)
@@ -45,4 +43,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

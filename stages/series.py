@@ -1,46 +1,41 @@
 """Stage `series`: the features of external checkpoint series (Hugging Face revisions or local folders).
 
 Never fails for want of a checkpoint: a revision that is neither cached nor downloadable is
-recorded in status.json as skipped with the reason. The stage is always_changed, so a later
-`dvc repro` with the hub reachable (or a filled cache) computes what was skipped.
+recorded in status.json as skipped with the reason (so is a folder of pickle weights, with how to
+convert it). The stage is always_changed, so a later `dvc repro` with the hub reachable (or a
+filled cache) computes what was skipped.
 """
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 from transformers.utils import logging as hf_logging
 
 from topometrics.atomic import write_parquet, write_text
-from topometrics.cluster import ClusterError
+from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params
 from topometrics.series_shards import series_shards
 from topometrics.tokens import decode, load_tokens
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory (val.u8)")
-    ap.add_argument(
+def main(argv: list[str]) -> None:
+    parser = stage_parser(__doc__)
+    parser.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory (val.u8)")
+    parser.add_argument(
         "--out", type=Path, required=True,
         help="feature shards (docs/scaling.md), features.parquet of monitor logs, checkpoints.parquet, status.json",
     )  # fmt: skip
-    args = ap.parse_args()
-    params = load_params()
+    args = parser.parse_args(argv)
+    params = load_params(args.params)
     hf_logging.disable_progress_bar()  # one progress line per checkpoint, not a bar per file
     text = decode(load_tokens(args.corpus, "val"))
     # One BLAS thread: the per-layer SVDs are small, and extra BLAS threads only contend (docs/series.md).
     with threadpool_limits(limits=1, user_api="blas"):
-        try:
-            result = series_shards(
-                params.series, params.features, text, args.out, params.compute,
-                progress=lambda line: print(f"series: {line}", flush=True),
-            )  # fmt: skip
-        except ClusterError as err:
-            print(f"series: {err}", file=sys.stderr)
-            sys.exit(1)
+        result = series_shards(
+            params.series, params.features, text, args.out, params.compute,
+            progress=lambda line: print(f"series: {line}", flush=True),
+        )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     write_parquet(args.out / "features.parquet", result.logged)  # monitor logs; the rest are shards
     write_parquet(args.out / "checkpoints.parquet", result.losses)
@@ -52,4 +47,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -3,39 +3,36 @@
     python stages/train.py --configs data/config --corpus data/corpus --runs data/runs \
         --metrics reports/train --curves reports/curves [--run xl-42 ...]
 
-Runs already complete are skipped untouched; unfinished ones resume (topometrics.run_queue).
-`--run NAME` trains only the named runs (their config files must exist: `dvc repro config`).
+Runs already complete (every checkpoint verified) are skipped untouched; unfinished ones resume
+(topometrics.run_queue). `--run NAME` trains only the named runs (their config files must exist:
+`dvc repro config`). A run directory that holds another run is refused, untouched.
 """
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
-from topometrics.params import load_params
+from topometrics.errors import TopometricsError, run_stage, stage_parser
+from topometrics.params import ParamsError, load_params
 from topometrics.run_queue import RunFiles, plan_pool, train_runs
-from topometrics.train import RungConfig
+from topometrics.train import load_rung_config
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str]) -> None:
+    ap = stage_parser(__doc__)
     ap.add_argument("--configs", type=Path, required=True, help="data/config (one <run>.json per run)")
     ap.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory")
     ap.add_argument("--runs", type=Path, required=True, help="parent of the run directories")
     ap.add_argument("--metrics", type=Path, required=True, help="directory of per-run metrics JSON")
     ap.add_argument("--curves", type=Path, required=True, help="directory of per-run loss curves for dvc plots")
     ap.add_argument("--run", action="append", default=[], help="train only this run (repeatable), e.g. xl-42")
-    args = ap.parse_args()
-    params = load_params()
+    args = ap.parse_args(argv)
+    params = load_params(args.params)
     names = params.run_names()
     if unknown := [n for n in args.run if n not in names]:
-        sys.exit(f"train: --run {unknown[0]} is not declared in params.yaml; runs are {', '.join(names)}")
-    missing = [n for n in args.run or names if not (args.configs / f"{n}.json").exists()]
-    if missing:
-        sys.exit(f"train: {args.configs / missing[0]}.json not found; run `dvc repro config` first")
+        raise ParamsError(f"--run {unknown[0]} is not declared in params.yaml; runs are {', '.join(names)}")
     runs = [
-        RunFiles(RungConfig.from_dict(json.loads((args.configs / f"{n}.json").read_text())), args.runs / n,
-                 args.metrics / f"{n}.json", args.curves / f"{n}.csv")
+        RunFiles(load_rung_config(args.configs / f"{n}.json"), args.runs / n, args.metrics / f"{n}.json",
+                 args.curves / f"{n}.csv")
         for n in args.run or names
     ]  # fmt: skip
     t = params.train
@@ -43,8 +40,11 @@ def main() -> int:
     bad = {n: s["status"] for n, s in summaries.items() if s["status"] != "complete"}
     print(f"train: {len(summaries) - len(bad)}/{len(summaries)} runs complete" + "".join(
         f"; {n}: {status}" for n, status in bad.items()))  # fmt: skip
-    return 1 if any(status.startswith("failed") for status in bad.values()) else 0
+    if mistakes := [f"{n}: {s['mistake']}" for n, s in summaries.items() if s.get("mistake")]:
+        raise TopometricsError("; ".join(mistakes))
+    if any(status.startswith("failed") for status in bad.values()):
+        sys.exit(1)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_stage(main)

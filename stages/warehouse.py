@@ -4,25 +4,24 @@ The only writer of the DuckDB file. Built in a temporary file and renamed into p
 (topometrics.warehouse.build_warehouse), so a killed build leaves the previous warehouse intact.
 """
 
-import argparse
 import json
 from pathlib import Path
 
 from topometrics import warehouse
+from topometrics.errors import run_stage, stage_parser
 from topometrics.params import as_dict, load_params
 from topometrics.shards import params_digest
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str]) -> None:
+    ap = stage_parser(__doc__)
     ap.add_argument("--configs", type=Path, default=Path("data/config"))
     ap.add_argument("--runs", type=Path, default=Path("data/runs"))
     ap.add_argument("--corpus", type=Path, default=Path("data/corpus/source.json"))
     ap.add_argument("--features", type=Path, nargs="+", default=[Path("data/features")])
     ap.add_argument("--analysis", type=Path, default=Path("data/analysis"))
     ap.add_argument("--out", type=Path, default=Path("data/warehouse.duckdb"))
-    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     params = load_params(args.params)
     settings = params.analysis.settings()
 
@@ -38,4 +37,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

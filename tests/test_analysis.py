@@ -196,3 +196,34 @@ def test_a_run_without_features_fails_the_learned_topology_models_with_a_reason(
 def test_feature_lists_must_name_declared_features():
     with pytest.raises(ParamsError, match=r"analysis.headline_features names undeclared features \['np_norm_mean'\]"):
         analysis.run_analysis(duckdb.connect(), AnalysisParams(headline_features=("vr_tp0", "np_norm_mean")))
+
+
+def test_a_diverged_run_is_data_left_out_of_fits_and_predictions_with_its_reason(tmp_path):
+    data = tmp_path / "data"
+    write_inputs(data)
+    reason = "loss is nan at step 1234; kept checkpoints up to step 1200"
+    (data / "runs" / "large-42" / "run.json").write_text(json.dumps({"status": "diverged", "reason": reason}))
+    (data / "runs" / "tiny-42" / "run.json").write_text(json.dumps({"status": "complete", "reason": ""}))
+    source = data / "corpus" / "source.json"
+    inputs = warehouse.discover_inputs(data / "config", data / "runs", source, [data / "features"])
+    con = duckdb.connect()
+    warehouse.populate(con, inputs, AnalysisParams().settings(), {})
+    runs = con.execute("SELECT rung, status, status_reason FROM runs ORDER BY rung").fetchall()
+    assert ("large", "diverged", reason) in runs and ("tiny", "complete", None) in runs and ("xl", None, None) in runs
+    params = AnalysisParams(bootstrap=20)
+    tables = analysis.run_analysis(con, params)
+    mine = tables["predictions"].query("rung == 'large'")
+    assert len(mine) == 3 * (2 + len(LEARNED)) and (mine["status"] == "excluded").all()
+    assert (mine["reason"] == f"run diverged: {reason}").all() and mine["predicted"].isna().all()
+    others = tables["predictions"].query("rung != 'large'")
+    assert not others["trained_on"].fillna("").str.contains("large").any()
+    curve_fits = tables["fits"].query("kind == 'loss_curve' and rung == 'large'")
+    assert len(curve_fits) == 6 and (curve_fits["status"] == "excluded").all()
+    scaling = tables["fits"].query("kind == 'scaling' and target == 'val_loss'")
+    assert scaling["n"].tolist() == [len(RUNGS) - 1]
+    assert scaling["reason"].tolist() == [f"excluded diverged runs: large-42 ({reason})"]
+    for name, frame in tables.items():
+        con.register(f"_{name}", frame)
+        con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _{name}")
+    metrics = analysis.build_metrics(con, params)
+    assert "large" not in metrics["rungs"] and metrics["diverged"] == {"large-42": reason}

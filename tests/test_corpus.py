@@ -99,14 +99,14 @@ def test_the_published_wikitext_checksums_are_the_shared_readme_ones():
 def test_unreachable_download_falls_back_loudly_and_is_cheap_when_cached(tmp_path):
     out = tmp_path / "corpus"
     with pytest.warns(FallbackWarning, match="OFFLINE FALLBACK"):
-        first = prepare("wikitext-2-raw-v1", ("file:///nonexistent/w.zip",), 1, 0.1, out)
+        first = prepare("wikitext-2-raw-v1", ("file:///nonexistent/w.zip",), 1, 0.1, out, 32)
     assert first["changed"] and first["fallback"] and first["used"] == corpus.FALLBACK
     source = json.loads((out / "source.json").read_text())
     assert source["requested"] == "wikitext-2-raw-v1" and "nonexistent" in source["reason"]
     assert np.fromfile(out / "train.u8", dtype=np.uint8).size == source["train_tokens"] > 100_000
     mtime = (out / "train.u8").stat().st_mtime_ns
     with pytest.warns(FallbackWarning):
-        again = prepare("wikitext-2-raw-v1", (), 1, 0.1, out)
+        again = prepare("wikitext-2-raw-v1", (), 1, 0.1, out, 32)
     assert not again["changed"] and (out / "train.u8").stat().st_mtime_ns == mtime
 
 
@@ -118,11 +118,11 @@ def test_wikitext_replaces_the_fallback_when_the_network_returns(tmp_path, serve
     monkeypatch.setattr(corpus, "WIKITEXT_MEMBERS", sums)
     out = tmp_path / "corpus"
     with pytest.warns(FallbackWarning):
-        prepare("wikitext-2-raw-v1", (), 1, 0.1, out)
-    now = prepare("wikitext-2-raw-v1", (f"{base}/w.zip",), 5, 0.1, out)
+        prepare("wikitext-2-raw-v1", (), 1, 0.1, out, 32)
+    now = prepare("wikitext-2-raw-v1", (f"{base}/w.zip",), 5, 0.1, out, 32)
     assert now["changed"] and now["used"] == "wikitext-2-raw-v1" and not now["fallback"]
     assert decode(np.fromfile(out / "val.u8", dtype=np.uint8)) == MEMBERS["wikitext-2-raw/wiki.valid.raw"]
-    assert not prepare("wikitext-2-raw-v1", (f"{base}/w.zip",), 5, 0.1, out)["changed"]
+    assert not prepare("wikitext-2-raw-v1", (f"{base}/w.zip",), 5, 0.1, out, 32)["changed"]
 
 
 def test_a_local_file_is_split_at_a_line_boundary(tmp_path):
@@ -146,3 +146,52 @@ def test_bad_local_corpora_give_clear_errors(tmp_path):
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     with pytest.raises(CorpusError, match="not UTF-8 text"):
         split_local(tmp_path / "latin1.txt", 0.1)
+
+
+@pytest.mark.parametrize("text", ["", "x" * 50, "line\n" * 30])
+def test_a_corpus_too_small_for_a_window_is_refused_and_the_previous_preparation_kept(tmp_path, text):
+    good = tmp_path / "good.txt"
+    good.write_text("".join(f"line {i} of a corpus long enough\n" for i in range(200)))
+    out = tmp_path / "corpus"
+    prepare(str(good), (), 1, 0.1, out, 32)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    small = tmp_path / "small.txt"
+    small.write_text(text)
+    with pytest.raises(CorpusError) as err:
+        prepare(str(small), (), 1, 0.1, out, 32)
+    message = str(err.value)
+    assert message.startswith(f"data.corpus={str(small)!r} gives ") and "training and" in message
+    assert "each split needs at least data.seq_len + 2 = 34" in message and "lower data.seq_len" in message
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_directory_whose_train_file_is_shorter_than_a_window_is_refused(tmp_path):
+    (tmp_path / "wiki.train.raw").write_text("x" * 50)
+    (tmp_path / "wiki.valid.raw").write_text("y" * 500)
+    with pytest.raises(CorpusError, match="gives 50 training and 500 validation characters"):
+        prepare(str(tmp_path), (), 1, 0.1, tmp_path / "out", 64)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("corpus", ["empty.txt", "short.txt", "short-train"])
+def test_dvc_repro_refuses_a_corpus_too_small_in_one_line_and_keeps_every_run(reproduced, corpus):
+    import yaml
+    from conftest import error_lines, failing, snapshot
+
+    (reproduced / "empty.txt").write_text("")
+    (reproduced / "short.txt").write_text("x" * 50)
+    (reproduced / "short-train").mkdir()
+    (reproduced / "short-train/wiki.train.raw").write_text("x" * 20)
+    (reproduced / "short-train/wiki.valid.raw").write_text("line of validation text\n" * 100)
+    before = snapshot(reproduced / "data")
+    params = yaml.safe_load((reproduced / "params.yaml").read_text())
+    params["data"]["corpus"] = corpus
+    (reproduced / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = failing(["dvc", "repro"], reproduced)
+    sizes = {"empty.txt": "0 training and 0", "short.txt": "45 training and 5", "short-train": "20 training and 2,400"}
+    assert error_lines(out) == [
+        f"error: data.corpus='{corpus}' gives {sizes[corpus]} validation characters; each split needs at least "
+        "data.seq_len + 2 = 34; point data.corpus at more text or lower data.seq_len"
+    ]
+    assert snapshot(reproduced / "data") == before  # no run, corpus or warehouse file lost or changed

@@ -128,3 +128,42 @@ def test_process_pool_gives_the_in_process_tables(tmp_path):
     pooled = run_features(tmp_path / "run", tmp_path / "corpus", dataclasses.replace(PARAMS, workers=2), "tiny")
     for a, b in zip(expected, pooled, strict=True):
         pd.testing.assert_frame_equal(a, b)
+
+
+def test_kill_9_of_the_features_stage_leaves_no_process_behind(tmp_path):
+    """Workers, their fork server and the resource tracker die with a SIGKILLed stage."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    write_run(tmp_path, range(0, 4000, 100))  # 40 checkpoints: seconds of work for two workers
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["features"] |= {"workers": 2, "rep_points": 60, "rep_batch": 4, "betti_scales": 4}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    cmd = [sys.executable, str(repo / "stages/features.py"), "--rung", "tiny", "--runs", "run", "--corpus", "corpus"]
+    stage = subprocess.Popen([*cmd, "--out", "out"], cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(repo)})
+    family = []
+    try:
+        deadline = time.time() + 600  # a guard against a hang only
+        while True:
+            assert stage.poll() is None, "the stage ended before its workers started; nothing was tested"
+            family = psutil.Process(stage.pid).children(recursive=True)
+            if sum(p.ppid() != stage.pid for p in family) >= 2:  # fork server, resource tracker, workers
+                break
+            assert time.time() < deadline
+            time.sleep(0.01)
+    finally:
+        stage.send_signal(signal.SIGKILL)
+        stage.wait()
+    assert stage.returncode == -signal.SIGKILL and len(family) >= 3
+    _, alive = psutil.wait_procs(family, timeout=30)
+    for leftover in alive:  # so that a failure does not leak them either
+        leftover.kill()
+    assert not alive, [" ".join(p.cmdline()) for p in alive]

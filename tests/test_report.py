@@ -279,3 +279,36 @@ def test_dvc_template_colours_by_rung_and_dashes_by_revision(stage_out):
     assert spec["encoding"]["color"]["scale"]["range"] == list(charts.RUNG_COLORS)
     assert spec["encoding"]["strokeDash"]["field"] == "rev"
     assert len(spec["data"]["values"]) == len(rows)
+
+
+def test_the_banner_names_diverged_runs_and_their_reason():
+    ladder = pd.DataFrame(
+        {"rung": ["a", "b"], "seed": [42, 42], "kind": ["ladder", "ladder"], "status": ["complete", "diverged"],
+         "status_reason": [None, "loss is nan at step 7; kept checkpoints up to step 0"]}
+    )  # fmt: skip
+    assert report.runs_line(ladder) == (
+        "2 runs, 1 complete, 1 DIVERGED (left out of fits and predictions) — "
+        "b-42: loss is nan at step 7; kept checkpoints up to step 0"
+    )
+    assert report.runs_line(ladder.iloc[:1]) == "1 runs, 1 complete"
+
+
+@pytest.mark.slow
+def test_dvc_repro_of_a_diverging_recipe_records_the_run_as_diverged_through_to_the_report(reproduced):
+    import yaml
+    from test_pipeline import run
+
+    params = yaml.safe_load((reproduced / "params.yaml").read_text())
+    params["train"]["lr"] = float("inf")
+    (reproduced / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = run(["dvc", "repro"], reproduced)
+    assert "a-42: STOPPED, diverged: loss is nan at step 2; kept checkpoints up to step 0" in out
+    with duckdb.connect(str(reproduced / "data/warehouse.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT status, status_reason FROM runs").fetchall() == [
+            ("diverged", "loss is nan at step 2; kept checkpoints up to step 0")
+        ]
+        statuses = con.execute("SELECT DISTINCT status, reason FROM predictions").fetchall()
+        assert statuses == [("excluded", "run diverged: loss is nan at step 2; kept checkpoints up to step 0")]
+    metrics = json.loads((reproduced / "reports/metrics.json").read_text())
+    assert metrics["diverged"] == {"a-42": "loss is nan at step 2; kept checkpoints up to step 0"}
+    assert "1 DIVERGED (left out of fits and predictions)" in (reproduced / "reports/report.html").read_text()

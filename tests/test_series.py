@@ -196,6 +196,27 @@ def test_truncated_and_corrupt_files_are_skipped_naming_the_file_and_the_others_
     assert set(pd.concat(result.features)["step"]) == {0}
 
 
+def test_a_folder_of_pickle_weights_is_skipped_with_the_reason_and_how_to_convert(local_series, tmp_path):
+    root, _ = local_series
+    shutil.copytree(root, tmp_path / "s")
+    (tmp_path / "s" / "step_000030").mkdir()
+    (tmp_path / "s" / "step_000030" / "pytorch_model.bin").write_bytes(b"a pickle that is never opened")
+    result = series_features("tiny", SeriesSource(path=str(tmp_path / "s")), TEXT, PARAMS, SEQ_LEN)
+    status = {s["revision"]: s for s in result.status}
+    assert status["step_000030"]["status"] == "skipped" and status["step_000030"]["step"] == 30
+    reason = status["step_000030"]["reason"]
+    weights = tmp_path / "s" / "step_000030" / "pytorch_model.bin"
+    assert reason.startswith(f"{weights}: pickle weights are never opened; convert it once, where you trust the file")
+    assert f"save_file(torch.load('{weights}', weights_only=True), '{weights.parent / 'model.safetensors'}')" in reason
+    assert status["step_000010"]["status"] == "computed"
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "pytorch_model.bin").write_bytes(b"")
+    result = series_features("only", SeriesSource(path=str(only)), TEXT, PARAMS, SEQ_LEN)
+    found = [(s["status"], s["reason"].split(":")[0]) for s in result.status]
+    assert found == [("skipped", str(only / "pytorch_model.bin"))]
+
+
 def test_safetensors_file_errors_name_the_file(tmp_path):
     path = tmp_path / "empty.safetensors"
     path.write_bytes(b"")

@@ -14,9 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from topometrics.checkpoints import CheckpointError, list_checkpoints, load_model, load_state
-from topometrics.corpus import offline_text
+from topometrics.checkpoints import CheckpointError, list_checkpoints, load_model, load_state, safetensors_problem
+from topometrics.corpus import CorpusError, offline_text
 from topometrics.model import GPTConfig
+from topometrics.run_dir import resume_info, truncate_steps_log
 from topometrics.tokens import encode
 from topometrics.train import Recipe, RungConfig, train_rung, validation_windows
 
@@ -70,7 +71,7 @@ def test_kill_9_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     code = RUNNER.format(tests=str(Path(__file__).parent), out=str(killed))
     proc = subprocess.Popen([sys.executable, "-c", code])
-    deadline = time.time() + 60
+    deadline = time.time() + 600  # only a guard against a hang: a loaded machine starts torch slowly
     while not (killed / "step_000060.json").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.005)
     os.kill(proc.pid, signal.SIGKILL)
@@ -85,15 +86,96 @@ def test_kill_9_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     assert (killed / "steps.csv").read_text() == (clean / "steps.csv").read_text()
 
 
+def test_a_kill_between_resume_weights_and_their_step_cannot_pair_them_wrongly(tmp_path):
+    """Regression: the resume weights and their step were two files (resume.safetensors, then
+    resume.json); a kill between the two renames resumed step-40 state as step 20, so the killed
+    run under `pytest -n 2` sometimes ended with other weights. Now the step is the file's metadata."""
+    torch.set_num_threads(1)
+    train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    info = resume_info(tmp_path)
+    assert info == {"step": 20, "rung": "t", "seed": 7, "recipe_fingerprint": info["recipe_fingerprint"]}
+    assert info["recipe_fingerprint"] == list_checkpoints(tmp_path)[-1].meta["recipe_fingerprint"]
+    assert not (tmp_path / "resume.json").exists()
+
+
+def test_a_half_written_row_of_the_step_log_is_dropped_on_resume(tmp_path):
+    """Regression: a kill mid-write left `6` of `61,...` as the log's last line, kept as step 6."""
+    torch.set_num_threads(1)
+    train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    whole = (tmp_path / "steps.csv").read_text()
+    with (tmp_path / "steps.csv").open("a") as f:
+        f.write("2")
+    truncate_steps_log(tmp_path / "steps.csv", 20)
+    assert (tmp_path / "steps.csv").read_text() == whole
+
+
+def test_a_run_directory_of_another_run_is_refused_and_left_untouched(tmp_path):
+    torch.set_num_threads(1)
+    train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(CheckpointError) as err:
+        train_rung(config(steps=20, seed=8), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    assert str(err.value) == (
+        f"{tmp_path} holds the checkpoints of run t-7, not t-8; train t-8 into its own directory data/runs/t-8 "
+        "(nothing was changed)"
+    )
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_corpus_shorter_than_a_window_is_refused_before_the_run_directory_is_touched(tmp_path):
+    torch.set_num_threads(1)
+    train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(CorpusError, match=r"gives 180,000 training and 20 validation characters; each split"):
+        train_rung(config(steps=20), TRAIN, VAL[:20], tmp_path, "other-corpus", "cpu", quiet)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "sidecar"])
+def test_a_damaged_checkpoint_of_a_finished_run_is_recomputed_identically(tmp_path, damage):
+    torch.set_num_threads(1)
+    train_rung(config(steps=30), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    good = {p.name: p.read_bytes() for p in tmp_path.glob("step_*")}
+    target = tmp_path / "step_000010.safetensors"
+    if damage == "truncate":
+        target.write_bytes(target.read_bytes()[:100])
+    elif damage == "delete":
+        target.unlink()
+    else:
+        target.with_suffix(".json").write_text("{")
+    lines = []
+    summary = train_rung(config(steps=30), TRAIN, VAL, tmp_path, "sha", "cpu", lines.append)
+    assert summary["status"] == "complete" and summary["checkpoints"] == 4
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("step_*")} == good
+    named = {"truncate": "step_000010.safetensors: truncated", "delete": "step_000010.safetensors: missing",
+             "sidecar": "step_000010.json: not valid JSON"}[damage]  # fmt: skip
+    assert any(named in line and "recomputing from step 0" in line for line in lines), lines
+
+
+def test_a_complete_run_is_skipped_after_its_checkpoints_are_verified(tmp_path):
+    torch.set_num_threads(1)
+    train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    (tmp_path / "resume.safetensors").write_bytes(b"")  # not needed to skip a complete run
+    lines = []
+    summary = train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", lines.append)
+    assert summary["status"] == "complete" and summary["tokens_per_s"] is None
+    assert lines == [f"[t-7] complete: all 3 checkpoints whole ({tmp_path})"]
+    extended = tmp_path / "step_000020.safetensors"
+    extended.write_bytes(extended.read_bytes() + b"\0")
+    assert safetensors_problem(extended).startswith("longer than its tensors")
+
+
 def test_a_changed_recipe_never_resumes_from_stale_checkpoints(tmp_path):
     torch.set_num_threads(1)
     train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     old = list_checkpoints(tmp_path)[0].meta["recipe_fingerprint"]
-    train_rung(config(steps=20, seed=8), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    (tmp_path / "notes.txt").write_text("a file the run did not write")
+    train_rung(config(steps=20, lr=1e-3), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    assert (tmp_path / "notes.txt").exists()  # only the run's own files are discarded
     ckpts = list_checkpoints(tmp_path)
     assert {c.meta["recipe_fingerprint"] for c in ckpts} != {old}
     assert len({c.meta["recipe_fingerprint"] for c in ckpts}) == 1 and len(ckpts) == 3
-    train_rung(config(steps=20, seed=8), TRAIN, VAL, tmp_path, "another-corpus", "cpu", quiet)
+    train_rung(config(steps=20, lr=1e-3), TRAIN, VAL, tmp_path, "another-corpus", "cpu", quiet)
     assert len({c.meta["recipe_fingerprint"] for c in list_checkpoints(tmp_path)}) == 1
 
 
@@ -102,6 +184,8 @@ def test_a_nan_loss_stops_the_rung_and_keeps_its_checkpoints(tmp_path):
     summary = train_rung(config(steps=40, ckpt_every=1, lr=float("inf")), TRAIN, VAL, tmp_path, "s", "cpu", quiet)
     assert summary["status"].startswith("diverged: loss is nan at step")
     assert 1 <= len(list_checkpoints(tmp_path)) < 41
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["status"] == "diverged" and record["reason"].startswith("loss is nan at step")
 
 
 def test_a_truncated_checkpoint_gives_an_error_naming_the_file(tmp_path):
@@ -118,3 +202,47 @@ def test_sidecar_matches_the_metrics_the_stage_reports(tmp_path):
     summary = train_rung(config(steps=10), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     meta = json.loads((tmp_path / "step_000010.json").read_text())
     assert meta["val_loss"] == summary["final_val_loss"] and meta["step"] == 10
+
+
+@pytest.mark.slow
+def test_dvc_repro_recomputes_a_truncated_and_a_deleted_checkpoint_of_a_finished_run(reproduced):
+    """Truncate one checkpoint and delete another (what an earlier message told users to do): the
+    next `dvc repro` names them, recomputes both bit-identically, and the warehouse has every step."""
+    import duckdb
+    from test_pipeline import run
+
+    run_dir = reproduced / "data/runs/a-42"
+    good = {p.name: p.read_bytes() for p in run_dir.glob("step_*")}
+    truncated = run_dir / "step_000020.safetensors"
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    (run_dir / "step_000040.safetensors").unlink()
+    (run_dir / "step_000040.json").unlink()
+    out = run(["dvc", "repro"], reproduced)
+    assert "damaged or missing: step_000020.safetensors: truncated" in out
+    assert "step_000040.json: missing" in out and "recomputing from step 0" in out
+    assert {p.name: p.read_bytes() for p in run_dir.glob("step_*")} == good
+    with duckdb.connect(str(reproduced / "data/warehouse.duckdb"), read_only=True) as con:
+        steps = con.execute("SELECT list(DISTINCT step ORDER BY step) FROM features WHERE rung = 'a'").fetchone()[0]
+    assert steps == [0, 10, 20, 30, 40]
+
+
+@pytest.mark.slow
+def test_train_stage_by_hand_with_another_runs_directory_is_refused_in_one_line(reproduced):
+    """A config that names run a-7 where a-42's belongs: training it into data/runs/a-42 is refused."""
+    from conftest import error_lines, snapshot
+    from test_pipeline import dvc_env
+
+    other = json.loads((reproduced / "data/config/a-42.json").read_text()) | {"seed": 7}
+    other["recipe"]["seed"] = 7
+    (reproduced / "wrong").mkdir()
+    (reproduced / "wrong/a-42.json").write_text(json.dumps(other))
+    before = snapshot(reproduced / "data/runs")
+    cmd = [sys.executable, "stages/train.py", "--configs", "wrong", "--corpus", "data/corpus", "--runs", "data/runs"]
+    proc = subprocess.run([*cmd, "--metrics", "m", "--curves", "c"], cwd=reproduced, env=dvc_env(),
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 1
+    assert error_lines(proc.stderr) == proc.stderr.splitlines() == [
+        "error: a-42: data/runs/a-42 holds the checkpoints of run a-42, not a-7; train a-7 into its own "
+        "directory data/runs/a-7 (nothing was changed)"
+    ]
+    assert snapshot(reproduced / "data/runs") == before

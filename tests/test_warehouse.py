@@ -428,3 +428,51 @@ def test_series_losses_reach_the_checkpoints_table_and_the_views(tmp_path):
     assert rho == pytest.approx((stats.spearmanr(np_values[:4], val[:4]).statistic, 4))
     stop = con.execute("SELECT np_fired, np_stop_step FROM early_stopping WHERE rung = 'my-run'").fetchone()
     assert stop == (True, 300)  # best 0.30 at step 100, then two checkpoints without a rise
+
+
+@pytest.mark.slow
+def test_kill_9_of_dvc_repro_during_the_warehouse_stage_keeps_the_previous_warehouse(reproduced):
+    """DVC deletes a non-persistent output before running its stage; the warehouse is `persist: true`,
+    so a SIGKILL of `dvc repro` (and the stage) mid-build leaves the previous file, whole."""
+    from test_pipeline import dvc_env
+
+    path = reproduced / "data/warehouse.duckdb"
+    before = path.read_bytes()
+    proc = subprocess.Popen(
+        ["dvc", "repro", "--single-item", "--force", "warehouse"], cwd=reproduced, env=dvc_env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 600  # a guard against a hang only
+        while not list(path.parent.glob(".warehouse.duckdb.*.tmp")) and proc.poll() is None:
+            assert time.time() < deadline, "the warehouse stage never started its build"
+            time.sleep(0.001)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the stage finished before the kill; nothing was tested"
+    assert path.read_bytes() == before
+    with duckdb.connect(str(path), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM checkpoints").fetchone() == (5,)
+
+
+@pytest.mark.slow
+def test_a_held_writer_stops_the_warehouse_stage_naming_the_process(reproduced):
+    from conftest import error_lines, failing
+
+    path = reproduced / "data/warehouse.duckdb"
+    before = path.read_bytes()
+    code = f"import duckdb, sys, time; c = duckdb.connect({str(path)!r}); print('open', flush=True); time.sleep(600)"
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "open\n"
+        out = failing(["dvc", "repro", "--single-item", "--force", "warehouse"], reproduced)
+    finally:
+        holder.kill()
+        holder.wait()
+    [line] = error_lines(out)
+    assert line.startswith(f"error: data/warehouse.duckdb is open for writing by PID {holder.pid} ({sys.executable} -c")
+    assert line.endswith(
+        "); close that connection (read with duckdb.connect(..., read_only=True) or `duckdb -readonly`) and re-run"
+    )
+    assert path.read_bytes() == before

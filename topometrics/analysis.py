@@ -115,14 +115,18 @@ def scaling_fits(con) -> pd.DataFrame:
     Seeds are averaged per rung first: the fit is across model sizes.
     """
     final = con.execute(
-        """SELECT feature, layer, n_params, avg(value) AS value FROM scaling
-           WHERE kind = 'ladder' AND layer IN ('all', 'checkpoint')
+        f"""SELECT feature, layer, n_params, avg(value) AS value FROM scaling
+           WHERE kind = 'ladder' AND layer IN ('all', 'checkpoint') AND (rung, seed) NOT IN ({DIVERGED})
            GROUP BY feature, layer, n_params ORDER BY ALL"""
     ).df()
+    excluded = diverged_runs(con)
+    note = None if excluded.empty else "excluded diverged runs: " + "; ".join(
+        f"{r.rung}-{r.seed} ({r.status_reason})" for r in excluded.itertuples(index=False)
+    )
     rows = []
     for (feature, layer), g in final.groupby(["feature", "layer"], sort=True):
         fit = stats.fit_power_law(g["n_params"].to_numpy(float), g["value"].to_numpy(float))
-        rows.append(_fit_row("scaling", feature, fit, layer=layer))
+        rows.append(_fit_row("scaling", feature, fit, layer=layer) | {"reason": fit.reason or note})
     return pd.DataFrame(rows, columns=_FIT_COLUMNS)
 
 
@@ -130,12 +134,18 @@ def prediction_table(con, params: AnalysisParams) -> tuple[pd.DataFrame, pd.Data
     """Final-loss predictions of every method at every fraction (Table 5) and the loss-curve fits behind them."""
     runs = con.execute(
         """SELECT r.rung, r.seed, coalesce(r.steps, f.step) AS steps, coalesce(r.warmup, 0) AS warmup,
-                  coalesce(r.lr, 1.0) AS lr, coalesce(r.min_lr_ratio, 0.0) AS min_lr_ratio, f.val_loss AS actual
+                  coalesce(r.lr, 1.0) AS lr, coalesce(r.min_lr_ratio, 0.0) AS min_lr_ratio, f.val_loss AS actual,
+                  r.status, r.status_reason
            FROM runs r JOIN final_checkpoints f USING (rung, seed) WHERE r.kind = 'ladder' ORDER BY rung, seed"""
     ).df()
     series = _run_series(con, params)
     predictions, fits, inputs = [], [], []
     for run in runs.itertuples(index=False):
+        if run.status == "diverged":  # data, not a training curve to extrapolate: recorded, not fitted
+            rows, fit_rows = _excluded_rows(run, params)
+            predictions += rows
+            fits += fit_rows
+            continue
         schedule = Schedule(int(run.steps), int(run.warmup), float(run.lr), float(run.min_lr_ratio))
         for fraction in params.fractions:
             rows, fit_rows, features = _curve_predictions(run, schedule, fraction, series)
@@ -150,8 +160,9 @@ def prediction_table(con, params: AnalysisParams) -> tuple[pd.DataFrame, pd.Data
 def build_metrics(con, params: AnalysisParams) -> dict:
     """The small nested metrics file compared by ``dvc metrics diff`` (needs the analysis tables loaded)."""
     final = con.execute(
-        """SELECT rung, any_value(n_params) AS n_params, avg(val_loss) AS final_val_loss, count(*) AS n_seeds
-           FROM final_checkpoints WHERE kind = 'ladder' GROUP BY rung ORDER BY n_params, rung"""
+        f"""SELECT rung, any_value(n_params) AS n_params, avg(val_loss) AS final_val_loss, count(*) AS n_seeds
+           FROM final_checkpoints WHERE kind = 'ladder' AND (rung, seed) NOT IN ({DIVERGED})
+           GROUP BY rung ORDER BY n_params, rung"""
     ).df()
     rho = con.execute(
         "SELECT rung, feature, avg(rho) AS rho FROM feature_loss_spearman WHERE layer = 'all' GROUP BY ALL"
@@ -175,7 +186,11 @@ def build_metrics(con, params: AnalysisParams) -> dict:
         if len(ph):
             entry["phase"] = {"peak_fraction": _num(ph["p"].iloc[0]), "diminishing_fraction": _num(ph["d"].iloc[0])}
         rungs[r.rung] = entry
-    return {"corpus": _corpus(con), "rungs": rungs, "prediction": _prediction_metrics(con), "scaling": _scaling(con)}
+    out = {"corpus": _corpus(con), "rungs": rungs, "prediction": _prediction_metrics(con), "scaling": _scaling(con)}
+    diverged = diverged_runs(con)
+    if len(diverged):  # left out of every number above
+        out["diverged"] = {f"{r.rung}-{r.seed}": r.status_reason for r in diverged.itertuples(index=False)}
+    return out
 
 
 def metrics_json(metrics: dict) -> str:
@@ -261,6 +276,31 @@ def _run_series(con, params: AnalysisParams) -> dict[tuple, dict[str, tuple[np.n
             series_name = key[2] if name == "topology" else name
             out.setdefault(key[:2], {})[series_name] = (g["step"].to_numpy(float), g["value"].to_numpy(float))
     return out
+
+
+# Runs that are data but not training curves: kept in every table, left out of fits and predictions.
+DIVERGED = "SELECT rung, seed FROM runs WHERE status = 'diverged'"
+
+
+def diverged_runs(con) -> pd.DataFrame:
+    """(rung, seed, status_reason) of every diverged run."""
+    return con.execute("SELECT rung, seed, status_reason FROM runs WHERE status = 'diverged' ORDER BY ALL").df()
+
+
+def _excluded_rows(run, params: AnalysisParams) -> tuple[list[dict], list[dict]]:
+    """Prediction and fit rows that record why a diverged run was left out (status 'excluded')."""
+    reason = f"run diverged: {run.status_reason}"
+    base = {"rung": run.rung, "seed": run.seed, "actual": run.actual, "predicted": None}
+    base |= {"status": "excluded", "reason": reason, "trained_on": None}
+    predictions, fits = [], []
+    for fraction in params.fractions:
+        for method in (LOSS_ONLY, "schedule_aware"):
+            predictions.append(base | {"method": method, "cv": "none", "fraction": fraction})
+            fit = {"kind": "loss_curve", "target": method, "rung": run.rung, "seed": run.seed, "fraction": fraction}
+            fits.append(fit | {"status": "excluded", "reason": reason})
+        for method in _learned_methods(params):
+            predictions.append(base | {"method": method, "cv": "rung", "fraction": fraction})
+    return predictions, fits
 
 
 def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict):

@@ -22,12 +22,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from topometrics.atomic import replacing, write_text
+from topometrics.errors import TopometricsError
 from topometrics.model import GPT, GPTConfig
 
 _STEP_FILE = re.compile(r"^step_(\d{6,})\.safetensors$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(TopometricsError, RuntimeError):
     """A checkpoint file is missing, truncated or inconsistent with its sidecar."""
 
 
@@ -73,21 +74,65 @@ def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
         try:
             meta = json.loads(sidecar.read_text())
         except json.JSONDecodeError as err:
-            raise CheckpointError(f"{sidecar}: sidecar is not valid JSON ({err}); delete it and re-run") from err
+            raise CheckpointError(
+                f"{sidecar}: sidecar is not valid JSON ({err}); run `dvc repro` (training recomputes it)"
+            ) from err
         found.append(Checkpoint(path, meta))
     return sorted(found, key=lambda c: c.step)
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file is not whole (missing, truncated, extended, bad header), or None.
+
+    Cheap: reads the 8-byte header length and the JSON header only, and checks that the file
+    ends exactly where the last tensor does.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return "missing"
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or 8 + n > size:
+            return f"truncated ({size:,} bytes, shorter than its header)"
+        try:
+            header = json.loads(f.read(n))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError):
+            return "damaged header (not safetensors JSON)"
+    if size != 8 + n + end:
+        state = "truncated" if size < 8 + n + end else "longer than its tensors"
+        return f"{state} ({size:,} bytes, its header says {8 + n + end:,})"
+    return None
+
+
+def checkpoint_problem(run_dir: Path, step: int) -> str | None:
+    """Why checkpoint ``step`` of ``run_dir`` is not usable (``<file>: <reason>``), or None when whole."""
+    path = checkpoint_path(run_dir, step)
+    sidecar = path.with_suffix(".json")
+    try:
+        meta = json.loads(sidecar.read_text())
+    except FileNotFoundError:
+        return f"{sidecar.name}: missing"
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return f"{sidecar.name}: not valid JSON"
+    if not isinstance(meta, dict) or meta.get("step") != step:
+        return f"{sidecar.name}: does not describe step {step}"
+    problem = safetensors_problem(path)
+    return f"{path.name}: {problem}" if problem else None
 
 
 def load_state(path: Path) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file, with a clear error for a corrupt or truncated one."""
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"{path}: checkpoint file is missing; re-run training (dvc repro)")
+        raise CheckpointError(f"{path}: checkpoint file is missing; run `dvc repro` (training recomputes it)")
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:
         raise CheckpointError(
-            f"{path}: not a readable safetensors file ({err}); delete it and re-run training"
+            f"{path}: not a readable safetensors file ({err}); run `dvc repro` (training recomputes it)"
         ) from err
 
 

@@ -24,13 +24,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from topometrics.errors import TopometricsError
 from topometrics.params import SecurityParams
 
 LOCAL = "local"
 _ADDRESS = re.compile(r"^(tcp|tls)://[^/\s]+:\d+$")
 
 
-class ClusterError(RuntimeError):
+class ClusterError(TopometricsError, RuntimeError):
     """The Dask cluster cannot be used: unreachable, refused, misconfigured. One line, naming the address."""
 
 

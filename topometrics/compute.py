@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -23,6 +24,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from topometrics.cluster import connect, map_on_cluster
+from topometrics.lifeline import die_with
 from topometrics.params import ComputeParams
 
 Job = TypeVar("Job")
@@ -65,7 +67,9 @@ def map_jobs(
     (torch, scipy, ripser) once and forks a ready worker per slot: spawned workers each paid the
     ~3-4 s import and another ~1 s to exit. Not plain fork of this process: forking a process that
     has run torch (OpenMP) threads can deadlock; the fork server only imports, so torch has started
-    no threads there. spawn where there is no fork server (Windows).
+    no threads there. spawn where there is no fork server (Windows). Workers die with the calling
+    process even when it is SIGKILLed (topometrics.lifeline), and with them the fork server and the
+    resource tracker.
     """
     results = dict(each_result(fn, jobs, workers=workers, label=label, compute=compute))
     ordered = [results[i] for i in range(len(jobs))]
@@ -134,11 +138,12 @@ def _executor(fn: Callable, workers: int, jobs: int) -> Iterator[ProcessPoolExec
             yield None
         return
     context = _pool_context(fn.__module__)
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
         yield pool
 
 
-def _worker_init() -> None:
+def _worker_init(caller: int) -> None:
+    die_with(caller)  # a SIGKILLed caller leaves no workers (nor, then, fork server and resource tracker)
     torch.set_num_threads(1)
     threadpool_limits(1)
 

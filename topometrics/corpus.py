@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from topometrics.atomic import write_array, write_text
+from topometrics.errors import TopometricsError
 from topometrics.tokens import encode, token_file, vocabulary
 
 WIKITEXT = "wikitext-2-raw-v1"
@@ -42,7 +43,7 @@ WIKITEXT_MEMBERS = {
 }
 
 
-class CorpusError(RuntimeError):
+class CorpusError(TopometricsError, RuntimeError):
     """The corpus cannot be resolved or failed verification."""
 
 
@@ -207,30 +208,59 @@ def resolve(
 # ---------------------------------------------------------------- the prepared directory (the stage's edge)
 
 
-def read_source(out_dir: Path) -> dict | None:
+def read_source(out_dir: Path, required: bool = False) -> dict | None:
+    """``source.json`` of a complete preparation, else None (or :class:`CorpusError` when ``required``)."""
     path = Path(out_dir) / "source.json"
     files = [token_file(out_dir, "train"), token_file(out_dir, "val"), Path(out_dir) / "vocab.json"]
-    if not path.exists() or not all(f.exists() for f in files):
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None  # a damaged preparation is simply redone
+    source = None
+    if path.exists() and all(f.exists() for f in files):
+        try:
+            source = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            source = None  # a damaged preparation is simply redone
+    if source is None and required:
+        raise CorpusError(f"{out_dir} is not a complete prepared corpus; run the corpus stage (dvc repro corpus)")
+    return source
 
 
-def prepare(corpus: str, urls: tuple[str, ...], timeout_s: float, val_fraction: float, out_dir: Path) -> dict:
+def min_split_tokens(seq_len: int) -> int:
+    """Tokens a split needs: one window of ``seq_len`` inputs plus the next-token target, and a
+    second start position (training samples random starts, validation spreads its windows)."""
+    return seq_len + 2
+
+
+def check_split_sizes(what: str, train_tokens: int, val_tokens: int, seq_len: int) -> None:
+    """Refuse a corpus with a split shorter than one window, naming ``what`` (``data.corpus=...``),
+    the sizes and the fix."""
+    need = min_split_tokens(seq_len)
+    if train_tokens < need or val_tokens < need:
+        raise CorpusError(
+            f"{what} gives {train_tokens:,} training and {val_tokens:,} validation characters; "
+            f"each split needs at least data.seq_len + 2 = {need:,}; point data.corpus at more text "
+            f"or lower data.seq_len"
+        )
+
+
+def prepare(
+    corpus: str, urls: tuple[str, ...], timeout_s: float, val_fraction: float, out_dir: Path, seq_len: int
+) -> dict:
     """Resolve the corpus and write ``train.u8``, ``val.u8`` (uint8 ids), ``vocab.json`` and
     ``source.json`` into ``out_dir``; leave them untouched when they are still right.
 
+    A corpus with a split shorter than one window of ``seq_len`` raises :class:`CorpusError`
+    before anything in ``out_dir`` is touched (the previous preparation stays).
     Returns the source record (with ``changed``: whether files were rewritten).
     """
     out_dir = Path(out_dir)
     cached = read_source(out_dir)
     resolved = resolve(corpus, urls, timeout_s, val_fraction, cached)
     if resolved is None:
+        sizes = cached.get("train_tokens", 0), cached.get("val_tokens", 0)
+        check_split_sizes(f"data.corpus={corpus!r}", *sizes, seq_len)
         return cached | {"changed": False}
-    out_dir.mkdir(parents=True, exist_ok=True)
     train, val = encode(resolved.train), encode(resolved.val)
+    check_split_sizes(f"data.corpus={corpus!r}", int(train.size), int(val.size), seq_len)
+    out_dir.mkdir(parents=True, exist_ok=True)
     source = resolved.source | {"train_tokens": int(train.size), "val_tokens": int(val.size)}
     for split, ids in (("train", train), ("val", val)):
         write_array(token_file(out_dir, split), ids)

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from topometrics.checkpoints import Checkpoint, list_checkpoints, load_state
+from topometrics.checkpoints import Checkpoint, CheckpointError, list_checkpoints, load_state, safetensors_problem
 from topometrics.compute import map_jobs
 from topometrics.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights
 from topometrics.neural_persistence import neural_persistence, shuffled_neural_persistence
@@ -398,7 +398,12 @@ def run_features(
     """
     ckpts = list_checkpoints(Path(run_dir))
     if not ckpts:
-        raise FileNotFoundError(f"{run_dir}: no complete checkpoints (step_*.safetensors + .json); run training first")
+        raise CheckpointError(f"{run_dir}: no complete checkpoints (step_*.safetensors + .json); run training first")
+    bad = [f"{c.path.name}: {problem}" for c in ckpts if (problem := safetensors_problem(c.path))]
+    if bad:
+        raise CheckpointError(
+            f"{run_dir}: {'; '.join(bad)}; run `dvc repro` (the train stage recomputes damaged checkpoints)"
+        )
     tokens = load_tokens(corpus_dir, "val")
     layers = linear_layer_names(ckpts[0].config.layers)
     jobs = [(ckpt, tokens, params) for ckpt in ckpts]

@@ -15,13 +15,15 @@ from pathlib import Path
 
 import yaml
 
+from topometrics.errors import TopometricsError
+
 SHAPE_KEYS = ("hidden", "layers", "heads")
 # keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
 RECIPE_KEYS = ("steps", "ckpt_every", "batch_size", "lr", "warmup", "min_lr_ratio", "weight_decay", "grad_clip")
 BASE_VARIANT = "base"  # the recipe in `train` itself; its runs keep the short name <rung>-<seed>
 
 
-class ParamsError(ValueError):
+class ParamsError(TopometricsError, ValueError):
     """An invalid params.yaml entry; the message names the key."""
 
 
@@ -285,7 +287,7 @@ class Params:
         if merged["hidden"] % merged["heads"]:
             raise ParamsError(
                 f"ladder.{rung}: hidden={merged['hidden']} is not divisible by heads={merged['heads']}; "
-                "set ladder.{rung}.heads to a divisor of hidden"
+                f"set ladder.{rung}.heads to a divisor of hidden"
             )
         return merged
 
@@ -303,7 +305,12 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path} not found; run from the repository root")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise ParamsError(f"{path}{line} is not valid YAML: {getattr(err, 'problem', err)}; fix the syntax") from err
     return parse_params(raw)
 
 

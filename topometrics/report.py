@@ -101,11 +101,25 @@ def banner(runs, meta, series_status: dict | None) -> tuple[dict[str, str], str 
                 f"({first['corpus_reason']}). Losses are not comparable with the paper's WikiText-2 numbers."
             )
     out["validation series"] = series_line(runs, series_status)
+    out["runs"] = runs_line(ladder)
     values = dict(zip(meta["key"], meta["value"], strict=True)) if isinstance(meta, pd.DataFrame) else {}
     out["params digest"] = params_digest(values)
     out["code version"] = values.get("code_version", "not recorded")
     out["warehouse schema"] = values.get("schema_version", "not recorded")
     return out, used, fallback
+
+
+def runs_line(ladder: pd.DataFrame) -> str:
+    """How the ladder runs ended: diverged runs (left out of fits and predictions) by name, with the reason."""
+    if ladder.empty:
+        return "no ladder runs"
+    status = ladder["status"] if "status" in ladder else pd.Series(None, index=ladder.index)
+    bad = ladder[status == "diverged"]
+    text = f"{len(ladder)} runs, {int((status == 'complete').sum())} complete"
+    if bad.empty:
+        return text
+    names = "; ".join(f"{r.rung}-{r.seed}: {r.status_reason}" for r in bad.itertuples(index=False))
+    return f"{text}, {len(bad)} DIVERGED (left out of fits and predictions) — {names}"
 
 
 def series_line(runs, status: dict | None) -> str:

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from topometrics.atomic import write_text
-from topometrics.checkpoints import list_checkpoints
+from topometrics.checkpoints import checkpoint_problem, list_checkpoints
+from topometrics.errors import TopometricsError
 from topometrics.model import GPT, count_parameters
 from topometrics.tokens import load_tokens
 from topometrics.train import RungConfig, recipe_fingerprint, train_rung, write_checkpoint_table
@@ -98,17 +99,24 @@ def run_progress(cfg: RungConfig, run_dir: Path, corpus_sha256: str) -> int:
     steps = sorted((int(p.stem[5:]) for p in Path(run_dir).glob("step_*.json") if p.stem[5:].isdigit()), reverse=True)
     if not steps:
         return 0
-    meta = json.loads((Path(run_dir) / f"step_{steps[0]:06d}.json").read_text())
+    try:
+        meta = json.loads((Path(run_dir) / f"step_{steps[0]:06d}.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return 0  # damaged: training names it and recomputes it
     return steps[0] if meta.get("recipe_fingerprint") == recipe_fingerprint(cfg, corpus_sha256) else 0
 
 
 def is_complete(cfg: RungConfig, run_dir: Path, corpus_sha256: str) -> bool:
-    """The run reached its last step with this recipe and corpus, and its checkpoint table (written
-    last) says so: nothing to do, no file to touch."""
+    """The run reached its last step with this recipe and corpus, its checkpoint table (written
+    last) says so, and every checkpoint is whole (header and size: a cheap check): nothing to do,
+    no file to touch. A damaged or missing checkpoint sends the run to training, which recomputes it."""
     table = Path(run_dir) / "checkpoints.csv"
-    if run_progress(cfg, run_dir, corpus_sha256) != cfg.recipe.steps or not table.exists():
+    r = cfg.recipe
+    if run_progress(cfg, run_dir, corpus_sha256) != r.steps or not table.exists():
         return False
-    return table.read_text().rstrip("\n").rsplit("\n", 1)[-1].startswith(f"{cfg.recipe.steps},")
+    if any(checkpoint_problem(run_dir, step) for step in range(0, r.steps + 1, r.ckpt_every)):
+        return False
+    return table.read_text().rstrip("\n").rsplit("\n", 1)[-1].startswith(f"{r.steps},")
 
 
 def summary_of(run_dir: Path, cfg: RungConfig) -> dict:
@@ -201,8 +209,10 @@ def _outcome(future: Future, run: RunFiles) -> dict:
     error = future.exception()
     if error is None:
         return future.result()
+    # A user mistake (topometrics.errors) keeps its one-line message for the stage to print.
+    mistake = {"mistake": str(error)} if isinstance(error, TopometricsError) else {}
     return {"rung": run.config.rung, "variant": run.config.variant, "seed": run.config.recipe.seed,
-            "status": f"failed: {type(error).__name__}: {error}", "final_val_loss": None}  # fmt: skip
+            "status": f"failed: {type(error).__name__}: {error}", "final_val_loss": None} | mistake  # fmt: skip
 
 
 def _finished_line(run: RunFiles, summary: dict, n_done: int, n_runs: int, t0: float) -> str:

@@ -32,13 +32,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from topometrics.atomic import replacing
+from topometrics.errors import TopometricsError
 
 META_KEY = "topometrics"
 INFO_KEY = "topometrics.info"
 EXECUTION_PARAMS = frozenset({"workers"})  # how the work runs, not what it computes: not fingerprinted
 
 
-class ShardError(ValueError):
+class ShardError(TopometricsError, ValueError):
     """A shard key or folder that cannot be used; the message names it."""
 
 

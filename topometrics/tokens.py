@@ -11,9 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
+from topometrics.errors import TopometricsError
+
 VOCAB_SIZE = 128
 UNKNOWN_ID = 127  # every non-ASCII character (and DEL) maps here
 SPLITS = ("train", "val")
+
+
+class MissingTokensError(TopometricsError, FileNotFoundError):
+    """A prepared split is missing: the corpus stage has not run."""
 
 
 def encode(text: str) -> np.ndarray:
@@ -43,5 +49,5 @@ def load_tokens(corpus_dir: Path, split: str) -> np.ndarray:
     """(n,) uint8 token ids of a prepared split ('train' or 'val')."""
     path = token_file(corpus_dir, split)
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing; run the corpus stage first (dvc repro corpus)")
+        raise MissingTokensError(f"{path} is missing; run the corpus stage first (dvc repro corpus)")
     return np.fromfile(path, dtype=np.uint8)

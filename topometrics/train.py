@@ -5,12 +5,12 @@ gradient clipping, a fixed seed, a checkpoint every ``ckpt_every`` steps includi
 step 0. Step ``s`` means "after ``s`` optimizer updates".
 
 Resumability: after every checkpoint the full training state (weights, AdamW moments,
-the data sampler's RNG state) is written to ``resume.safetensors``
-+ ``resume.json``. A killed run restarts from the last checkpoint and, because the
-learning rate is a pure function of the step and no other randomness exists, ends with
-weights bit-identical to an uninterrupted run on the same device and thread count.
-A run directory whose ``recipe_fingerprint`` differs from the current one is wiped
-first: a changed recipe never resumes from stale checkpoints.
+the data sampler's RNG state, and in its metadata the step, rung, seed and recipe fingerprint)
+is written to ``resume.safetensors`` by one rename. A killed run restarts from the last
+checkpoint and, because the learning rate is a pure function of the step and no other
+randomness exists, ends with weights bit-identical to an uninterrupted run on the same device
+and thread count. Everything is checked before the run directory is touched, and the directory
+itself by topometrics.run_dir (whose run it is, whether its checkpoints are whole).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -30,11 +29,11 @@ from tqdm import tqdm
 
 from topometrics.atomic import write_text
 from topometrics.checkpoints import list_checkpoints, load_state, save_checkpoint, save_tensors
+from topometrics.corpus import CorpusError, check_split_sizes
 from topometrics.lr_schedule import Schedule
 from topometrics.model import GPT, GPTConfig, count_parameters
 from topometrics.params import BASE_VARIANT, ParamsError, run_name
-
-STEPS_HEADER = "step,train_loss,grad_norm,lr\n"
+from topometrics.run_dir import claim_run_dir, record_outcome, resume_info, resume_step, truncate_steps_log
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ def recipe_fingerprint(cfg: RungConfig, corpus_sha256: str) -> str:
 
 def pick_device(requested: str) -> torch.device:
     if requested == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device=cuda but no CUDA device is visible; set train.device: auto or cpu")
+        raise ParamsError("train.device=cuda but no CUDA device is visible; set train.device: auto or cpu")
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(requested)
@@ -114,7 +113,10 @@ def validation_windows(val: np.ndarray, n_windows: int, seq_len: int) -> tuple[t
     """The fixed held-out set: ``n_windows`` windows evenly spaced over the validation split."""
     span = val.size - seq_len - 1
     if span < 1:
-        raise ValueError(f"validation split has {val.size} tokens, fewer than one window of {seq_len + 1}")
+        raise CorpusError(
+            f"the validation split has {val.size:,} tokens, fewer than data.seq_len + 2 = {seq_len + 2:,}; "
+            "point data.corpus at more text or lower data.seq_len, then run `dvc repro`"
+        )
     starts = np.linspace(0, span, num=min(n_windows, span + 1)).astype(np.int64)
     window = torch.from_numpy(val[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64))
     return window[:, :-1], window[:, 1:]
@@ -163,16 +165,21 @@ def _optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
 
 
 def save_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.Generator, info: dict) -> None:
-    """Full training state after a checkpoint; weights and the sampler state as tensors, no pickles."""
+    """Full training state after a checkpoint; weights and the sampler state as tensors, no pickles.
+
+    ``info`` (step, rung, seed, recipe fingerprint) is the same file's metadata, so the state and
+    the step it belongs to are replaced by one rename: a kill cannot pair one checkpoint's state
+    with another's step (they were two files, and a kill between the renames resumed wrongly).
+    """
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
     tensors |= _optimizer_tensors(opt) | {"rng.data": gen.get_state()}
-    save_tensors(run_dir / "resume.safetensors", tensors)
-    write_text(run_dir / "resume.json", json.dumps(info, sort_keys=True))
+    save_tensors(run_dir / "resume.safetensors", tensors, {k: json.dumps(v) for k, v in info.items()})
+    (run_dir / "resume.json").unlink(missing_ok=True)  # the previous layout's separate record
 
 
 def load_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.Generator) -> dict:
     tensors = load_state(run_dir / "resume.safetensors")
-    info = json.loads((run_dir / "resume.json").read_text())
+    info = resume_info(run_dir)
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     state = opt.state_dict()
     for name, value in tensors.items():
@@ -182,29 +189,6 @@ def load_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torc
     opt.load_state_dict(state)
     gen.set_state(tensors["rng.data"])
     return info
-
-
-def prepare_run_dir(run_dir: Path, fingerprint: str) -> dict | None:
-    """Wipe a run made with another recipe; return resume info when a matching one exists."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    resume_json = run_dir / "resume.json"
-    info = json.loads(resume_json.read_text()) if resume_json.exists() else None
-    stale = any(c.meta.get("recipe_fingerprint") != fingerprint for c in list_checkpoints(run_dir))
-    if stale or (info and info.get("recipe_fingerprint") != fingerprint):
-        shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
-        return None
-    return info if info and (run_dir / "resume.safetensors").exists() else None
-
-
-def _truncate_steps_log(path: Path, last_step: int) -> None:
-    """Keep the per-step log up to ``last_step``: rows after the last checkpoint are recomputed."""
-    if not path.exists():
-        write_text(path, STEPS_HEADER)
-        return
-    lines = path.read_text().splitlines(keepends=True)
-    kept = [line for line in lines[1:] if line.strip() and int(line.split(",", 1)[0]) <= last_step]
-    write_text(path, STEPS_HEADER + "".join(kept))
 
 
 # ---------------------------------------------------------------- the loop
@@ -233,7 +217,8 @@ class Run:
         meta |= {"config": self.cfg.model.to_dict()}
         meta |= {"recipe_fingerprint": self.fingerprint, "val_loss": val_loss, "train_loss": train_loss}
         save_checkpoint(self.run_dir, self.model, meta)
-        info = {"step": step, "recipe_fingerprint": self.fingerprint}
+        info = {"step": step, "rung": self.cfg.rung, "variant": self.cfg.variant, "seed": r.seed}
+        info |= {"recipe_fingerprint": self.fingerprint}
         save_resume(self.run_dir, self.model, self.opt, self.data_gen, info)
         return val_loss
 
@@ -256,21 +241,29 @@ def train_rung(
     Returns a summary: final val/train loss, steps run, tokens/s, status
     ('complete' or 'diverged' with the step and reason).
     """
-    run, resume_info = setup_run(cfg, train_ids, val_ids, run_dir, corpus_sha256, device)
-    start = resume_run(run, resume_info, log)
+    run, start = setup_run(cfg, train_ids, val_ids, Path(run_dir), corpus_sha256, device, log)
+    resume_run(run, start, log)
     t0 = time.perf_counter()
-    status, tokens = training_loop(run, start, log, progress_bar)
-    return run_summary(run, status, tokens, time.perf_counter() - t0)
+    status, reason, tokens = training_loop(run, start, log, progress_bar)
+    summary = run_summary(run, f"{status}: {reason}" if reason else status, tokens, time.perf_counter() - t0)
+    record_outcome(run.run_dir, status, reason, summary["final_step"])
+    return summary
 
 
 def setup_run(
-    cfg: RungConfig, train_ids: np.ndarray, val_ids: np.ndarray, run_dir: Path, corpus_sha256: str, device: str
-) -> tuple[Run, dict | None]:
-    """The freshly initialised run, and the resume info of a matching earlier run (stale ones are wiped)."""
+    cfg: RungConfig, train_ids: np.ndarray, val_ids: np.ndarray, run_dir: Path, corpus_sha256: str, device: str,
+    log=print,
+) -> tuple[Run, int]:
+    """The freshly initialised run and the last step already done (see topometrics.run_dir).
+
+    The device and the corpus are checked before the run directory is touched.
+    """
     r = cfg.recipe
     dev = pick_device(device)
+    check_split_sizes("the prepared corpus (data.corpus)", int(train_ids.size), int(val_ids.size), cfg.model.context)
     fingerprint = recipe_fingerprint(cfg, corpus_sha256)
-    resume_info = prepare_run_dir(run_dir, fingerprint)
+    claim_run_dir(run_dir, cfg.name, fingerprint, log)
+    start = resume_step(run_dir, cfg.name, r.steps, r.ckpt_every, fingerprint, log)
     model = GPT(cfg.model)
     model.init_weights(torch.Generator().manual_seed(r.seed))
     model.to(dev).train()
@@ -278,34 +271,36 @@ def setup_run(
     data_gen = torch.Generator().manual_seed(r.seed + 1)
     run = Run(cfg, run_dir, fingerprint, dev, model, make_optimizer(model, r), torch.from_numpy(train_ids), data_gen,
               val_x.to(dev), val_y.to(dev))  # fmt: skip
-    return run, resume_info
+    return run, start
 
 
-def resume_run(run: Run, resume_info: dict | None, log) -> int:
-    """Load the resume state (or write the step-0 checkpoint of a new run); returns the last step done.
+def resume_run(run: Run, start: int, log) -> None:
+    """Load the resume state at ``start`` (or write the step-0 checkpoint of a new run).
 
-    Resume points are checkpoints; the per-step log keeps only the rows up to that step.
+    Resume points are checkpoints; the per-step log keeps only the rows up to that step. A
+    complete run needs no state: its checkpoints were verified.
     """
-    r, start = run.cfg.recipe, 0
-    if resume_info is not None:
-        start = load_resume(run.run_dir, run.model, run.opt, run.data_gen)["step"]
+    r = run.cfg.recipe
+    if start == r.steps:
+        log(f"[{run.cfg.name}] complete: all {r.steps // r.ckpt_every + 1} checkpoints whole ({run.run_dir})")
+    elif start > 0:
+        load_resume(run.run_dir, run.model, run.opt, run.data_gen)
         log(f"[{run.cfg.name}] resuming from step {start} ({run.run_dir})")
-    _truncate_steps_log(run.run_dir / "steps.csv", start)
+    truncate_steps_log(run.run_dir / "steps.csv", start)
     if start == 0:
         probe = torch.Generator().manual_seed(r.seed + 1)  # the first batch, without advancing the sampler
         x0, y0 = (t.to(run.device) for t in sample_batch(run.data, r.batch_size, run.cfg.model.context, probe))
         with torch.no_grad():
             run.checkpoint(0, run.model.loss(x0, y0).item())
-    return start
 
 
-def training_loop(run: Run, start: int, log, progress_bar: bool | None = None) -> tuple[str, int]:
-    """Steps ``start + 1 .. steps`` with a checkpoint every ``ckpt_every``; returns (status, tokens trained).
+def training_loop(run: Run, start: int, log, progress_bar: bool | None = None) -> tuple[str, str, int]:
+    """Steps ``start + 1 .. steps`` with a checkpoint every ``ckpt_every``; returns (status, reason, tokens).
 
-    A non-finite loss stops before its update: status ``diverged: ...``, earlier checkpoints kept.
+    A non-finite loss stops before its update: status ``diverged`` with the reason, earlier checkpoints kept.
     """
     r, model, opt, schedule = run.cfg.recipe, run.model, run.opt, run.cfg.recipe.schedule
-    status, tokens, loss_sum, t0 = "complete", 0, 0.0, time.perf_counter()  # loss_sum restarts at checkpoints
+    status, reason, tokens, loss_sum, t0 = "complete", "", 0, 0.0, time.perf_counter()  # loss_sum: per checkpoint
     disable = None if progress_bar is None else not progress_bar  # None: a bar only on a terminal
     bar = tqdm(total=r.steps, initial=start, desc=run.cfg.name, unit="step", disable=disable, file=sys.stderr)
     with (run.run_dir / "steps.csv").open("a") as steps_file:
@@ -317,7 +312,7 @@ def training_loop(run: Run, start: int, log, progress_bar: bool | None = None) -
             loss_value, grad_norm = forward_backward(model, opt, x, y, r.grad_clip)
             if not math.isfinite(loss_value):
                 kept = (step - 1) - (step - 1) % r.ckpt_every
-                status = f"diverged: loss is {loss_value} at step {step}; kept checkpoints up to step {kept}"
+                status, reason = "diverged", f"loss is {loss_value} at step {step}; kept checkpoints up to step {kept}"
                 break
             opt.step()
             loss_sum += loss_value
@@ -334,7 +329,7 @@ def training_loop(run: Run, start: int, log, progress_bar: bool | None = None) -
                     log(f"[{run.cfg.name}] step {step}/{r.steps} {losses} {rate:,.0f} tok/s")
             bar.update(1)
     bar.close()
-    return status, tokens
+    return status, reason, tokens
 
 
 def run_summary(run: Run, status: str, tokens: int, elapsed: float) -> dict:
@@ -360,6 +355,17 @@ def write_checkpoint_table(run_dir: Path, path: Path) -> None:
     """A CSV (step, val_loss, train_loss) from the sidecars, for plots and the warehouse."""
     rows = [f"{c.step},{c.meta['val_loss']:.6f},{c.meta['train_loss']:.6f}\n" for c in list_checkpoints(run_dir)]
     write_text(path, "step,val_loss,train_loss\n" + "".join(rows))
+
+
+def load_rung_config(path: Path) -> RungConfig:
+    """A run's config file as written by the config stage."""
+    try:
+        return RungConfig.from_dict(json.loads(Path(path).read_text()))
+    except FileNotFoundError as err:
+        raise ParamsError(f"{path} not found; run `dvc repro config` first") from err
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        why = f"{type(err).__name__}: {err}"
+        raise ParamsError(f"{path} is not a run config ({why}); regenerate it: dvc repro config") from err
 
 
 def build_rung_config(params, rung: str, seed: int, variant: str = BASE_VARIANT) -> RungConfig:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -22,9 +23,11 @@ from pathlib import Path
 
 import duckdb
 import pandas as pd
+import psutil
 
 import topometrics
 from topometrics.atomic import replacing
+from topometrics.errors import TopometricsError
 from topometrics.params import BASE_VARIANT, ViewSettings
 from topometrics.shards import split_by_params
 
@@ -36,7 +39,7 @@ ANALYSIS_TABLES = ("predictions", "fits", "tests", "incremental_validity", "incr
 _OPTIONAL_COLUMNS = {"features": {"reason": "VARCHAR"}, "checkpoints": {"reason": "VARCHAR"}}
 
 
-class WarehouseError(ValueError):
+class WarehouseError(TopometricsError, ValueError):
     """An input that cannot go into the warehouse; the message names the file and the fix."""
 
 
@@ -174,6 +177,7 @@ def build_warehouse(path: Path, inputs: Inputs, settings: ViewSettings, meta: Ma
     removes temporaries whose process is gone. The previous ``path`` is untouched until the rename.
     """
     path = Path(path)
+    check_no_writer(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -185,9 +189,73 @@ def build_warehouse(path: Path, inputs: Inputs, settings: ViewSettings, meta: Ma
                 con.execute("CHECKPOINT")
             finally:
                 con.close()
+            # A write-ahead log left by a killed writer of the old file must not be replayed on the new one.
+            Path(f"{path}.wal").unlink(missing_ok=True)
     finally:
         Path(f"{tmp}.wal").unlink(missing_ok=True)
     return path
+
+
+def check_no_writer(path: Path) -> None:
+    """Refuse to replace a warehouse another process holds open for writing, naming that process.
+
+    Such a process would keep writing to the replaced file and leave a write-ahead log that the
+    next reader replays onto the new one. DuckDB's own lock says who holds it.
+    """
+    path = Path(path)
+    if not path.exists():
+        return
+    try:
+        duckdb.connect(str(path), read_only=True).close()
+    except duckdb.IOException as err:
+        if "lock" not in str(err).lower():
+            return  # unreadable for another reason: the build replaces it
+        raise WarehouseError(
+            f"{path} is open for writing by {_holder(str(err), path)}; close that connection (read with "
+            f"duckdb.connect(..., read_only=True) or `duckdb -readonly`) and re-run"
+        ) from err
+    except duckdb.Error:
+        return
+
+
+def connect_read_only(path: Path) -> duckdb.DuckDBPyConnection:
+    """Open the warehouse read-only, with a one-line error when it is missing or held by a writer."""
+    path = Path(path)
+    if not path.exists():
+        raise WarehouseError(f"{path} not found; build it with `dvc repro warehouse`")
+    try:
+        return duckdb.connect(str(path), read_only=True)
+    except duckdb.IOException as err:
+        if "lock" not in str(err).lower():
+            why = str(err).splitlines()[0]
+            raise WarehouseError(f"{path} cannot be opened ({why}); rebuild it with `dvc repro`") from err
+        raise WarehouseError(
+            f"{path} is open for writing by {_holder(str(err), path)}; close that connection and re-run"
+        ) from err
+
+
+def _holder(message: str, path: Path) -> str:
+    """'PID 123 (python3 -c ...)' from DuckDB's lock message, or any process with the file open."""
+    match = re.search(r"PID (\d+)", message)
+    pids = [int(match.group(1))] if match else []
+    if not pids:
+        target = os.path.realpath(path)
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if any(f.path == target for f in proc.open_files()):
+                    pids.append(proc.pid)
+            except (psutil.Error, OSError):
+                continue
+    if not pids:
+        return "another process (not found; is the file on a network drive?)"
+    described = []
+    for pid in pids:
+        try:
+            cmd = " ".join(psutil.Process(pid).cmdline())[:80]
+        except psutil.Error:
+            cmd = "?"
+        described.append(f"PID {pid} ({cmd})")
+    return ", ".join(described)
 
 
 def remove_stale_temporaries(path: Path) -> list[Path]:
@@ -225,6 +293,7 @@ def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str |
     run = {"rung": rung, "variant": variant, "seed": seed, "kind": "ladder"}
     run |= {"config_json": json.dumps(cfg, sort_keys=True), "code_version": code} | _corpus_columns(corpus)
     run |= {k: recipe.get(k) for k in ("steps", "ckpt_every", "lr", "warmup", "min_lr_ratio")}
+    run |= _run_status(Path(run_dir) / "run.json")
     _insert(con, "runs", pd.DataFrame([run]))
     shape = {k: model.get(k) for k in ("vocab_size", "context", "hidden", "layers", "heads")}
     if not con.execute("SELECT 1 FROM rungs WHERE rung = ?", [rung]).fetchall():
@@ -240,6 +309,17 @@ def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str |
             raise WarehouseError(f"{csv} lacks columns {sorted(absent)}; expected step,{','.join(columns)}")
         _insert(con, table, frame[["step", *columns]].assign(rung=rung, variant=variant, seed=seed), source=csv)
     return variant
+
+
+def _run_status(path: Path) -> dict:
+    """``status`` and ``status_reason`` from the train stage's ``run.json`` (NULL when absent)."""
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"status": None, "status_reason": None}
+    except json.JSONDecodeError as err:
+        raise WarehouseError(f"{path} is not valid JSON ({err}); re-run its train stage (dvc repro)") from err
+    return {"status": record.get("status"), "status_reason": record.get("reason") or None}
 
 
 def load_parquet(con, table: str, files: list[Path], constants: Mapping[str, str] | None = None) -> None:

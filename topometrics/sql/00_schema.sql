@@ -34,6 +34,9 @@ CREATE TABLE runs (
     corpus_fallback BOOLEAN,
     corpus_reason VARCHAR,
     code_version VARCHAR,
+    status VARCHAR,                    -- how a ladder run ended: 'complete' or 'diverged' (data/runs/<run>/run.json);
+                                       -- diverged runs are excluded from fits and predictions, with this reason
+    status_reason VARCHAR,             -- e.g. 'loss is nan at step 1234; kept checkpoints up to step 1200'
     PRIMARY KEY (rung, variant, seed)
 );
 

@@ -1,0 +1,53 @@
+"""The project's errors, and the one wrapper every stage script runs its ``main`` in.
+
+A user mistake (a wrong param, a corpus too small, a damaged checkpoint, a held warehouse file)
+raises a :class:`TopometricsError` whose message says what is wrong, which key or file, and the
+fix. :func:`run_stage` prints it as one line, ``error: <message>``, and exits with status 1. Any
+other exception is a bug in this code and keeps its traceback. ``TOPOMETRICS_TRACEBACK=1`` shows
+the traceback of a user mistake too (for reporting a message that does not help).
+
+The shared command line of ``stages/*.py``: ``main(argv)`` parses its arguments with
+:func:`stage_parser` (the script's docstring as help, ``--params`` defaulting to params.yaml)
+and the script ends with ``run_stage(main)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+TRACEBACK_ENV = "TOPOMETRICS_TRACEBACK"
+
+
+class TopometricsError(Exception):
+    """A mistake the user can fix; the message names what is wrong, the key or file, and the fix."""
+
+
+def stage_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The argument parser of a stage script: its docstring as help, and ``--params``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default params.yaml)")
+    return parser
+
+
+def one_line(err: BaseException) -> str:
+    """``error: <message>`` on one line (a multi-line message is joined with ' | ')."""
+    text = " | ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    return f"error: {text or type(err).__name__}"
+
+
+def run_stage(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None = None) -> None:
+    """Run a stage's ``main(argv)``; a :class:`TopometricsError` becomes one line on stderr and exit 1."""
+    try:
+        main(sys.argv[1:] if argv is None else list(argv))
+    except TopometricsError as err:
+        if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+            raise
+        print(one_line(err), file=sys.stderr, flush=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr, flush=True)
+        sys.exit(130)
