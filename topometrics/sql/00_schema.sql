@@ -88,7 +88,7 @@ CREATE TABLE predictions (
     rung VARCHAR NOT NULL, variant VARCHAR NOT NULL DEFAULT 'base', seed INTEGER NOT NULL,
     predicted DOUBLE,                  -- NULL when status = 'failed'
     actual DOUBLE,                     -- final-checkpoint validation loss
-    status VARCHAR NOT NULL,           -- 'ok' or 'failed'
+    status VARCHAR NOT NULL,           -- 'ok', 'failed', or 'excluded' (a diverged run: see runs.status)
     reason VARCHAR,                    -- why it failed
     trained_on VARCHAR                 -- learned methods: the rung:seed pairs the model was fitted on
 );
