@@ -93,7 +93,8 @@ def test_a_kill_between_resume_weights_and_their_step_cannot_pair_them_wrongly(t
     torch.set_num_threads(1)
     train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     info = resume_info(tmp_path)
-    assert info == {"step": 20, "rung": "t", "seed": 7, "recipe_fingerprint": info["recipe_fingerprint"]}
+    fingerprint = info["recipe_fingerprint"]
+    assert info == {"step": 20, "rung": "t", "variant": "base", "seed": 7, "recipe_fingerprint": fingerprint}
     assert info["recipe_fingerprint"] == list_checkpoints(tmp_path)[-1].meta["recipe_fingerprint"]
     assert not (tmp_path / "resume.json").exists()
 
