@@ -55,11 +55,12 @@ def largest_linear_bytes() -> int:
 
 def weight_shard(path: str) -> dict:
     """The weight-feature tables of one checkpoint file, streamed (the job each worker runs)."""
-    from topometrics.features import diagrams_frame, features_frame
+    from topometrics.features import diagrams_frame, features_frame, linear_and_forward_features
     from topometrics.params import FeaturesParams
-    from topometrics.series import open_weights, streamed_weight_features
+    from topometrics.series import open_weights, streamed_linear_weights
 
-    result = streamed_weight_features(*open_weights((Path(path),)), FeaturesParams())
+    loaders, global_max = streamed_linear_weights(*open_weights((Path(path),)))
+    result = linear_and_forward_features(loaders, global_max, None, FeaturesParams())
     step = int(Path(path).stem.removeprefix("step"))
     return {
         "features": features_frame(result, "pythia-70m", 0, step),

@@ -1,0 +1,31 @@
+"""The scale benchmark's job: streamed weight features of a Pythia-shaped file equal the in-memory ones."""
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from topometrics.bench.scale import pythia_70m_shapes, weight_shard
+from topometrics.bench.series import write_random_safetensors
+from topometrics.features import weight_features
+from topometrics.params import FeaturesParams
+
+
+def test_weight_shard_equals_weight_features_of_the_loaded_layers(tmp_path, monkeypatch):
+    import topometrics.bench.scale as scale
+
+    monkeypatch.setitem(scale.PYTHIA_70M, "hidden", 16)  # the 70M layout at a test's size
+    monkeypatch.setitem(scale.PYTHIA_70M, "intermediate", 64)
+    monkeypatch.setitem(scale.PYTHIA_70M, "vocab", 50)
+    path = tmp_path / "step3000.safetensors"
+    write_random_safetensors(path, pythia_70m_shapes(), "float16", seed=3)
+    tables = weight_shard(str(path))
+    state = load_file(str(path))
+    parts = ("attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")
+    weights = {f"{i}.{p}": state[f"gpt_neox.layers.{i}.{p}.weight"].astype(np.float32) for i in range(6) for p in parts}
+    expected = weight_features(weights, FeaturesParams())
+    got = tables["features"]
+    assert set(got["step"]) == {3000} and set(got["rung"]) == {"pythia-70m"}
+    mine = got[got["layer"] == "all"].set_index("feature")["value"]
+    theirs = {name: value for layer, name, value, _ in expected.rows if layer == "all"}
+    assert set(theirs) <= set(mine.index)
+    for name, value in theirs.items():
+        assert mine[name] == value or (np.isnan(mine[name]) and np.isnan(value)), name
