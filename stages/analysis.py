@@ -4,7 +4,8 @@ reports/metrics.json.
 Runs before the warehouse stage (one writer per artifact): it loads the same inputs into an
 in-memory DuckDB with the warehouse's own loader and SQL views, computes what SQL cannot
 (topometrics.analysis), and writes the `predictions`, `fits` and `tests` tables as Parquet for the
-warehouse stage to load, plus the metrics that `dvc metrics diff` compares.
+warehouse stage to load, plus the metrics that `dvc metrics diff` compares. The between-run verdict
+(`incremental_validity`, `incremental_errors`) is computed over every declared run, all variants.
 """
 
 from pathlib import Path
@@ -30,17 +31,19 @@ def main(argv: list[str]) -> None:
     declared = load_params(args.params)
     params = declared.analysis
 
-    runs = declared.run_names(params.variant)  # the paper's analysis is of one recipe variant at a time
     digest = params_digest(declared.features)  # only shards of these feature params are read
-    inputs = warehouse.discover_inputs(
-        args.configs, args.runs, args.corpus, args.features, runs=runs, feature_params=digest
-    )
-    for line in inputs.not_read:
-        print(f"analysis: {line}")
-    inputs = warehouse.Inputs(**(inputs.__dict__ | {"diagram_files": []}))  # the analysis never reads diagrams
-    con = duckdb.connect()
-    warehouse.populate(con, inputs, params.settings(), {})
-    tables = analysis.run_analysis(con, params)
+    cons = {}
+    for scope, runs in (("all", declared.run_names()), ("variant", declared.run_names(params.variant))):
+        inputs = warehouse.discover_inputs(
+            args.configs, args.runs, args.corpus, args.features, runs=runs, feature_params=digest
+        )
+        for line in inputs.not_read if scope == "variant" else []:
+            print(f"analysis: {line}")
+        inputs = warehouse.Inputs(**(inputs.__dict__ | {"diagram_files": []}))  # the analysis never reads diagrams
+        cons[scope] = duckdb.connect()
+        warehouse.populate(cons[scope], inputs, params.settings(), {})
+    con = cons["variant"]  # the paper's analysis is of one recipe variant at a time
+    tables = analysis.run_analysis(con, params) | analysis.between_run_tables(cons["all"], params)
 
     args.out.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():

@@ -51,7 +51,7 @@ def con(pipeline):
 
 def test_every_method_predicts_every_rung_at_every_fraction(con):
     p = con.execute("SELECT * FROM predictions").df()
-    methods = {"loss_power_law", "schedule_aware", *LEARNED}
+    methods = {"loss_power_law", "schedule_aware", "lr_annealing", *LEARNED}
     assert set(p["method"]) == methods
     assert len(p) == len(methods) * 3 * len(RUNGS)  # one seed: leave-one-rung-out only
     assert (p["status"] == "ok").all(), p.loc[p["status"] != "ok", "reason"].tolist()
@@ -70,9 +70,11 @@ def test_learned_models_never_train_on_the_held_out_rung(con):
 
 def test_loss_curve_fits_are_recorded_with_their_parameters(con):
     fits = con.execute("SELECT * FROM fits WHERE kind = 'loss_curve'").df()
-    assert len(fits) == 2 * 3 * len(RUNGS)
+    assert len(fits) == 3 * 3 * len(RUNGS)
     mpl = json.loads(fits.loc[fits["target"] == "schedule_aware", "params_json"].iloc[0])
     assert set(mpl) == {"L0", "A", "alpha", "B", "C", "beta", "gamma"}
+    lra = json.loads(fits.loc[fits["target"] == "lr_annealing", "params_json"].iloc[0])
+    assert set(lra) == {"L0", "A", "alpha", "C", "lambda"}
 
 
 def test_spearman_tests_agree_with_the_view_and_carry_bonferroni(con):
@@ -157,7 +159,7 @@ def test_several_seeds_get_leave_one_seed_out_and_across_seed_cis(tmp_path):
     for seed, trained in by_seed[["seed", "trained_on"]].itertuples(index=False):
         assert str(seed) not in {label.split(":")[1] for label in trained.split(",")}
     kinds = tables["tests"].groupby("kind").size()
-    assert kinds["spearman_across_seeds"] > 0 and kinds["mae_across_seeds"] == len(LEARNED) * 2 + 2
+    assert kinds["spearman_across_seeds"] > 0 and kinds["mae_across_seeds"] == len(LEARNED) * 2 + 3
     across = tables["tests"].query("kind == 'spearman_across_seeds' and feature == 'vr_tp0' and layer == 'all'")
     assert (across["n"] == 2).all() and (across["ci_low"] <= across["estimate"]).all()
 
@@ -227,3 +229,26 @@ def test_a_diverged_run_is_data_left_out_of_fits_and_predictions_with_its_reason
         con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _{name}")
     metrics = analysis.build_metrics(con, params)
     assert "large" not in metrics["rungs"] and metrics["diverged"] == {"large-42": reason}
+
+
+def test_partial_spearman_rows_and_view(con):
+    view = con.execute("SELECT * FROM partial_spearman WHERE rung = 'xl' AND layer = 'all'").df()
+    assert set(view["control"]) == {"w_fro", "step"}
+    assert not ((view["control"] == "w_fro") & (view["feature"] == "w_fro")).any()
+    # w_fro's 'all' row is the norm of the layers' w_fro: vr_tp0 still tracks the loss beyond it (it is built from it)
+    row = view[(view["feature"] == "vr_tp0") & (view["control"] == "w_fro")].iloc[0]
+    assert row["raw_rho"] < -0.9 and np.isfinite(row["partial_rho"]) and row["ci_low"] <= row["partial_rho"]
+    assert (view["partial_rho"].notna() | view["reason"].notna()).all()
+
+
+def test_verdict_on_one_seed_names_every_skip(con):
+    verdict = con.execute("SELECT * FROM topology_verdict").df()
+    assert set(verdict["cv"]) == {"seed", "variant", "rung"}
+    seed = verdict[verdict["cv"] == "seed"]["verdict"]
+    assert (seed == "skipped: leave-one-seed-out needs at least 3 seeds, got 1").all()
+    variant = verdict[verdict["cv"] == "variant"]["verdict"]
+    assert (variant == "skipped: leave-one-variant-out needs at least 3 variants, got 1").all()
+    rung = verdict[verdict["cv"] == "rung"].set_index(["fraction", "family"])
+    assert rung.loc[(0.5, "weights_vr"), "n"] == len(RUNGS)  # vr_tp0, vr_tp1 are in the synthetic features
+    assert rung.loc[(0.5, "scale_free"), "verdict"].startswith("skipped: family scale_free has no usable values")
+    assert verdict["verdict"].notna().all()

@@ -43,7 +43,7 @@ def test_unit_row_h0_is_the_mst_of_chord_distances():
     chord = np.sqrt(np.clip(2 - 2 * cos, 0, None))
     np.fill_diagonal(chord, 0)
     mst = minimum_spanning_tree(chord).data
-    f = S.scale_free_features(w, 200, 0, [0, 0], 2)
+    f = S.scale_free_features(w, 200, 0, [0, 0], 2, 64)
     assert f["vr_unit_tp0"] == pytest.approx(mst.sum(), abs=1e-9)
     assert np.all(mst <= 2 + 1e-12)  # chords of unit vectors
 
@@ -51,7 +51,7 @@ def test_unit_row_h0_is_the_mst_of_chord_distances():
 def test_fnorm_diagrams_are_the_plain_diagrams_divided_by_the_norm():
     w = trained_like((30, 10), 1)
     plain = vietoris_rips_diagrams(w)
-    f = S.scale_free_features(w, 200, 0, [0, 0], 2)
+    f = S.scale_free_features(w, 200, 0, [0, 0], 2, 64)
     norm = np.linalg.norm(w)
     finite = plain[0][np.isfinite(plain[0][:, 1])]
     assert f["vr_fnorm_tp0"] == pytest.approx(finite[:, 1].sum() / norm, rel=1e-12)
@@ -88,9 +88,9 @@ def test_np_z_by_hand():
 @pytest.mark.parametrize("c", [1e-3, 0.37, 1.0, 7.0, 1e4])
 def test_scaling_and_row_permutation_leave_every_scale_free_feature_unchanged(c):
     w = trained_like((48, 16), 3)
-    base = S.scale_free_features(w, 200, 0, [0, 1], 3)
+    base = S.scale_free_features(w, 200, 0, [0, 1], 3, 32)
     perm = np.random.default_rng(9).permutation(w.shape[0])
-    moved = S.scale_free_features(c * w[perm], 200, 0, [0, 1], 3)
+    moved = S.scale_free_features(c * w[perm], 200, 0, [0, 1], 3, 32)
     assert set(base) == set(S.FEATURES)
     for name in S.FEATURES:
         assert moved[name] == pytest.approx(base[name], abs=1e-9), name
@@ -101,7 +101,7 @@ def test_dead_rows_and_all_zero_layers():
     w[3] = 0
     assert S.unit_rows(w).shape == (9, 6)
     np.testing.assert_allclose(np.linalg.norm(S.unit_rows(w), axis=1), 1.0)
-    zero = S.scale_free_features(np.zeros((5, 4)), 200, 0, [0, 0], 2)
+    zero = S.scale_free_features(np.zeros((5, 4)), 200, 0, [0, 0], 2, 64)
     assert zero["vr_unit_tp0"] == 0 and zero["vr_fnorm_tp0"] == 0
     assert np.isnan(zero["np_excess"]) and np.isnan(zero["np_z"])
 
@@ -112,3 +112,15 @@ def test_aggregate_sums_vr_takes_max_of_maxpers_and_means_np_over_finite_layers(
     out = S.aggregate({"x": a, "y": b})
     assert out["vr_unit_tp0"] == 3.0 and out["vr_unit_maxpers1"] == 0.5
     assert out["np_excess"] == 2.0 and out["np_z"] == 1.5
+
+
+def test_farthest_points_cover_the_cloud_and_ignore_row_order():
+    pts = S.unit_rows(trained_like((100, 8), 5))
+    kept = S.farthest_points(pts, 20)
+    assert kept.shape == (20, 8) and np.array_equal(kept[0], pts[np.argmax(np.linalg.norm(pts - pts.mean(0), axis=1))])
+    cover = np.linalg.norm(pts[:, None] - kept[None], axis=2).min(axis=1).max()
+    last = np.linalg.norm(kept[-1] - kept[:-1], axis=1).min()  # the max-min distance at the last pick
+    assert cover <= last + 1e-12
+    perm = np.random.default_rng(1).permutation(100)
+    assert {tuple(r) for r in S.farthest_points(pts[perm], 20)} == {tuple(r) for r in kept}
+    assert S.farthest_points(pts, 200) is not None and len(S.farthest_points(pts, 200)) == 100

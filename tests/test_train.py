@@ -242,8 +242,12 @@ def test_train_stage_by_hand_with_another_runs_directory_is_refused_in_one_line(
     proc = subprocess.run([*cmd, "--metrics", "m", "--curves", "c"], cwd=reproduced, env=dvc_env(),
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 1
-    assert error_lines(proc.stderr) == proc.stderr.splitlines() == [
-        "error: a-7: data/runs/a-42 holds the checkpoints of run a-42, not a-7; train a-7 into its own "
-        "directory data/runs/a-7 (nothing was changed)"
-    ]
+    assert (
+        error_lines(proc.stderr)
+        == proc.stderr.splitlines()
+        == [
+            "error: a-7: data/runs/a-42 holds the checkpoints of run a-42, not a-7; train a-7 into its own "
+            "directory data/runs/a-7 (nothing was changed)"
+        ]
+    )
     assert snapshot(reproduced / "data/runs") == before

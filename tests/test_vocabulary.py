@@ -16,8 +16,10 @@ from topometrics.vocabulary import (
     DISTANCE,
     FAMILIES,
     GRADIENT,
+    HEAVY_TAIL,
     NP,
     REPRESENTATION,
+    SCALE_FREE,
     SPECTRAL,
     VR,
     kind,
@@ -48,7 +50,8 @@ def test_every_layer_gets_exactly_the_declared_per_layer_features_in_order(two_c
     rows = cur.rows + distance_features(prev, cur, linear_layer_names(CONFIG.layers)).rows
     for layer in linear_layer_names(CONFIG.layers):
         written = [name for row_layer, name, _, _ in rows if row_layer == layer]
-        assert written == [n for family in (NP, VR, SPECTRAL, GRADIENT, DISTANCE) for n in per_layer(family)]
+        order = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, DISTANCE)
+        assert written == [n for family in order for n in per_layer(family)]
 
 
 def test_layer_all_gets_exactly_the_declared_model_level_features(two_checkpoints):

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from topometrics import predict, stats
+from topometrics import partial, predict, stats, verdict
 from topometrics.lr_schedule import Schedule
 from topometrics.params import AnalysisParams, ParamsError
 from topometrics.vocabulary import kind, lookup
@@ -35,13 +35,32 @@ def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
     """
     check_feature_names(params)
     predictions, curve_fits = prediction_table(con, params)
-    tests = pd.concat(
-        [spearman_tests(con, params), topo_vs_spectral_tests(con, params), across_seed_tests(con, predictions)],
-        ignore_index=True,
-    )
+    tests = [spearman_tests(con, params), topo_vs_spectral_tests(con, params), across_seed_tests(con, predictions)]
+    tests.append(_with_bonferroni(partial_tests(con, params), params.alpha))
+    tests = pd.concat([t for t in tests if len(t)], ignore_index=True).reindex(columns=_TEST_COLUMNS)
     fits = pd.concat([scaling_fits(con), curve_fits], ignore_index=True)
     tables = {"predictions": predictions, "fits": fits, "tests": tests}
     return {name: frame.assign(variant=params.variant) for name, frame in tables.items()}
+
+
+def between_run_tables(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
+    """The ``incremental_validity`` and ``incremental_errors`` tables (:mod:`topometrics.verdict`) over every
+    run in ``con``, all recipe variants together (leave-one-variant-out needs them)."""
+    _, _, inputs = _predictions_and_inputs(con, params, learned=False)
+    validity, errors = verdict.incremental_validity(inputs, n_boot=params.bootstrap, seed=params.seed)
+    return {"incremental_validity": validity, "incremental_errors": errors}
+
+
+def partial_tests(con, params: AnalysisParams) -> pd.DataFrame:
+    """Partial Spearman rho of every layer-'all' feature with val_loss given w_fro and given the step, per run."""
+    frame = con.execute(
+        """SELECT f.rung, f.seed, f.step, f.feature, f.layer, f.value, c.val_loss, n.value AS w_fro
+           FROM features f JOIN checkpoints c USING (rung, variant, seed, step)
+           LEFT JOIN features n ON n.rung = f.rung AND n.variant = f.variant AND n.seed = f.seed
+                AND n.step = f.step AND n.layer = 'all' AND n.feature = 'w_fro'
+           WHERE f.layer = 'all' ORDER BY ALL"""
+    ).df()
+    return partial.partial_spearman_tests(frame, params.bootstrap, params.seed).reindex(columns=_TEST_COLUMNS)
 
 
 def check_feature_names(params: AnalysisParams) -> None:
@@ -120,8 +139,11 @@ def scaling_fits(con) -> pd.DataFrame:
            GROUP BY feature, layer, n_params ORDER BY ALL"""
     ).df()
     excluded = diverged_runs(con)
-    note = None if excluded.empty else "excluded diverged runs: " + "; ".join(
-        f"{r.rung}-{r.seed} ({r.status_reason})" for r in excluded.itertuples(index=False)
+    note = (
+        None
+        if excluded.empty
+        else "excluded diverged runs: "
+        + "; ".join(f"{r.rung}-{r.seed} ({r.status_reason})" for r in excluded.itertuples(index=False))
     )
     rows = []
     for (feature, layer), g in final.groupby(["feature", "layer"], sort=True):
@@ -132,11 +154,18 @@ def scaling_fits(con) -> pd.DataFrame:
 
 def prediction_table(con, params: AnalysisParams) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Final-loss predictions of every method at every fraction (Table 5) and the loss-curve fits behind them."""
+    predictions, fits, _ = _predictions_and_inputs(con, params)
+    return predictions, fits
+
+
+def _predictions_and_inputs(con, params: AnalysisParams, learned: bool = True):
+    """:func:`prediction_table` and the per run x fraction inputs of the learned and nested models."""
     runs = con.execute(
-        """SELECT r.rung, r.seed, coalesce(r.steps, f.step) AS steps, coalesce(r.warmup, 0) AS warmup,
+        """SELECT r.rung, r.variant, r.seed, coalesce(r.steps, f.step) AS steps, coalesce(r.warmup, 0) AS warmup,
                   coalesce(r.lr, 1.0) AS lr, coalesce(r.min_lr_ratio, 0.0) AS min_lr_ratio, f.val_loss AS actual,
                   r.status, r.status_reason
-           FROM runs r JOIN final_checkpoints f USING (rung, seed) WHERE r.kind = 'ladder' ORDER BY rung, seed"""
+           FROM runs r JOIN final_checkpoints f USING (rung, variant, seed) WHERE r.kind = 'ladder'
+           ORDER BY rung, variant, seed"""
     ).df()
     series = _run_series(con, params)
     predictions, fits, inputs = [], [], []
@@ -152,9 +181,10 @@ def prediction_table(con, params: AnalysisParams) -> tuple[pd.DataFrame, pd.Data
             predictions += rows
             fits += fit_rows
             inputs.append(features)
-    learned = _learned_predictions(pd.DataFrame(inputs), params) if inputs else []
+    inputs = pd.DataFrame(inputs, columns=None if inputs else ["rung", "variant", "seed", "fraction", "n_seen"])
+    rows = _learned_predictions(inputs, params) if learned and len(inputs) else []
     columns = ["method", "cv", "fraction", "rung", "seed", "predicted", "actual", "status", "reason", "trained_on"]
-    return pd.DataFrame(predictions + learned, columns=columns), pd.DataFrame(fits, columns=_FIT_COLUMNS)
+    return pd.DataFrame(predictions + rows, columns=columns), pd.DataFrame(fits, columns=_FIT_COLUMNS), inputs
 
 
 def build_metrics(con, params: AnalysisParams) -> dict:
@@ -254,27 +284,28 @@ def _fit_row(kind, target, fit: stats.Fit, *, layer=None, rung=None, seed=None, 
 
 
 def _run_series(con, params: AnalysisParams) -> dict[tuple, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """Per (rung, seed): name -> (steps, values) of val_loss, np, grad_norm, weight_norm and the topology features."""
-    names = ", ".join(f"'{f}'" for f in params.topology_features)
+    """Per (rung, variant, seed): name -> (steps, values) of val_loss, np, grad_norm, weight_norm, topology features."""
+    wanted = dict.fromkeys([*params.topology_features, *(f for fam in verdict.FAMILIES.values() for f in fam)])
+    names = ", ".join(f"'{f}'" for f in wanted)
     frames = {
-        "val_loss": "SELECT rung, seed, step, val_loss AS value FROM checkpoints",
-        "np": "SELECT rung, seed, step, np AS value FROM np_series",
-        "grad_norm": "SELECT rung, seed, step, grad_norm AS value FROM steps",
+        "val_loss": "SELECT rung, variant, seed, step, val_loss AS value FROM checkpoints",
+        "np": "SELECT rung, variant, seed, step, np AS value FROM np_series",
+        "grad_norm": "SELECT rung, variant, seed, step, grad_norm AS value FROM steps",
         # weight norm of the whole network: the layer-'all' row, else the 2-norm over layers
-        "weight_norm": f"""SELECT rung, seed, step, coalesce(max(value) FILTER (WHERE layer = 'all'),
+        "weight_norm": f"""SELECT rung, variant, seed, step, coalesce(max(value) FILTER (WHERE layer = 'all'),
                                sqrt(sum(value * value) FILTER (WHERE layer <> 'all'))) AS value
                         FROM features WHERE feature = '{_present(con, params.weight_norm_features)}'
-                        GROUP BY rung, seed, step""",
-        "topology": f"""SELECT rung, seed, step, feature, value FROM features
+                        GROUP BY rung, variant, seed, step""",
+        "topology": f"""SELECT rung, variant, seed, step, feature, value FROM features
                         WHERE layer = 'all' AND feature IN ({names or "NULL"})""",
     }
     out: dict[tuple, dict] = {}
     for name, sql in frames.items():
         df = con.execute(sql + " ORDER BY ALL").df()
-        key_cols = ["rung", "seed", "feature"] if name == "topology" else ["rung", "seed"]
+        key_cols = ["rung", "variant", "seed", "feature"] if name == "topology" else ["rung", "variant", "seed"]
         for key, g in df.groupby(key_cols, sort=True):
-            series_name = key[2] if name == "topology" else name
-            out.setdefault(key[:2], {})[series_name] = (g["step"].to_numpy(float), g["value"].to_numpy(float))
+            series_name = key[3] if name == "topology" else name
+            out.setdefault(key[:3], {})[series_name] = (g["step"].to_numpy(float), g["value"].to_numpy(float))
     return out
 
 
@@ -294,7 +325,7 @@ def _excluded_rows(run, params: AnalysisParams) -> tuple[list[dict], list[dict]]
     base |= {"status": "excluded", "reason": reason, "trained_on": None}
     predictions, fits = [], []
     for fraction in params.fractions:
-        for method in (LOSS_ONLY, "schedule_aware"):
+        for method in (LOSS_ONLY, "schedule_aware", "lr_annealing"):
             predictions.append(base | {"method": method, "cv": "none", "fraction": fraction})
             fit = {"kind": "loss_curve", "target": method, "rung": run.rung, "seed": run.seed, "fraction": fraction}
             fits.append(fit | {"status": "excluded", "reason": reason})
@@ -305,21 +336,25 @@ def _excluded_rows(run, params: AnalysisParams) -> tuple[list[dict], list[dict]]
 
 def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict):
     """Loss-curve predictions for one run and fraction, their fit rows, and the learned models' inputs."""
-    run_values = series.get((run.rung, run.seed), {})
+    run_values = series.get((run.rung, run.variant, run.seed), {})
     cutoff = fraction * schedule.steps
     t, loss = run_values.get("val_loss", (np.array([]), np.array([])))
     seen = predict.observed(t, cutoff)
     base = {"fraction": fraction, "rung": run.rung, "seed": run.seed, "actual": run.actual}
     pl_fit, pl_pred = predict.fit_loss_power_law(t[seen], loss[seen], schedule.steps, schedule.warmup)
     mpl_fit, mpl_pred = predict.fit_multi_power_law(t[seen], loss[seen], schedule)
+    lra_fit, lra_pred = predict.fit_lr_annealing(t[seen], loss[seen], schedule)
+    laws = ((LOSS_ONLY, pl_fit, pl_pred), ("schedule_aware", mpl_fit, mpl_pred), ("lr_annealing", lra_fit, lra_pred))
     rows, fits = [], []
-    for method, fit, value in ((LOSS_ONLY, pl_fit, pl_pred), ("schedule_aware", mpl_fit, mpl_pred)):
+    for method, fit, value in laws:
         rows.append(
             base | {"method": method, "cv": "none", "predicted": value, "status": fit.status, "reason": fit.reason}
         )
         fits.append(_fit_row("loss_curve", method, fit, rung=run.rung, seed=run.seed, fraction=fraction))
     anchor = float(loss[seen][np.argmax(t[seen])]) if seen.any() else np.nan
-    features = base | {"anchor": anchor, "loss_drop": (pl_pred if pl_pred is not None else np.nan) - anchor}
+    features = base | {"variant": run.variant, "anchor": anchor, "n_seen": int(seen.sum())}
+    for name, value in (("loss_drop", pl_pred), ("mpl_drop", mpl_pred), ("tissue_drop", lra_pred)):
+        features[name] = (value if value is not None else np.nan) - anchor
     for name, (steps, values) in run_values.items():
         if name != "val_loss":
             features[f"{name}_level"], features[f"{name}_rate"] = predict.window_summary(steps, values, cutoff)

@@ -31,6 +31,7 @@ import torch
 
 from topometrics.checkpoints import Checkpoint, CheckpointError, list_checkpoints, load_state, safetensors_problem
 from topometrics.compute import map_jobs
+from topometrics.heavy_tail import AlphaFit, covariance_alpha, fit_tail
 from topometrics.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights
 from topometrics.neural_persistence import neural_persistence, shuffled_neural_persistence
 from topometrics.params import FeaturesParams
@@ -43,6 +44,7 @@ from topometrics.persistence import (
     wasserstein_distance,
 )
 from topometrics.representation import representation_topology
+from topometrics.scale_free import scale_free_features
 from topometrics.spectral import covariance_spectrum, weight_spectrum
 from topometrics.tokens import load_tokens
 from topometrics.vocabulary import (
@@ -50,6 +52,7 @@ from topometrics.vocabulary import (
     DISTANCE,
     FAMILIES,
     GRADIENT,
+    HEAVY_TAIL,
     REPRESENTATION,
     SPECTRAL,
     VR,
@@ -128,12 +131,17 @@ def linear_and_forward_features(
         ``('weights', layer)``; then gradient norms, the batch loss and the representation.
     """
     out = CheckpointFeatures()
-    per_layer_values = {}
+    per_layer_values, alpha_reasons = {}, []
     for i, (name, load) in enumerate(weights.items()):
-        values, out.diagrams[("weights", name)] = layer_features(load(), global_max, params, i)
-        per_layer_values[name] = values
+        values, out.diagrams[("weights", name)], alpha = layer_features(load(), global_max, params, i)
+        per_layer_values[name] = values | {"w_alpha": alpha.alpha}
         out.add(name, values)
-    out.add(ALL, aggregate_layers(per_layer_values))
+        out.add(name, {"w_alpha": alpha.alpha}, alpha.reason)  # NULL with its own reason on narrow layers
+        alpha_reasons.append(alpha.reason)
+    aggregates = aggregate_layers(per_layer_values)
+    alpha = aggregates.pop("w_alpha")
+    out.add(ALL, aggregates)
+    out.add(ALL, {"w_alpha": alpha}, None if np.isfinite(alpha) else f"no layer fitted: {alpha_reasons[0]}")
     if forward is not None:
         out.extend(forward_features(forward, list(weights), params))
     return out
@@ -141,23 +149,29 @@ def linear_and_forward_features(
 
 def layer_features(
     weight: np.ndarray, global_max: float, params: FeaturesParams, index: int
-) -> tuple[dict[str, float], list[np.ndarray]]:
-    """NP, shuffled NP, Vietoris-Rips of rows and spectral baselines of the ``index``-th linear layer.
+) -> tuple[dict[str, float], list[np.ndarray], AlphaFit]:
+    """NP, shuffled NP, Vietoris-Rips of rows, spectral baselines and the scale-free set of the
+    ``index``-th linear layer, and its heavy-tail fit.
 
     Vietoris-Rips uses at most ``params.max_points`` rows (``default_rng(params.seed)``); the
-    shuffled null of layer ``index`` uses ``default_rng([params.seed, index])``. Returns the values
-    and the layer's ``[H0, H1]`` diagrams.
+    shuffled nulls of layer ``index`` use ``default_rng([params.seed, index, ...])``. Returns the
+    values, the layer's ``[H0, H1]`` diagrams and the ``w_alpha`` fit (NaN with a reason when the
+    layer has too few eigenvalues).
     """
     np_value = neural_persistence(weight, global_max)
     dgms = vietoris_rips_diagrams(subsample_rows(weight, params.max_points, params.seed))
+    singular = np.linalg.svd(np.asarray(weight, dtype=np.float64), compute_uv=False)
     values = {
         "np_norm": np_value.np_norm,
         "np_sum": np_value.np_sum,
         "np_shuffled_norm": shuffled_neural_persistence(weight, global_max, [params.seed, index]).np_norm,
         **named(VR, diagram_summary(dgms)),
-        **named(SPECTRAL, weight_spectrum(weight)),
+        **named(SPECTRAL, weight_spectrum(weight, singular)),
+        **scale_free_features(
+            weight, params.max_points, params.seed, [params.seed, index], params.null_draws, params.unit_points
+        ),
     }
-    return values, dgms
+    return values, dgms, fit_tail(singular**2)
 
 
 def aggregate_layers(per_layer_values: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -183,6 +197,7 @@ def aggregate_layers(per_layer_values: dict[str, dict[str, float]]) -> dict[str,
 
 
 _AGGREGATIONS = {
+    "mean_finite": lambda values: values[np.isfinite(values)].mean() if np.isfinite(values).any() else np.nan,
     "mean_std": np.mean,
     "mean": np.mean,
     "sum": np.sum,
@@ -204,7 +219,8 @@ def forward_features(
     except NoForwardPass as err:
         for name in layers:
             out.add(name, dict.fromkeys(per_layer(GRADIENT), np.nan), str(err))
-        out.add(ALL, dict.fromkeys([*model_level(GRADIENT), *rep_feature_names(params)], np.nan), str(err))
+        names = [*model_level(GRADIENT), *rep_feature_names(params), *model_only(HEAVY_TAIL)]
+        out.add(ALL, dict.fromkeys(names, np.nan), str(err))
         return out
     for name, value in result.grad_norms.items():
         out.add(name, {"grad_norm": value})
@@ -223,12 +239,14 @@ def representation_features(states: np.ndarray, params: FeaturesParams) -> Check
     """
     out = CheckpointFeatures()
     if not np.isfinite(states).all():
-        out.add(ALL, dict.fromkeys(rep_feature_names(params), np.nan), "non-finite hidden states")
+        out.add(ALL, dict.fromkeys((*rep_feature_names(params), "rep_alpha"), np.nan), "non-finite hidden states")
         return out
     topo, dgms = representation_topology(
         states, params.rep_points, params.rep_dim, params.seed, params.significance, params.betti_scales
     )
     out.add(ALL, named(REPRESENTATION, {**topo, **covariance_spectrum(states)}))
+    alpha = covariance_alpha(states)
+    out.add(ALL, {"rep_alpha": alpha.alpha}, alpha.reason)
     out.diagrams[("representation", ALL)] = dgms
     return out
 

@@ -49,11 +49,11 @@ from topometrics.architectures import LinearLayer, module_layers, oriented
 from topometrics.atomic import write_parquet, write_text
 from topometrics.features import FEATURE_COLUMNS, CheckpointFeatures, features_frame, weight_features
 from topometrics.params import FeaturesParams
-from topometrics.vocabulary import ALL, NP, SPECTRAL, VR, model_level, per_layer
+from topometrics.vocabulary import ALL, HEAVY_TAIL, MODEL, NP, SCALE_FREE, SPECTRAL, VR, lookup, model_level, per_layer
 
 SHOWN = ("np_norm", "vr_tp0", "vr_tp1", "w_rankme", "w_fro")  # layer-'all' features on the console line
 LOSS_COLUMNS = ["step", "val_loss", "train_loss"]
-WEIGHT_FAMILIES = (NP, VR, SPECTRAL)  # what weight_features computes
+WEIGHT_FAMILIES = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL)  # what weight_features computes (per layer)
 
 
 class TopologyMonitor:
@@ -290,7 +290,8 @@ def _measure(out_dir: Path, snapshot: dict, params: FeaturesParams, rung: str, s
         result, reason = CheckpointFeatures(), "diverged: non-finite weights in a linear layer"
         for name in weights:
             result.add(name, dict.fromkeys([n for f in WEIGHT_FAMILIES for n in per_layer(f)], np.nan), reason)
-        result.add(ALL, dict.fromkeys([n for f in WEIGHT_FAMILIES for n in model_level(f)], np.nan), reason)
+        aggregates = [n for f in WEIGHT_FAMILIES for n in model_level(f) if lookup(n).aggregate != MODEL]
+        result.add(ALL, dict.fromkeys(aggregates, np.nan), reason)
     write_parquet(Path(out_dir) / f"features-{step:09d}.parquet", features_frame(result, rung, seed, step))
     summary = {feature: value for layer, feature, value, _ in result.rows if layer == ALL}
     return summary | {"_seconds": time.perf_counter() - start}

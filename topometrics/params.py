@@ -131,9 +131,24 @@ class FeaturesParams:
     significance: float = 0.1  # a bar is significant if its persistence exceeds this fraction of the largest
     betti_scales: int = 32  # filtration scales of the Betti curve
     workers: int = 2  # processes over checkpoints
+    null_draws: int = 4  # shuffled-null draws per layer behind np_excess
+    unit_points: int = 64  # unit rows per layer for vr_unit_* (farthest-point subsample)
 
     def check(self) -> None:
-        _positive(self, "features", ("max_points", "rep_points", "rep_dim", "rep_batch", "betti_scales", "workers"))
+        _positive(
+            self,
+            "features",
+            (
+                "max_points",
+                "rep_points",
+                "rep_dim",
+                "rep_batch",
+                "betti_scales",
+                "workers",
+                "null_draws",
+                "unit_points",
+            ),
+        )
         _non_negative(self, "features", ("seed", "significance"))
 
 

@@ -7,7 +7,7 @@ remove the scale first:
 
 * ``vr_unit_*``: Vietoris-Rips H0/H1 of the **row-normalised** rows (each output neuron's
   incoming vector scaled to unit length): the geometry of directions, distances are chords
-  ``sqrt(2 - 2 cos)`` in ``[0, 2]``.
+  ``sqrt(2 - 2 cos)`` in ``[0, 2]``; at most ``unit_points`` rows, by farthest-point sampling.
 * ``vr_fnorm_*``: Vietoris-Rips H0/H1 of the layer divided by its Frobenius norm (the whole
   layer's shape, one scale removed).
 * ``np_excess``: neural persistence minus the mean of a shuffled null over ``draws`` seeded
@@ -21,10 +21,10 @@ remove the scale first:
 Summaries per cloud are :func:`topometrics.persistence.diagram_summary`'s: tp0, tp1, entropy0,
 entropy1, count1, maxpers1 over finite bars. Pure functions over arrays.
 
-Exactly invariant (to float64 rounding) when rows are at most ``max_points`` (no subsample; true
-for every layer of the default ladder): ripser's H1 runs in float32 on the normalised distances,
-so a scaled copy gives the same float32 input. A subsampled layer picks rows by index, so there
-only scaling leaves the features unchanged.
+Invariant (to float64 rounding) to scaling a layer and permuting its rows: ripser's H1 runs in
+float32 on the normalised distances, so a scaled copy gives the same float32 input, and the
+farthest-point subsample depends on values only. ``vr_fnorm`` shares the plain VR's seeded row
+subsample above ``max_points`` rows (by index), so for such layers only scaling is an invariance.
 """
 
 from __future__ import annotations
@@ -47,6 +47,26 @@ def unit_rows(weight: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(w, axis=1)
     keep = norms > 0
     return w[keep] / norms[keep, None]
+
+
+def farthest_points(points: np.ndarray, count: int) -> np.ndarray:
+    """At most ``count`` rows by greedy farthest-point (max-min) sampling, in the order chosen.
+
+    Starts from the row farthest from the centroid and repeatedly adds the row
+    farthest from those chosen: a deterministic subsample that covers the cloud (every dropped row
+    lies within the last chosen distance of a kept one) and depends only on the rows' values, so
+    permuting the rows does not change it. Clouds that fit are returned whole.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    if points.shape[0] <= count:
+        return points
+    centred = points - points.mean(axis=0)
+    chosen = [int(np.argmax(np.einsum("ij,ij->i", centred, centred)))]
+    gap = np.linalg.norm(points - points[chosen[0]], axis=1)
+    for _ in range(count - 1):
+        chosen.append(int(np.argmax(gap)))
+        gap = np.minimum(gap, np.linalg.norm(points - points[chosen[-1]], axis=1))
+    return points[chosen]
 
 
 def fnorm_scaled(weight: np.ndarray) -> np.ndarray:
@@ -93,15 +113,18 @@ def np_zscored(weight: np.ndarray) -> float:
 
 
 def scale_free_features(
-    weight: np.ndarray, max_points: int, row_seed: int, null_seed: list[int], draws: int
+    weight: np.ndarray, max_points: int, row_seed: int, null_seed: list[int], draws: int, unit_points: int
 ) -> dict[str, float]:
     """Every scale-free feature of one layer (:data:`FEATURES`); NaN only for an all-zero or constant layer.
 
-    ``max_points`` and ``row_seed`` pick the VR rows as :func:`topometrics.persistence.subsample_rows`
-    does for the plain VR features (the same rows); ``null_seed`` and ``draws`` drive :func:`np_excess`.
+    ``max_points`` and ``row_seed`` pick the ``vr_fnorm`` rows as :func:`topometrics.persistence.subsample_rows`
+    does for the plain VR features (the same rows). ``vr_unit`` uses at most ``unit_points`` unit rows
+    chosen by :func:`farthest_points`: unit rows of a near-initial layer are almost equidistant, where
+    ripser's H1 costs ~20x more than on the raw rows, so the cloud is kept small. ``null_seed`` and
+    ``draws`` drive :func:`np_excess`.
     """
     rows = subsample_rows(np.asarray(weight, dtype=np.float64), max_points, row_seed)
-    unit, _ = cloud_summary(unit_rows(rows), "vr_unit_")
+    unit, _ = cloud_summary(farthest_points(unit_rows(weight), unit_points), "vr_unit_")
     norm = np.linalg.norm(weight)
     fnorm, _ = cloud_summary(rows / norm if norm > 0 else rows, "vr_fnorm_")
     return {**unit, **fnorm, "np_excess": np_excess(weight, draws, null_seed), "np_z": np_zscored(weight)}

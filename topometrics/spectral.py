@@ -39,12 +39,13 @@ def participation_ratio(eigenvalues: np.ndarray) -> float:
     return float(lam.sum() ** 2 / denom) if denom > 0 else 0.0
 
 
-def weight_spectrum(weight: np.ndarray) -> dict[str, float]:
+def weight_spectrum(weight: np.ndarray, singular_values: np.ndarray | None = None) -> dict[str, float]:
     """Spectral baselines of one weight matrix (uncentred: a linear map, not a cloud).
 
     Parameters
     ----------
     weight : (out, in) array
+    singular_values : its singular values, when the caller already has them (computed here otherwise)
 
     Returns
     -------
@@ -53,7 +54,9 @@ def weight_spectrum(weight: np.ndarray) -> dict[str, float]:
         eigenvalues ``s^2`` of ``W W^T``), ``fro`` (Frobenius norm), ``spec`` (largest
         singular value).
     """
-    s = np.linalg.svd(np.asarray(weight, dtype=np.float64), compute_uv=False)
+    s = singular_values
+    if s is None:
+        s = np.linalg.svd(np.asarray(weight, dtype=np.float64), compute_uv=False)
     return {
         "rankme": rankme(s),
         "pr": participation_ratio(s**2),

@@ -251,7 +251,12 @@ def train_rung(
 
 
 def setup_run(
-    cfg: RungConfig, train_ids: np.ndarray, val_ids: np.ndarray, run_dir: Path, corpus_sha256: str, device: str,
+    cfg: RungConfig,
+    train_ids: np.ndarray,
+    val_ids: np.ndarray,
+    run_dir: Path,
+    corpus_sha256: str,
+    device: str,
     log=print,
 ) -> tuple[Run, int]:
     """The freshly initialised run and the last step already done (see topometrics.run_dir).

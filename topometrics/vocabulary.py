@@ -13,6 +13,7 @@ row only). Aggregations:
 ``sum``       the sum over layers
 ``max``       the largest value over layers
 ``norm``      the 2-norm over layers, ``sqrt(sum v^2)`` (a global Frobenius norm)
+``mean_finite`` the mean over the layers with a value (NULL when no layer has one)
 
 ``kind`` is what the analysis compares: ``topological`` features against ``spectral`` ones
 (Steiger's test); ``other`` features are not compared.
@@ -29,7 +30,7 @@ import re
 from dataclasses import dataclass
 
 MODEL = "model"  # aggregate of a feature computed once per checkpoint (layer 'all' only)
-AGGREGATIONS = ("mean_std", "mean", "sum", "max", "norm", MODEL)
+AGGREGATIONS = ("mean_std", "mean", "sum", "max", "norm", "mean_finite", MODEL)
 KINDS = ("topological", "spectral", "other")
 ALL = "all"  # the layer of model-level rows
 
@@ -65,7 +66,17 @@ SPECTRAL = Family("spectral", "spectral", "w_")
 GRADIENT = Family("gradient", "other", "")
 REPRESENTATION = Family("representation", "topological", "rep_")
 DISTANCE = Family("distance", "topological", "")
-FAMILIES = (NP, VR, SPECTRAL, GRADIENT, REPRESENTATION, DISTANCE)
+SCALE_FREE = Family("scale_free", "topological", "")
+HEAVY_TAIL = Family("heavy_tail", "spectral", "")
+FAMILIES = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, REPRESENTATION, DISTANCE)
+_VR_SUMMARY = (
+    ("tp0", "sum", "total persistence of the finite H0 bars"),
+    ("tp1", "sum", "total persistence of the H1 bars"),
+    ("entropy0", "sum", "persistence entropy (nats) of the finite H0 bars"),
+    ("entropy1", "sum", "persistence entropy (nats) of the H1 bars"),
+    ("count1", "sum", "number of H1 bars"),
+    ("maxpers1", "max", "largest H1 lifetime"),
+)
 
 # Every feature, family by family in the order the features tables list them.
 FEATURES = (
@@ -82,6 +93,22 @@ FEATURES = (
     Feature("w_pr", SPECTRAL, "mean", "participation ratio (sum s^2)^2 / sum s^4 of the singular values"),
     Feature("w_fro", SPECTRAL, "norm", "Frobenius norm of the weight matrix"),
     Feature("w_spec", SPECTRAL, "max", "spectral norm (largest singular value) of the weight matrix"),
+    *(
+        Feature(f"vr_unit_{key}", SCALE_FREE, agg, f"{text} of the Vietoris-Rips filtration of the unit rows (chords)")
+        for key, agg, text in _VR_SUMMARY
+    ),
+    *(
+        Feature(f"vr_fnorm_{key}", SCALE_FREE, agg, f"{text} of the Vietoris-Rips filtration of the rows of W/||W||_F")
+        for key, agg, text in _VR_SUMMARY
+    ),
+    Feature(
+        "np_excess", SCALE_FREE, "mean_finite", "np_norm with the layer's own max |w| minus its shuffled nulls' mean"
+    ),
+    Feature(
+        "np_z", SCALE_FREE, "mean_finite", "RMS spanning-tree persistence (max|w| - |w_e|) / std|w| of z-scored |W|"
+    ),
+    Feature("w_alpha", HEAVY_TAIL, "mean_finite", "power-law tail exponent of the eigenvalues of W^T W (CSN fit)"),
+    Feature("rep_alpha", HEAVY_TAIL, MODEL, "power-law tail exponent of the hidden-state covariance eigenvalues"),
     Feature("grad_norm", GRADIENT, "norm", "Frobenius norm of d loss / d W (bias excluded) on the fixed batch"),
     Feature("batch_loss", GRADIENT, MODEL, "mean next-token cross-entropy (nats) on the fixed batch"),
     Feature("rep_tp0", REPRESENTATION, MODEL, "total persistence of the hidden-state cloud's finite H0 bars"),
