@@ -215,12 +215,12 @@ def test_a_diverged_run_is_data_left_out_of_fits_and_predictions_with_its_reason
     params = AnalysisParams(bootstrap=20)
     tables = analysis.run_analysis(con, params)
     mine = tables["predictions"].query("rung == 'large'")
-    assert len(mine) == 3 * (2 + len(LEARNED)) and (mine["status"] == "excluded").all()
+    assert len(mine) == 3 * (3 + len(LEARNED)) and (mine["status"] == "excluded").all()
     assert (mine["reason"] == f"run diverged: {reason}").all() and mine["predicted"].isna().all()
     others = tables["predictions"].query("rung != 'large'")
     assert not others["trained_on"].fillna("").str.contains("large").any()
     curve_fits = tables["fits"].query("kind == 'loss_curve' and rung == 'large'")
-    assert len(curve_fits) == 6 and (curve_fits["status"] == "excluded").all()
+    assert len(curve_fits) == 9 and (curve_fits["status"] == "excluded").all()
     scaling = tables["fits"].query("kind == 'scaling' and target == 'val_loss'")
     assert scaling["n"].tolist() == [len(RUNGS) - 1]
     assert scaling["reason"].tolist() == [f"excluded diverged runs: large-42 ({reason})"]
