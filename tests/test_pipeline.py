@@ -82,6 +82,11 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
         assert n == 5
         assert con.execute("select count(*) from feature_loss_spearman").fetchone()[0] > 0
     assert "didn't change" in run(["dvc", "repro"], project).replace("Stage 'corpus'", "")
+    train = [sys.executable, "stages/train.py", "--configs", "data/config", "--corpus", "data/corpus", "--runs",
+             "data/runs", "--metrics", "reports/train", "--curves", "reports/curves"]  # fmt: skip
+    assert "train: 1 runs, 1 complete, 0 to train" in run([*train, "--run", "a-42"], project)  # one run alone
+    wrong = subprocess.run([*train, "--run", "a-7"], cwd=project, capture_output=True, text=True)
+    assert wrong.returncode == 1 and "--run a-7 is not declared in params.yaml; runs are a-42, b-42" in wrong.stderr
     commit(project, "trained")
 
     # rung b inherits train.hidden, rung a overrides it: only b is retrained and its features recomputed,
