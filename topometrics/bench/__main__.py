@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-BENCHMARKS = ("train", "np", "features", "series", "scale")
+BENCHMARKS = ("train", "np", "features", "series", "scale", "monitor")
 
 
 def main(argv: list[str]) -> int:
