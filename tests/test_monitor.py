@@ -171,7 +171,7 @@ def trainer_run(out: Path, steps: int = 200, every: int = 50):
     model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=128, n_positions=64))
     args = TrainingArguments(
         output_dir=str(out / "run"), max_steps=steps, per_device_train_batch_size=8, learning_rate=3e-3,
-        save_steps=100, logging_steps=50, eval_strategy="steps", eval_steps=100, report_to=[], use_cpu=True,
+        save_steps=50, logging_steps=50, eval_strategy="steps", eval_steps=50, report_to=[], use_cpu=True,
         disable_tqdm=True, dataloader_num_workers=0, seed=0,
     )  # fmt: skip
     monitor = TopologyMonitor(out / "live", every=every, params=PARAMS, rung="gpt2-live", log=lambda _: None)
@@ -197,7 +197,7 @@ def test_trainer_callback_logs_what_the_saved_checkpoints_hold(tmp_path):
     features, losses = read_log(live)
     assert sorted(features["step"].unique()) == [50, 100, 150, 200]
     run = scan_run_folder(run_dir)
-    assert [c.step for c in run.checkpoints] == [100, 200] and run.skipped == []
+    assert [c.step for c in run.checkpoints] == [50, 100, 150, 200] and run.skipped == []
     table = run.losses()
     assert table["val_loss"].notna().all() and table["train_loss"].notna().all()
     for ckpt in run.checkpoints:
@@ -225,3 +225,31 @@ def test_a_diverged_snapshot_gives_null_rows_with_the_reason(tmp_path):
     assert features["value"].isna().all()
     assert set(features["reason"]) == {"diverged: non-finite weights in a linear layer"}
     assert monitor.should_stop  # a NULL NP is no improvement
+
+
+@pytest.mark.slow
+def test_dvc_repro_ingests_a_trainer_run_folder_and_its_live_log(tmp_path):
+    import duckdb
+    import yaml
+    from test_pipeline import commit, make_project, run
+
+    run_dir, live = trainer_run(tmp_path)
+    project = make_project(tmp_path / "project")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["series"] = {"seq_len": 16, "sources": {"gpt2-run": {"path": str(run_dir)}, "gpt2-live": {"log": str(live)}}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    commit(project, "external runs")
+    out = run(["dvc", "repro"], project)
+    assert "series gpt2-run: 4 computed, 0 skipped" in out and "series gpt2-live: 4 computed, 0 skipped" in out
+    with duckdb.connect(str(project / "data/warehouse.duckdb"), read_only=True) as con:
+        kinds = dict(con.execute("SELECT rung, kind FROM runs WHERE rung LIKE 'gpt2-%'").fetchall())
+        assert kinds == {"gpt2-run": "series", "gpt2-live": "series"}
+        losses = con.execute("SELECT rung, count(val_loss), count(train_loss) FROM checkpoints "
+                             "WHERE rung LIKE 'gpt2-%' GROUP BY rung ORDER BY rung").fetchall()  # fmt: skip
+        assert losses == [("gpt2-live", 4, 4), ("gpt2-run", 4, 4)]
+        for view in ("feature_loss_spearman", "np_series", "phases", "early_stopping"):
+            rungs = {r[0] for r in con.execute(f"SELECT DISTINCT rung FROM {view}").fetchall()}
+            assert {"gpt2-run", "gpt2-live"} <= rungs, view
+        rho = con.execute("SELECT rho FROM feature_loss_spearman WHERE rung = 'gpt2-live' AND layer = 'all' "
+                          "AND feature = 'w_fro'").fetchone()  # fmt: skip
+        assert rho is not None and -1 <= rho[0] <= 1
