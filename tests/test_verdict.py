@@ -161,3 +161,14 @@ def test_too_few_runs_for_bonferroni_is_not_enough_runs():
     con = warehouse_with(table, errors)
     got = con.execute("SELECT DISTINCT verdict FROM topology_verdict WHERE cv = 'seed' AND n > 0").fetchall()
     assert {w[0] for w in got} == {"not enough runs (n=6)"}
+
+
+def test_metrics_carry_the_verdict_words_and_numbers(topology_case):
+    _, _, con = topology_case
+    metrics = verdict.verdict_metrics(con.execute("SELECT * FROM topology_verdict").df())
+    entry = metrics["seed"]["f50"]["scale_free"]
+    row = con.execute(
+        "SELECT delta_mae, verdict FROM topology_verdict WHERE cv = 'seed' AND fraction = 0.5 AND family = 'scale_free'"
+    ).fetchone()
+    assert entry["verdict"] == row[1] == "adds" and entry["delta_mae"] == pytest.approx(row[0], rel=1e-5)
+    assert metrics["seed"]["f10"]["heavy_tail"]["verdict"].startswith("skipped: ")

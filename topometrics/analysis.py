@@ -217,6 +217,8 @@ def build_metrics(con, params: AnalysisParams) -> dict:
             entry["phase"] = {"peak_fraction": _num(ph["p"].iloc[0]), "diminishing_fraction": _num(ph["d"].iloc[0])}
         rungs[r.rung] = entry
     out = {"corpus": _corpus(con), "rungs": rungs, "prediction": _prediction_metrics(con), "scaling": _scaling(con)}
+    if con.execute("SELECT count(*) FROM incremental_validity").fetchone()[0]:
+        out["verdict"] = verdict.verdict_metrics(con.execute("SELECT * FROM topology_verdict ORDER BY ALL").df())
     diverged = diverged_runs(con)
     if len(diverged):  # left out of every number above
         out["diverged"] = {f"{r.rung}-{r.seed}": r.status_reason for r in diverged.itertuples(index=False)}

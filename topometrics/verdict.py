@@ -216,3 +216,18 @@ def _dropped_note(dropped: list[str]) -> str:
     if not dropped:
         return ""
     return f"; not used (finite in < {MIN_COVERAGE:.0%} of runs): {', '.join(dropped)}"
+
+
+def verdict_metrics(view: pd.DataFrame) -> dict:
+    """The ``topology_verdict`` view as the nested ``verdict`` entry of ``reports/metrics.json``:
+    ``{cv: {f<percent>: {family: {delta_mae, ci_low, ci_high, p_bonferroni, n, verdict}}}}`` (skips keep only
+    ``n`` and the verdict, which then names the reason)."""
+    out: dict = {}
+    for r in view.itertuples(index=False):
+        entry = {"n": int(r.n) if pd.notna(r.n) else 0, "verdict": r.verdict}
+        if not str(r.verdict).startswith("skipped"):
+            for key in ("delta_mae", "ci_low", "ci_high", "p_bonferroni"):
+                value = getattr(r, key)
+                entry[key] = None if pd.isna(value) else float(f"{float(value):.6g}")
+        out.setdefault(r.cv, {}).setdefault(f"f{round(100 * r.fraction):02d}", {})[r.family] = entry
+    return out
