@@ -12,7 +12,7 @@ from pathlib import Path
 
 import duckdb
 
-from topometrics import analysis, warehouse
+from topometrics import analysis, metrics_file, warehouse
 from topometrics.atomic import write_parquet, write_text
 from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
         write_parquet(args.out / f"{name}.parquet", frame)
         warehouse.load_parquet(con, name, [args.out / f"{name}.parquet"])  # exactly what the warehouse will hold
     args.metrics.parent.mkdir(parents=True, exist_ok=True)
-    write_text(args.metrics, analysis.metrics_json(analysis.build_metrics(con, params)))
+    write_text(args.metrics, metrics_file.metrics_json(metrics_file.build_metrics(con, params)))
     failed = tables["predictions"].query("status == 'failed'")
     print(f"analysis: {len(tables['predictions'])} predictions ({len(failed)} failed), -> {args.out}, {args.metrics}")
 

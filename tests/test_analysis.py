@@ -1,4 +1,4 @@
-"""topometrics.analysis and the analysis -> warehouse stages, end to end on a synthetic ladder."""
+"""topometrics.analysis, metrics_file and the analysis -> warehouse stages, end to end on a synthetic ladder."""
 
 import json
 import math
@@ -15,7 +15,7 @@ import pytest
 import scipy.stats
 from test_warehouse import RUNGS, write_inputs
 
-from topometrics import analysis, warehouse
+from topometrics import analysis, metrics_file, warehouse
 from topometrics.analysis import AnalysisParams
 from topometrics.params import ParamsError
 from topometrics.vocabulary import kind
@@ -122,10 +122,10 @@ def test_metrics_follow_the_params(pipeline, tmp_path):
     path = tmp_path / "copy.duckdb"
     path.write_bytes(pipeline[0].read_bytes())
     with duckdb.connect(str(path)) as c:
-        before = analysis.build_metrics(c, AnalysisParams())
+        before = metrics_file.build_metrics(c, AnalysisParams())
         c.execute("UPDATE settings SET phase_threshold = 0.5")
-        after = analysis.build_metrics(c, AnalysisParams())
-    assert analysis.metrics_json(before) == pipeline[1].read_text()
+        after = metrics_file.build_metrics(c, AnalysisParams())
+    assert metrics_file.metrics_json(before) == pipeline[1].read_text()
     phase = [(before["rungs"][r]["phase"], after["rungs"][r]["phase"]) for r in RUNGS]
     assert all(a["diminishing_fraction"] <= b["diminishing_fraction"] for b, a in phase)
     assert any(a["diminishing_fraction"] < b["diminishing_fraction"] for b, a in phase)
@@ -167,7 +167,7 @@ def test_several_seeds_get_leave_one_seed_out_and_across_seed_cis(tmp_path):
     for name, frame in tables.items():
         frame.to_parquet(tmp_path / f"{name}.parquet", index=False)
         warehouse.load_parquet(c, name, [tmp_path / f"{name}.parquet"])
-    metrics = json.loads(analysis.metrics_json(analysis.build_metrics(c, params)))
+    metrics = json.loads(metrics_file.metrics_json(metrics_file.build_metrics(c, params)))
     rhos = c.execute(
         "SELECT rho FROM feature_loss_spearman WHERE rung = 'medium' AND feature = 'vr_tp0' AND layer = 'all'"
     ).df()["rho"]
@@ -227,7 +227,7 @@ def test_a_diverged_run_is_data_left_out_of_fits_and_predictions_with_its_reason
     for name, frame in tables.items():
         con.register(f"_{name}", frame)
         con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _{name}")
-    metrics = analysis.build_metrics(con, params)
+    metrics = metrics_file.build_metrics(con, params)
     assert "large" not in metrics["rungs"] and metrics["diverged"] == {"large-42": reason}
 
 

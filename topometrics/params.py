@@ -8,23 +8,17 @@ file is validated by every stage, so a typo stops ``dvc repro`` at its first sta
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
 
-from topometrics.errors import TopometricsError
+from topometrics.params_schema import ParamsError, build, non_negative, positive, reject_unknown
 
 SHAPE_KEYS = ("hidden", "layers", "heads")
 # keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
 RECIPE_KEYS = ("steps", "ckpt_every", "batch_size", "lr", "warmup", "min_lr_ratio", "weight_decay", "grad_clip")
 BASE_VARIANT = "base"  # the recipe in `train` itself; its runs keep the short name <rung>-<seed>
-
-
-class ParamsError(TopometricsError, ValueError):
-    """An invalid params.yaml entry; the message names the key."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +34,7 @@ class DataParams:
     val_windows: int = 256  # fixed held-out windows scored at every checkpoint
 
     def check(self) -> None:
-        _positive(self, "data", ("seq_len", "val_windows", "download_timeout_s"))
+        positive(self, "data", ("seq_len", "val_windows", "download_timeout_s"))
         if not 0.0 < self.val_fraction < 1.0:
             raise ParamsError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")
         if not self.corpus:
@@ -66,35 +60,31 @@ class TrainParams:
     heads: int = 4
 
     def check(self) -> None:
-        _positive(self, "train", ("steps", "ckpt_every", "batch_size", "lr", "hidden", "layers", "heads"))
-        _non_negative(self, "train", ("warmup", "weight_decay", "grad_clip", "threads", "workers", "min_lr_ratio"))
+        self.check_recipe("train")
+        positive(self, "train", SHAPE_KEYS)
+        non_negative(self, "train", ("threads", "workers"))
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
             raise ParamsError(
                 f"train.seeds must be a non-empty list of distinct integers >= 0, got {list(self.seeds)}; e.g. [42, 43]"
             )
-        if self.steps % self.ckpt_every:
-            raise ParamsError(
-                f"train.steps={self.steps} is not a multiple of train.ckpt_every={self.ckpt_every}; "
-                "the last step must be a checkpoint"
-            )
-        if self.warmup >= self.steps:
-            raise ParamsError(f"train.warmup={self.warmup} must be smaller than train.steps={self.steps}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ParamsError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
         if self.device == "cuda" and not _cuda_available():
             raise ParamsError("train.device is cuda but no CUDA device is visible; set train.device: auto or cpu")
 
     def check_recipe(self, prefix: str) -> None:
-        """The recipe rules alone (``prefix`` names where the values came from, e.g. variants.lr_hi)."""
-        _positive(self, prefix, ("steps", "ckpt_every", "batch_size", "lr"))
-        _non_negative(self, prefix, ("warmup", "weight_decay", "grad_clip", "min_lr_ratio"))
+        """The recipe rules alone (``prefix`` names where the values came from: train, or e.g. variants.lr_hi,
+        whose values may be inherited from train, so its messages name the variant and then the key)."""
+        positive(self, prefix, ("steps", "ckpt_every", "batch_size", "lr"))
+        non_negative(self, prefix, ("warmup", "weight_decay", "grad_clip", "min_lr_ratio"))
+        head, key = ("", "train.") if prefix == "train" else (f"{prefix}: ", "")
         if self.steps % self.ckpt_every:
             raise ParamsError(
-                f"{prefix}: steps={self.steps} is not a multiple of ckpt_every={self.ckpt_every}; "
+                f"{head}{key}steps={self.steps} is not a multiple of {key}ckpt_every={self.ckpt_every}; "
                 "the last step must be a checkpoint"
             )
         if self.warmup >= self.steps:
-            raise ParamsError(f"{prefix}: warmup={self.warmup} must be smaller than steps={self.steps}")
+            raise ParamsError(f"{head}{key}warmup={self.warmup} must be smaller than {key}steps={self.steps}")
 
 
 @dataclass(frozen=True)
@@ -135,7 +125,7 @@ class FeaturesParams:
     unit_points: int = 64  # unit rows per layer for vr_unit_* (farthest-point subsample)
 
     def check(self) -> None:
-        _positive(
+        positive(
             self,
             "features",
             (
@@ -149,7 +139,7 @@ class FeaturesParams:
                 "unit_points",
             ),
         )
-        _non_negative(self, "features", ("seed", "significance"))
+        non_negative(self, "features", ("seed", "significance"))
 
 
 PYTHIA_REVISIONS = ("step0", "step1000", "step5000", "step10000", "step50000", "step100000", "step143000")
@@ -181,7 +171,7 @@ class SeriesSource:
             raise ParamsError(f"{prefix}.losses applies to path only (a run folder of safetensors files)")
         if self.log is not None and self.layers is not None:
             raise ParamsError(f"{prefix}.layers does not apply to a monitor log (its layers are named already)")
-        _non_negative(self, prefix, ("seed",))
+        non_negative(self, prefix, ("seed",))
 
 
 @dataclass(frozen=True)
@@ -193,7 +183,7 @@ class SeriesParams:
     seq_len: int = 128  # tokens of the model's own tokenizer per validation window (features.rep_batch windows)
 
     def check(self) -> None:
-        _positive(self, "series", ("seq_len",))
+        positive(self, "series", ("seq_len",))
         for name, source in self.sources.items():
             source.check(f"series.sources.{name}")
 
@@ -214,7 +204,7 @@ class ComputeParams:
     connect_timeout_s: float = 10.0  # wait this long for the scheduler and its first worker, then fail
 
     def check(self) -> None:
-        _positive(self, "compute", ("connect_timeout_s",))
+        positive(self, "compute", ("connect_timeout_s",))
         if not self.cluster:
             raise ParamsError("compute.cluster is empty; use local, tcp://host:8786, tls://host:8786 or a file")
 
@@ -238,8 +228,8 @@ class AnalysisParams:
     headline_features: tuple[str, ...] = ("vr_tp0", "vr_tp1", "np_norm", "rep_tp0", "w_spec", "w_rankme")
 
     def check(self) -> None:
-        _positive(self, "analysis", ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold"))
-        _non_negative(self, "analysis", ("seed", "np_min_delta", "loss_min_delta"))
+        positive(self, "analysis", ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold"))
+        non_negative(self, "analysis", ("seed", "np_min_delta", "loss_min_delta"))
         if not self.fractions or not all(0.0 < f < 1.0 for f in self.fractions):
             raise ParamsError(f"analysis.fractions must be shares in (0, 1), got {list(self.fractions)}")
 
@@ -333,7 +323,7 @@ def parse_params(raw: dict) -> Params:
     """Validate a params mapping (as in params.yaml) into :class:`Params`."""
     if not isinstance(raw, dict):
         raise ParamsError("params.yaml must be a mapping of sections")
-    _reject_unknown(raw, Params, "")
+    reject_unknown(raw, Params, "")
     ladder_raw = raw.get("ladder", {}) or {}
     if not isinstance(ladder_raw, dict) or not ladder_raw:
         raise ParamsError("ladder must map rung names to shape overrides, e.g. tiny: {hidden: 8}")
@@ -341,14 +331,14 @@ def parse_params(raw: dict) -> Params:
     for rung, shape in ladder_raw.items():
         if not isinstance(rung, str) or not rung.replace("_", "").replace("-", "").isalnum():
             raise ParamsError(f"ladder.{rung}: rung names must be letters, digits, '-' or '_'")
-        ladder[rung] = _build(RungShape, shape or {}, f"ladder.{rung}")
-        _positive(ladder[rung], f"ladder.{rung}", SHAPE_KEYS)
+        ladder[rung] = build(RungShape, shape or {}, f"ladder.{rung}")
+        positive(ladder[rung], f"ladder.{rung}", SHAPE_KEYS)
     params = Params(
-        data=_build(DataParams, raw.get("data") or {}, "data"),
-        train=_build(TrainParams, raw.get("train") or {}, "train"),
+        data=build(DataParams, raw.get("data") or {}, "data"),
+        train=build(TrainParams, raw.get("train") or {}, "train"),
         ladder=ladder,
-        features=_build(FeaturesParams, raw.get("features") or {}, "features"),
-        analysis=_build(AnalysisParams, raw.get("analysis") or {}, "analysis"),
+        features=build(FeaturesParams, raw.get("features") or {}, "features"),
+        analysis=build(AnalysisParams, raw.get("analysis") or {}, "analysis"),
         series=_parse_series(raw.get("series") or {}),
         compute=_parse_compute(raw.get("compute") or {}),
         variants=_parse_variants(raw.get("variants") or {}),
@@ -402,7 +392,7 @@ def _parse_variants(raw: object) -> dict[str, Variant]:
                 )
             if key not in RECIPE_KEYS:
                 raise ParamsError(f"unknown param variants.{name}.{key}; variants may set {', '.join(RECIPE_KEYS)}")
-        variants[name] = _build(Variant, overrides, f"variants.{name}")
+        variants[name] = build(Variant, overrides, f"variants.{name}")
     return variants
 
 
@@ -417,7 +407,7 @@ def _parse_series(raw: object) -> SeriesParams:
     if not isinstance(raw, dict):
         raise ParamsError(f"series must be a mapping, got {type(raw).__name__}")
     sources_raw = raw.get("sources")
-    params = _build(SeriesParams, {k: v for k, v in raw.items() if k != "sources"}, "series")
+    params = build(SeriesParams, {k: v for k, v in raw.items() if k != "sources"}, "series")
     if sources_raw is None:
         return params
     if not isinstance(sources_raw, dict):
@@ -426,7 +416,7 @@ def _parse_series(raw: object) -> SeriesParams:
     for name, source in sources_raw.items():
         if not isinstance(name, str) or not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
             raise ParamsError(f"series.sources.{name}: series names must be letters, digits, '-', '_' or '.'")
-        sources[name] = _build(SeriesSource, source or {}, f"series.sources.{name}")
+        sources[name] = build(SeriesSource, source or {}, f"series.sources.{name}")
     return dataclasses.replace(params, sources=sources)
 
 
@@ -434,72 +424,13 @@ def _parse_compute(raw: object) -> ComputeParams:
     """``compute``: scalar keys as usual; ``security`` maps ca, cert (and key) to PEM file paths."""
     if not isinstance(raw, dict):
         raise ParamsError(f"compute must be a mapping, got {type(raw).__name__}")
-    params = _build(ComputeParams, {k: v for k, v in raw.items() if k != "security"}, "compute")
+    params = build(ComputeParams, {k: v for k, v in raw.items() if k != "security"}, "compute")
     if raw.get("security") is None:
         return params
-    security = _build(SecurityParams, raw["security"], "compute.security")
+    security = build(SecurityParams, raw["security"], "compute.security")
     if not security.ca or not security.cert:
         raise ParamsError("compute.security needs ca and cert (PEM file paths), and key unless cert holds it")
     return dataclasses.replace(params, security=security)
-
-
-# keys that were renamed, with what to write instead
-_RENAMED = {"train.seed": "train.seed became train.seeds, a list (one run per rung and seed): write seeds: [42]"}
-
-
-def _reject_unknown(raw: dict, cls: type, prefix: str) -> None:
-    known = {f.name for f in fields(cls)}
-    for key in raw:
-        if f"{prefix}{key}" in _RENAMED:
-            raise ParamsError(f"unknown param {prefix}{key}: {_RENAMED[prefix + key]}")
-        if key not in known:
-            raise ParamsError(f"unknown param {prefix}{key}; known keys: {', '.join(sorted(known))}")
-
-
-def _build(cls: type, raw: object, prefix: str):
-    if not isinstance(raw, dict):
-        raise ParamsError(f"{prefix} must be a mapping, got {type(raw).__name__}")
-    _reject_unknown(raw, cls, prefix + ".")
-    hints = typing.get_type_hints(cls)
-    values = {k: _coerce(v, hints[k], f"{prefix}.{k}") for k, v in raw.items()}
-    return cls(**values)
-
-
-def _coerce(value: object, hint: object, key: str) -> object:
-    """Check a YAML scalar against a field's type; ints are accepted where floats are."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-        origin = typing.get_origin(hint)
-    if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise ParamsError(f"{key} must map names to strings, e.g. {{attn.q: 'h\\.(\\d+)\\.q\\.weight'}}")
-        return dict(value)
-    if origin is tuple:
-        item = typing.get_args(hint)[0]
-        if not isinstance(value, list | tuple):
-            raise ParamsError(f"{key} must be a list of {item.__name__}, got {value!r}")
-        return tuple(_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint is int and isinstance(value, bool) or not isinstance(value, hint):
-        raise ParamsError(f"{key} must be {hint.__name__}, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def _positive(obj: object, prefix: str, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if value is not None and value <= 0:
-            raise ParamsError(f"{prefix}.{name} must be positive, got {value}")
-
-
-def _non_negative(obj: object, prefix: str, names: tuple[str, ...]) -> None:
-    for name in names:
-        if getattr(obj, name) < 0:
-            raise ParamsError(f"{prefix}.{name} must be >= 0, got {getattr(obj, name)}")
 
 
 def as_dict(obj: object) -> dict:
