@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from topometrics import shards
 from topometrics.checkpoints import CheckpointError
 from topometrics.feature_shards import TABLES, distance_shards, frames, mapper, read_table
 from topometrics.features import FEATURE_COLUMNS
@@ -24,18 +25,6 @@ from topometrics.params import BASE_VARIANT, ComputeParams, FeaturesParams, Seri
 from topometrics.run_folders import RunCheckpoint, RunFolderError, scan_run_folder
 from topometrics.series import CHECKPOINT_COLUMNS, log_series, series_checkpoint_features
 from topometrics.series_checkpoints import hub_checkpoints, skip_record, step_from_name, weights_sha256
-from topometrics.shards import (
-    Fingerprint,
-    ShardKey,
-    ShardRun,
-    Task,
-    code_version,
-    compute_shards,
-    file_sha256,
-    params_digest,
-    prune,
-    stored_info,
-)
 
 
 @dataclass
@@ -64,7 +53,7 @@ def series_shards(
     previous available checkpoint. Each status checkpoint has ``revision, step, status ('computed'
     | 'reused' | 'skipped'), reason`` and, with a shard, ``seconds, files, weights_sha256, duplicate_of``.
     """
-    code, digest = code_version(__name__), params_digest(params)
+    code, digest = shards.code_version(__name__), shards.params_digest(params)
     context = f"seq_len {series.seq_len} text {hashlib.sha256(text.encode()).hexdigest()[:16]}"
     status, keep, logged, losses = [], [], [], []
     for name, source in series.sources.items():
@@ -83,12 +72,12 @@ def series_shards(
                 records.append(ckpt)
                 continue
             revision, step, where = ckpt
-            inputs = f"{source.model}@{revision}" if source.model else f"weights {file_sha256(*where.weights)}"
-            key = ShardKey(name, BASE_VARIANT, source.seed, step)
+            inputs = f"{source.model}@{revision}" if source.model else f"weights {shards.file_sha256(*where.weights)}"
+            key = shards.ShardKey(name, BASE_VARIANT, source.seed, step)
             job = (where, source.model, revision, cache_dir, text, params, series.seq_len, source.layers, key, label)
-            tasks.append(Task(key, Fingerprint(f"{inputs} {context}", digest, code), job))
+            tasks.append(shards.Task(key, shards.Fingerprint(f"{inputs} {context}", digest, code), job))
             found[key] = (revision, where)
-        run = compute_shards(out, tasks, _series_tables, mapper(params, compute, f"series {name}"), TABLES)
+        run = shards.compute_shards(out, tasks, _series_tables, mapper(params, compute, f"series {name}"), TABLES)
         available = [t for t in tasks if t.key not in run.failed]
         run = run.merge(distance_shards(out, available, _layers(out, available), params, compute))
         keep += [t.key for t in tasks if t.key not in run.failed]
@@ -100,7 +89,7 @@ def series_shards(
                 progress(f"{name} {r['revision']}: {r['status']}" + (f": {r['reason']}" if r["reason"] else ""))
         counts = {s: sum(r["status"] == s for r in records) for s in ("computed", "reused", "skipped")}
         status.append(header | counts | {"checkpoints": records})
-    prune(out, keep)
+    shards.prune(out, keep)
     loss_rows = [part for part in losses if part is not None and len(part)]
     frame = pd.concat(loss_rows, ignore_index=True) if loss_rows else pd.DataFrame(columns=CHECKPOINT_COLUMNS)
     types = {"seed": "int64", "step": "int64", "val_loss": "float64", "train_loss": "float64", "reason": "object"}
@@ -154,21 +143,21 @@ def _series_checkpoints(source):
         yield revision, steps[revision], None
 
 
-def _layers(root: Path, tasks: list[Task]) -> list[str]:
+def _layers(root: Path, tasks: list[shards.Task]) -> list[str]:
     if not tasks:
         return []
     frame = read_table(root, tasks[0].key, "features")
     return [layer for layer in dict.fromkeys(frame["layer"]) if layer != "all"]
 
 
-def _records(root: Path, run: ShardRun, tasks: list[Task], revision_of: dict) -> list[dict]:
+def _records(root: Path, run: shards.ShardRun, tasks: list[shards.Task], revision_of: dict) -> list[dict]:
     records, first_of = [], {}
     for task in tasks:
         revision = revision_of[task.key]
         if task.key in run.failed:
             records.append(skip_record(revision, task.key.step, run.failed[task.key]))
             continue
-        info = stored_info(task.key.folder(root) / "features.parquet") or {}
+        info = shards.stored_info(task.key.folder(root) / "features.parquet") or {}
         blob = info.get("weights_sha256")
         status = "reused" if task.key in run.reused else "computed"
         records.append({"revision": revision, "step": task.key.step, "status": status, "reason": None, **info,

@@ -263,7 +263,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     removed = []
     for tmp in path.parent.glob(f".{path.name}.*.tmp*"):
         pid = tmp.name[len(path.name) + 2 :].split(".")[0]
-        if pid.isdigit() and not _process_alive(int(pid)):
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
     return removed
@@ -396,13 +396,3 @@ def _insert(con, table: str, frame: pd.DataFrame, source: Path | None = None) ->
 
 def _quote(path: Path) -> str:
     return str(path).replace("'", "''")
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
