@@ -25,7 +25,8 @@ def main(argv: list[str]) -> None:
     figures_dir, plots_dir = args.out / "figures", args.out / "plots"
     figures_dir.mkdir(parents=True, exist_ok=True)
     plots_dir.mkdir(parents=True, exist_ok=True)
-    drawn = {name: chart for name, chart in doc.figures.items() if not isinstance(chart, Missing)}
+    shown = {**doc.verdict_figures, **doc.figures}
+    drawn = {name: chart for name, chart in shown.items() if not isinstance(chart, Missing)}
     for name, chart in drawn.items():
         svg, png = report_html.export_figure(chart)
         write_text(figures_dir / f"{name}.svg", svg)
@@ -34,9 +35,9 @@ def main(argv: list[str]) -> None:
         write_text(plots_dir / f"{name}.csv", frame.to_csv(index=False))
     write_text(args.out / "report.html", report_html.render_html(doc, report_html.vega_bundle()))
     corpus = f"{doc.corpus_used}{' (OFFLINE FALLBACK)' if doc.corpus_fallback else ''}"
-    missing = sum(isinstance(t, Missing) for t in [*doc.tables.values(), *doc.figures.values()])
+    missing = sum(isinstance(t, Missing) for t in [doc.verdict, *doc.tables.values(), *shown.values()])
     print(
-        f"report: {args.out / 'report.html'}, {len(drawn)}/{len(doc.figures)} figures, "
+        f"report: {args.out / 'report.html'}, {len(drawn)}/{len(shown)} figures, "
         f"{len(doc.tables)} tables ({missing} pieces not available), corpus {corpus}, "
         f"{time.perf_counter() - start:.1f}s"
     )

@@ -28,6 +28,7 @@ from topometrics.paper import (
 )
 from topometrics.report_figures import dvc_plots, figures
 from topometrics.report_frames import BETTI, Missing, ladder_only, need, ordered, wide_features
+from topometrics.report_verdict import section
 from topometrics.vocabulary import names
 
 # Layer-'all' features the tables show (names declared in topometrics.vocabulary).
@@ -47,6 +48,9 @@ class Report:
     tables: dict[str, pd.DataFrame | Missing] = field(default_factory=dict)  # title -> table
     figures: dict[str, alt.TopLevelMixin | Missing] = field(default_factory=dict)  # file stem -> chart
     plots: dict[str, pd.DataFrame] = field(default_factory=dict)  # DVC plot file stem -> long frame
+    # The lead section, "What topology adds": the verdict table (with a 'reads as' sentence) and its figures.
+    verdict: pd.DataFrame | Missing = field(default_factory=lambda: Missing("not built"))
+    verdict_figures: dict[str, alt.TopLevelMixin | Missing] = field(default_factory=dict)
 
 
 # --- the whole report ------------------------------------------------------------------------------
@@ -56,6 +60,7 @@ def build(frames: dict[str, pd.DataFrame | Missing], series_status: dict | None 
     """Tables, figures and DVC plot frames from :func:`load`'s frames and the series stage's status."""
     available = {k: need(v, k) for k, v in frames.items()}
     report = Report(*banner(available["runs"], available["meta"], series_status))
+    report.verdict, report.verdict_figures = section(available)
     report.tables = {
         "Table 1 — model configurations and final loss": table1(available["rungs"], available["final"]),
         "Table 2 — ρ(VR H0 total persistence, loss)": rho_table(

@@ -38,6 +38,8 @@ QUERIES = {
     "early_stopping": f"SELECT * FROM early_stopping WHERE {ANALYSED}",
     "scaling": f"SELECT * FROM scaling WHERE kind = 'ladder' AND layer IN ('all', 'checkpoint') AND {ANALYSED}",
     "scaling_fits": "SELECT * FROM fits WHERE kind = 'scaling'",
+    "verdict": "SELECT * FROM topology_verdict ORDER BY cv, fraction, family",
+    "partial": "SELECT * FROM partial_spearman WHERE layer = 'all'",
 }
 
 
@@ -78,6 +80,8 @@ FILLED_BY = {
     "mae": "the analysis stage has not filled `predictions`",
     "scaling_fits": "the analysis stage has not filled `fits`",
     "phases": "no neural-persistence features yet",
+    "verdict": "the analysis stage has not filled `incremental_validity` (too few runs, or an old warehouse)",
+    "partial": "the analysis stage has not filled the partial Spearman tests",
 }
 
 

@@ -30,7 +30,7 @@ def render_html(report: Report, vega_bundle: str) -> str:
         )
     toc = "".join(f'<li><a href="#fig-{n}">Figure: {n.replace("_", " ")}</a></li>' for n in report.figures)
     toc += "".join(f'<li><a href="#{_slug(t)}">{html.escape(t)}</a></li>' for t in report.tables)
-    body = [_banner_html(report), f'<nav><ol class="toc">{toc}</ol></nav>', "<h2>Figures</h2>"]
+    body = [_banner_html(report), _verdict_html(report), f'<nav><ol class="toc">{toc}</ol></nav>', "<h2>Figures</h2>"]
     body += ['<div class="figures">', *(_figure_html(n, c) for n, c in report.figures.items()), "</div>"]
     body.append("<h2>Tables (ours beside the paper's)</h2>")
     body += [_table_html(title, table) for title, table in report.tables.items()]
@@ -59,6 +59,19 @@ def _banner_html(report: Report) -> str:
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in report.banner.items())
     kind = "banner fallback" if report.corpus_fallback else "banner"
     return f'<h1>topometrics report</h1><table class="{kind}">{rows}</table>'
+
+
+def _verdict_html(report: Report) -> str:
+    """The lead section: what each family adds, in sentences and as a table, then the forest plot and partial rho."""
+    head = '<section id="what-topology-adds"><h2>What topology adds</h2>'
+    table = report.verdict
+    if isinstance(table, Missing):
+        words = f'<p class="missing">not available: {html.escape(table.reason)}</p>'
+    else:
+        items = "".join(f"<li>{html.escape(s)}</li>" for s in table["reads as"])
+        words = f'<ol class="verdict">{items}</ol>' + _table_html("Verdict per family and fraction", table)
+    figures = "".join(_figure_html(n, c) for n, c in report.verdict_figures.items())
+    return head + words + f'<div class="figures">{figures}</div></section>'
 
 
 def _table_html(title: str, table: pd.DataFrame | Missing) -> str:
@@ -99,6 +112,7 @@ table.banner th { text-align: left; padding: 4px 12px; }
 table.data { border-collapse: collapse; font-size: 13px; margin-bottom: 1.5em; }
 table.data th, table.data td { border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 table.data th { background: #f3f3f3; }
+ol.verdict li { margin-bottom: 0.3em; }
 p.missing { color: #a40; font-style: italic; }
 div.figures { display: flex; flex-wrap: wrap; gap: 1em 3em; }
 div.chart { margin-bottom: 1em; }

@@ -1,0 +1,80 @@
+"""The report's lead section: the verdict in sentences, the forest plot's encoding, the partial-rho heatmap, Missing."""
+
+import duckdb
+import pandas as pd
+
+from topometrics import report, report_frames, report_html, report_verdict
+
+ROWS = pd.DataFrame(
+    [
+        dict(cv="seed", fraction=0.3, family="weights_vr", n=32, delta_mae=-0.004, ci_low=-0.010, ci_high=0.001,
+             p_bonferroni=0.41, verdict="no evidence"),
+        dict(cv="seed", fraction=0.3, family="weight_norm", n=32, delta_mae=-0.052, ci_low=-0.081, ci_high=-0.027,
+             p_bonferroni=0.0003, verdict="adds"),
+        dict(cv="rung", fraction=0.5, family="heavy_tail", n=0, delta_mae=None, ci_low=None, ci_high=None,
+             p_bonferroni=None, verdict="skipped: fewer than 3 groups"),
+        dict(cv="rung", fraction=0.5, family="everything", n=3, delta_mae=0.02, ci_low=0.01, ci_high=0.03,
+             p_bonferroni=1.0, verdict="not enough runs (n=3)"),
+    ]
+)  # fmt: skip
+
+
+def test_each_row_reads_as_a_sentence_with_its_numbers():
+    table = report_verdict.verdict_table(ROWS)
+    reads = dict(zip(table["family"], table["reads as"], strict=True))
+    assert reads["weights_vr"] == (
+        "At 30% of training, adding the weights-VR family to loss curve + weight norm changes MAE by "
+        "−0.004 [−0.01, 0.001] (n=32 runs, leave-one-seed-out, Bonferroni p=0.41): no evidence."
+    )
+    assert "adding the weight norm to the loss curve changes MAE by −0.052 [−0.081, −0.027]" in reads["weight_norm"]
+    assert reads["weight_norm"].endswith("Bonferroni p=0.0003): adds.")
+    assert reads["heavy_tail"].endswith("was not tested (leave-one-rung-out): skipped: fewer than 3 groups.")
+    assert reads["everything"].endswith("(n=3 runs, leave-one-rung-out, Bonferroni p=1): not enough runs (n=3).")
+    assert list(table.columns[:4]) == ["cv", "fraction", "family", "n"]
+
+
+def test_forest_plot_encodes_delta_mae_and_its_ci_with_a_zero_rule():
+    spec = report_verdict.forest_plot(ROWS).to_dict()
+    zero, bars, points = spec["spec"]["layer"]
+    assert bars["encoding"]["x"]["field"] == "ci_low" and bars["encoding"]["x2"]["field"] == "ci_high"
+    assert points["encoding"]["x"]["field"] == "delta_mae" and points["encoding"]["color"]["field"] == "cv"
+    assert zero["transform"] == [{"calculate": "0", "as": "zero"}] and zero["mark"]["type"] == "rule"
+    assert spec["facet"]["row"]["field"] == "fraction"
+    plotted = pd.DataFrame(spec["datasets"][spec["data"]["name"]])
+    assert sorted(plotted["family"]) == ["everything", "weight_norm", "weights_vr"]  # the skipped row has no CI
+
+
+def test_partial_rho_heatmap_shows_the_mean_over_runs():
+    partial = pd.DataFrame(
+        {"feature": ["vr_tp0"] * 3 + ["np_norm"], "control": ["w_fro", "w_fro", "step", "w_fro"],
+         "partial_rho": [0.2, 0.4, -0.5, None]}
+    )  # fmt: skip
+    spec = report_verdict.partial_rho_heatmap(partial).to_dict()
+    cells = pd.DataFrame(spec["datasets"][spec["data"]["name"]]).set_index(["feature", "control"])
+    assert abs(cells.loc[("vr_tp0", "w_fro"), "partial_rho"] - 0.3) < 1e-12
+    assert cells.loc[("vr_tp0", "w_fro"), "runs"] == 2 and ("np_norm", "w_fro") not in cells.index
+    assert spec["layer"][0]["encoding"]["color"]["field"] == "partial_rho"
+
+
+def test_an_old_warehouse_says_why_the_section_is_empty_and_the_section_comes_first():
+    con = duckdb.connect()
+    con.execute("CREATE TABLE checkpoints (rung VARCHAR, seed INT, step INT, val_loss DOUBLE)")
+    doc = report.build(report_frames.load(con))
+    assert isinstance(doc.verdict, report_frames.Missing) and "topology_verdict" in doc.verdict.reason
+    assert "partial_spearman" in doc.verdict_figures["partial_rho"].reason
+    page = report_html.render_html(doc, "/* no bundle */")
+    lead = page.index("<h2>What topology adds</h2>")
+    assert lead < page.index("<h2>Figures</h2>") < page.index('<h3 id="t-table-1')
+    assert "not available: the warehouse cannot answer `verdict`" in page[lead : page.index("<h2>Figures</h2>")]
+
+
+def test_empty_views_become_missing_with_the_stage_that_fills_them():
+    frames = {
+        "verdict": report_frames.need(ROWS.iloc[:0], "verdict"),
+        "partial": report_frames.need(pd.DataFrame(), "partial"),
+    }
+    table, figures = report_verdict.section(frames)
+    assert "incremental_validity" in table.reason and "`verdict` is empty" in table.reason
+    assert "partial Spearman" in figures["partial_rho"].reason and "`verdict`" in figures["topology_forest"].reason
+    skipped = report_verdict.forest_plot(ROWS.iloc[2:3])
+    assert "skipped: fewer than 3 groups" in skipped.reason
