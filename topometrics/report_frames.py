@@ -80,7 +80,7 @@ FILLED_BY = {
     "mae": "the analysis stage has not filled `predictions`",
     "scaling_fits": "the analysis stage has not filled `fits`",
     "phases": "no neural-persistence features yet",
-    "verdict": "the analysis stage has not filled `incremental_validity` (too few runs, or an old warehouse)",
+    "verdict": "the analysis stage has not filled `incremental_validity`: too few runs, or an old warehouse",
     "partial": "the analysis stage has not filled the partial Spearman tests",
 }
 
