@@ -240,7 +240,8 @@ def test_dvc_repro_ingests_a_trainer_run_folder_and_its_live_log(tmp_path):
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     commit(project, "external runs")
     out = run(["dvc", "repro"], project)
-    assert "series gpt2-run: 4 computed, 0 skipped" in out and "series gpt2-live: 4 computed, 0 skipped" in out
+    assert "series gpt2-run: 4 computed, 0 reused, 0 skipped" in out
+    assert "series gpt2-live: 4 computed, 0 reused, 0 skipped" in out
     with duckdb.connect(str(project / "data/warehouse.duckdb"), read_only=True) as con:
         kinds = dict(con.execute("SELECT rung, kind FROM runs WHERE rung LIKE 'gpt2-%'").fetchall())
         assert kinds == {"gpt2-run": "series", "gpt2-live": "series"}
