@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy.sparse.csgraph import minimum_spanning_tree
+from test_neural_persistence import brute_force_tree  # the one brute-force Kruskal oracle
 
 from topometrics import scale_free as S
 from topometrics.neural_persistence import neural_persistence
@@ -15,26 +16,6 @@ def trained_like(shape, seed):
     rng = np.random.default_rng(seed)
     w = rng.standard_normal(shape) * np.exp(rng.standard_normal((shape[0], 1)))
     return w * np.exp(0.5 * rng.standard_normal((1, shape[1])))
-
-
-def brute_force_max_tree(a: np.ndarray) -> np.ndarray:
-    """Kruskal over every bipartite edge by |w| descending with a plain union-find."""
-    n, m = a.shape
-    parent = list(range(n + m))
-
-    def find(x):
-        while parent[x] != x:
-            x = parent[x]
-        return x
-
-    values = []
-    for flat in np.argsort(-a.ravel(), kind="stable"):
-        r, c = divmod(int(flat), m)
-        ru, cu = find(r), find(n + c)
-        if ru != cu:
-            parent[ru] = cu
-            values.append(a.ravel()[flat])
-    return np.sort(values)[::-1]
 
 
 def test_unit_row_h0_is_the_mst_of_chord_distances():
@@ -66,7 +47,7 @@ def test_np_excess_is_np_minus_the_mean_null_by_direct_subtraction():
     top = a.max()
 
     def direct_np(matrix):  # reference normalisation from a brute-force tree
-        pers = 1 - brute_force_max_tree(matrix) / top
+        pers = 1 - brute_force_tree(matrix) / top
         return np.sqrt((np.sum(pers**2) + 1) / pers.size)
 
     nulls = [
