@@ -33,7 +33,7 @@ def main(argv: list[str]) -> None:
     # One BLAS thread: the per-layer SVDs are small, and extra BLAS threads only contend (docs/series.md).
     with threadpool_limits(limits=1, user_api="blas"):
         result = series_shards(
-            params.series, params.features, text, args.out, params.compute,
+            params.series, params.features, text, args.out, compute=params.compute,
             progress=lambda line: print(f"series: {line}", flush=True),
         )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

@@ -52,14 +52,14 @@ def tiny(tmp_path_factory):
 def test_shards_hold_exactly_the_in_memory_tables_and_are_reused(tiny, tmp_path):
     root, features, diagrams = tiny
     out = tmp_path / "shards"
-    run = run_shards(root / "run", root / "corpus", PARAMS, out, rung="tiny")
+    run = run_shards(root / "run", root / "corpus", PARAMS, out)
     assert sorted(k.step for k in set(run.computed)) == list(STEPS) and not run.failed
     assert (out / "rung=tiny/variant=base/seed=42/step=100/distances.parquet").is_file()
     got_features, got_diagrams = read_back(out)
     same_rows(got_features, features, ["step", "layer", "feature"])
     same_rows(got_diagrams, diagrams, ["step", "source", "layer", "dim", "birth", "death"])
     files = {p: p.stat().st_mtime_ns for p in out.glob("**/*.parquet")}
-    again = run_shards(root / "run", root / "corpus", PARAMS, out, rung="tiny")
+    again = run_shards(root / "run", root / "corpus", PARAMS, out)
     assert not again.computed and len(set(again.reused)) == len(STEPS)
     assert {p: p.stat().st_mtime_ns for p in out.glob("**/*.parquet")} == files
 
@@ -67,14 +67,14 @@ def test_shards_hold_exactly_the_in_memory_tables_and_are_reused(tiny, tmp_path)
 def test_a_removed_checkpoint_loses_its_shard_and_its_successor_gets_new_distances(tiny, tmp_path):
     root, _, _ = tiny
     out = tmp_path / "shards"
-    run_shards(root / "run", root / "corpus", PARAMS, out, rung="tiny")
+    run_shards(root / "run", root / "corpus", PARAMS, out)
     run_dir = tmp_path / "fewer"
     run_dir.mkdir()
     for step in (0, 200, 300):  # step 100 is gone
         for suffix in (".safetensors", ".json"):
             name = f"step_{step:06d}{suffix}"
             (run_dir / name).write_bytes((root / "run" / name).read_bytes())
-    run = run_shards(run_dir, root / "corpus", PARAMS, out, rung="tiny")
+    run = run_shards(run_dir, root / "corpus", PARAMS, out)
     assert not ShardKey("tiny", "base", 42, 100).folder(out).exists()
     assert [k.step for k in run.computed] == [200]  # only 200's distances (its previous is now 0)
     features, _ = run_features(run_dir, root / "corpus", PARAMS, "tiny")
@@ -99,7 +99,7 @@ def test_on_a_dask_cluster_with_a_worker_killed_mid_run_nothing_is_missing_or_tw
 
         killer = threading.Thread(target=kill_a_busy_worker)
         killer.start()
-        run = run_shards(root / "run", root / "corpus", PARAMS, out, ComputeParams(cluster.scheduler_address), "tiny")
+        run = run_shards(root / "run", root / "corpus", PARAMS, out, ComputeParams(cluster.scheduler_address))
         killer.join()
     assert killed, "no worker was killed"
     assert not run.failed

@@ -147,7 +147,7 @@ def test_kill_9_of_the_features_stage_leaves_no_process_behind(tmp_path):
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["features"] |= {"workers": 2, "rep_points": 60, "rep_batch": 4, "betti_scales": 4}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    cmd = [sys.executable, str(repo / "stages/features.py"), "--rung", "tiny", "--runs", "run", "--corpus", "corpus"]
+    cmd = [sys.executable, str(repo / "stages/features.py"), "--runs", "run", "--corpus", "corpus"]
     stage = subprocess.Popen([*cmd, "--out", "out"], cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(repo)})
     family = []
     try:

@@ -34,44 +34,11 @@ Result = TypeVar("Result")
 MIN_JOBS_PER_WORKER = 4
 
 
-def map_jobs(
-    fn: Callable[[Job], Result],
-    jobs: Sequence[Job],
-    *,
-    workers: int,
-    label: str,
-    compute: ComputeParams | None = None,
-) -> list[Result]:
-    """``[fn(job) for job in jobs]``, in order, where ``compute`` says, with progress on stderr.
-
-    Parameters
-    ----------
-    fn : module-level function of one job
-    jobs : the jobs, e.g. one per checkpoint
-    workers : local processes to use; with 1, or fewer than ``MIN_JOBS_PER_WORKER`` jobs per worker,
-        everything runs in this process. Not used on a cluster (its workers are its own).
-    label : what the progress line calls the work (``features: 12/51 checkpoints, 3.0 s``)
-    compute : the ``compute`` params; None or ``cluster: local`` is this machine
-
-    Returns
-    -------
-    list
-        The results in the order of ``jobs``. The first failed job's exception is raised here,
-        after the others have finished.
-
-    Notes
-    -----
-    Every job runs with one torch thread and one BLAS thread, in a worker or in this process, so
-    results do not depend on ``workers`` (multi-threaded BLAS on the small matrices here was 5-20x
-    slower on a busy 2-core machine). Workers come from a fork server that imports ``fn``'s module
-    (torch, scipy, ripser) once and forks a ready worker per slot: spawned workers each paid the
-    ~3-4 s import and another ~1 s to exit. Not plain fork of this process: forking a process that
-    has run torch (OpenMP) threads can deadlock; the fork server only imports, so torch has started
-    no threads there. spawn where there is no fork server (Windows). Workers die with the calling
-    process even when it is SIGKILLed (topometrics.lifeline), and with them the fork server and the
-    resource tracker.
-    """
-    results = dict(each_result(fn, jobs, workers=workers, label=label, compute=compute))
+def map_jobs(fn: Callable[[Job], Result], jobs: Sequence[Job], **where) -> list[Result]:
+    """``[fn(job) for job in jobs]``, in order: :func:`each_result` (``where`` is its keywords
+    ``workers``, ``label``, ``compute``) collected. The first failed job's exception is raised
+    here, after the others have finished."""
+    results = dict(each_result(fn, jobs, **where))
     ordered = [results[i] for i in range(len(jobs))]
     failed = next((r for r in ordered if isinstance(r, BaseException)), None)
     if failed is not None:
@@ -87,11 +54,30 @@ def each_result(
     label: str,
     compute: ComputeParams | None = None,
 ) -> Iterator[tuple[int, Result | BaseException]]:
-    """``(index, fn(jobs[index]))`` for every job as it completes; a failed job gives its exception.
+    """``(index, fn(jobs[index]))`` for every job as it completes, with progress on stderr; a
+    failed job gives its exception (one failed job does not stop the others, and a caller can keep
+    each result as soon as it arrives: a killed run keeps what finished).
 
-    Like :func:`map_jobs` (same arguments, same one-thread jobs), but a caller can keep each
-    result as soon as it arrives (a killed run keeps what finished) and one failed job does not
-    stop the others. On a Dask cluster the connection is made, and a first worker awaited, before
+    Parameters
+    ----------
+    fn : module-level function of one job
+    jobs : the jobs, e.g. one per checkpoint
+    workers : local processes to use; with 1, or fewer than ``MIN_JOBS_PER_WORKER`` jobs per worker,
+        everything runs in this process. Not used on a cluster (its workers are its own).
+    label : what the progress line calls the work (``features: 12/51 checkpoints, 3.0 s``)
+    compute : the ``compute`` params; None or ``cluster: local`` is this machine
+
+    Notes
+    -----
+    Every job runs with one torch thread and one BLAS thread, in a worker or in this process, so
+    results do not depend on ``workers`` (multi-threaded BLAS on the small matrices here was 5-20x
+    slower on a busy 2-core machine). Workers come from a fork server that imports ``fn``'s module
+    (torch, scipy, ripser) once and forks a ready worker per slot: spawned workers each paid the
+    ~3-4 s import and another ~1 s to exit. Not plain fork of this process: forking a process that
+    has run torch (OpenMP) threads can deadlock; the fork server only imports, so torch has started
+    no threads there. spawn where there is no fork server (Windows). Workers die with the calling
+    process even when it is SIGKILLed (topometrics.lifeline), and with them the fork server and the
+    resource tracker. On a Dask cluster the connection is made, and a first worker awaited, before
     any job is submitted (:func:`topometrics.cluster.connect`: an unreachable address is a
     one-line error naming it); a job whose workers all died is a
     :class:`topometrics.cluster.CheckpointJobError` (``WorkerLost``, ``WorkerOutOfMemory``).

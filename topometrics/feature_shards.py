@@ -56,11 +56,11 @@ def run_shards(
     params: FeaturesParams,
     out: Path,
     compute: ComputeParams | None = None,
-    rung: str | None = None,
 ) -> ShardRun:
     """Feature, diagram and distance shards of every checkpoint of one run directory, under ``out``.
 
-    Shards of checkpoints the run no longer has are deleted, and so is the shard of a checkpoint
+    Each shard's rung, variant and seed are those its checkpoint records (checkpoints describe
+    themselves). Shards of checkpoints the run no longer has are deleted, and so is the shard of a checkpoint
     that failed this time (never a stale one left to be read). Returns what was computed, reused
     and failed (a failed checkpoint's distances to its neighbours are not computed).
     """
@@ -72,7 +72,7 @@ def run_shards(
     batch = hashlib.sha256(tokens.tobytes()).hexdigest()[:16]
     tasks = []
     for ckpt in ckpts:
-        name, variant = rung or ckpt.meta.get("rung", Path(run_dir).name), ckpt.meta.get("variant", BASE_VARIANT)
+        name, variant = ckpt.meta.get("rung", Path(run_dir).name), ckpt.meta.get("variant", BASE_VARIANT)
         key = ShardKey(name, variant, int(ckpt.meta.get("seed", -1)), ckpt.step)
         fingerprint = Fingerprint(f"weights {file_sha256(ckpt.path)} tokens {batch}", digest, code)
         tasks.append(Task(key, fingerprint, (ckpt, tokens, params, key)))

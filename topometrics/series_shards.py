@@ -41,6 +41,7 @@ def series_shards(
     params: FeaturesParams,
     text: str,
     out: Path,
+    *,
     compute: ComputeParams | None = None,
     cache_dir: Path | None = None,
     progress: Callable[[str], None] = lambda line: None,

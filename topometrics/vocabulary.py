@@ -72,10 +72,10 @@ FAMILIES = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, REPRESENTATION, 
 _VR_SUMMARY = (
     ("tp0", "sum", "total persistence of the finite H0 bars"),
     ("tp1", "sum", "total persistence of the H1 bars"),
-    ("entropy0", "sum", "persistence entropy (nats) of the finite H0 bars"),
-    ("entropy1", "sum", "persistence entropy (nats) of the H1 bars"),
+    ("entropy0", "sum", "persistence entropy (nats, not normalised) of the finite H0 bars"),
+    ("entropy1", "sum", "persistence entropy (nats, not normalised) of the H1 bars"),
     ("count1", "sum", "number of H1 bars"),
-    ("maxpers1", "max", "largest H1 lifetime"),
+    ("maxpers1", "max", "largest H1 lifetime (0 without bars)"),
 )
 
 # Every feature, family by family in the order the features tables list them.
@@ -83,12 +83,10 @@ FEATURES = (
     Feature("np_norm", NP, "mean_std", "neural persistence, reference normalisation (docs/features.md)"),
     Feature("np_sum", NP, "mean_std", "neural persistence as the paper's eq. 1: sum_e (1 - a_e) / (|V| - 1)"),
     Feature("np_shuffled_norm", NP, "mean_std", "np_norm of the layer's entries after a seeded permutation"),
-    Feature("vr_tp0", VR, "sum", "total persistence of the finite H0 bars of the Vietoris-Rips filtration of rows"),
-    Feature("vr_tp1", VR, "sum", "total persistence of the H1 bars of the Vietoris-Rips filtration of the rows"),
-    Feature("vr_entropy0", VR, "sum", "persistence entropy (nats, not normalised) of the finite H0 bars"),
-    Feature("vr_entropy1", VR, "sum", "persistence entropy (nats, not normalised) of the H1 bars"),
-    Feature("vr_count1", VR, "sum", "number of H1 bars"),
-    Feature("vr_maxpers1", VR, "max", "largest H1 lifetime (0 without bars)"),
+    *(
+        Feature(f"vr_{key}", VR, agg, f"{text} of the Vietoris-Rips filtration of the rows")
+        for key, agg, text in _VR_SUMMARY
+    ),
     Feature("w_rankme", SPECTRAL, "mean", "RankMe exp(-sum p_k ln p_k), p_k = s_k / sum s, of the singular values"),
     Feature("w_pr", SPECTRAL, "mean", "participation ratio (sum s^2)^2 / sum s^4 of the singular values"),
     Feature("w_fro", SPECTRAL, "norm", "Frobenius norm of the weight matrix"),
