@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from topometrics.params import ParamsError, load_params, parse_params, run_name
-from topometrics.train import build_rung_config
+from topometrics.train import build_rung_config, recipe_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,6 +67,8 @@ def test_empty_rung_inherits_and_partial_rung_overrides():
         ("train", "seeds", [-1], "train.seeds must be a non-empty list of distinct integers"),
         ("train", "seeds", 42, "train.seeds must be a list of int"),
         ("train", "seed", 42, "unknown param train.seed: train.seed became train.seeds"),
+        ("train", "monitor_every", -1, "train.monitor_every must be >= 0, got -1"),
+        ("train", "monitor_every", 2.5, "train.monitor_every must be int"),
     ],
 )
 def test_invalid_params_name_the_key(section, key, value, message):
@@ -118,6 +120,18 @@ def test_variants_override_the_recipe_and_name_their_runs():
     assert build_rung_config(params, "xl", 7).model == cfg.model  # a variant never changes the shape
 
 
+def test_monitoring_is_off_by_default_and_never_changes_a_runs_config_or_recipe_fingerprint():
+    assert load_params(REPO / "params.yaml").train.monitor_every == 0
+    raw = default_raw()
+    raw["train"]["monitor_every"] = 50
+    monitored, plain = parse_params(raw), load_params(REPO / "params.yaml")
+    assert monitored.train.monitor_every == 50
+    for rung in plain.ladder:
+        a, b = build_rung_config(monitored, rung, 42), build_rung_config(plain, rung, 42)
+        assert a.to_dict() == b.to_dict()  # the config file the train stage depends on is the same text
+        assert recipe_fingerprint(a, "corpus") == recipe_fingerprint(b, "corpus")  # existing runs are complete
+
+
 def test_the_default_params_declare_one_base_run_per_rung():
     params = load_params(REPO / "params.yaml")
     assert params.variants == {} and params.run_names() == ["tiny-42", "small-42", "medium-42", "large-42", "xl-42"]
@@ -129,6 +143,7 @@ def test_the_default_params_declare_one_base_run_per_rung():
         ({"wide": {"hidden": 64}}, "variants.wide.hidden: the model shape belongs in ladder"),
         ({"v": {"seeds": [1]}}, "variants.v.seeds: train.seeds applies to every run"),
         ({"v": {"device": "cpu"}}, "variants.v.device: train.device applies to every run"),
+        ({"v": {"monitor_every": 10}}, "variants.v.monitor_every: train.monitor_every applies to every run"),
         ({"v": {"learning_rate": 1}}, "unknown param variants.v.learning_rate; variants may set steps"),
         ({"": {"lr": 1}}, "variants: the name '' must be non-empty letters, digits or '_'"),
         ({"lr-hi": {"lr": 1}}, "variants: the name 'lr-hi' must be non-empty"),

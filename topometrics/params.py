@@ -55,6 +55,7 @@ class TrainParams:
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda
     threads: int = 0  # torch intra-op threads per training process; 0 = 1 (the processes fill the cores)
     workers: int = 0  # runs trained at once; 0 = one per usable core on CPU, 4 per GPU on CUDA
+    monitor_every: int = 0  # weight features every this many steps while training (topometrics.monitor); 0 = off
     hidden: int = 48  # default shape, inherited by rungs that do not override it
     layers: int = 3
     heads: int = 4
@@ -62,7 +63,7 @@ class TrainParams:
     def check(self) -> None:
         self.check_recipe("train")
         positive(self, "train", SHAPE_KEYS)
-        non_negative(self, "train", ("threads", "workers"))
+        non_negative(self, "train", ("threads", "workers", "monitor_every"))
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
             raise ParamsError(
                 f"train.seeds must be a non-empty list of distinct integers >= 0, got {list(self.seeds)}; e.g. [42, 43]"
