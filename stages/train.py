@@ -4,8 +4,9 @@
         --metrics reports/train --curves reports/curves [--run xl-42 ...]
 
 Runs already complete (every checkpoint verified) are skipped untouched; unfinished ones resume
-(topometrics.run_queue). `--run NAME` trains only the named runs (their config files must exist:
-`dvc repro config`). A run directory that holds another run is refused, untouched.
+(topometrics.run_queue). With `train.monitor_every` > 0 every run trained is watched by a
+TopologyMonitor logging into `data/runs/<run>/monitor/`. `--run NAME` trains only the named runs
+(their config files must exist: `dvc repro config`). A run directory that holds another run is refused, untouched.
 """
 
 import sys
@@ -36,7 +37,8 @@ def main(argv: list[str]) -> None:
         for n in args.run or names
     ]  # fmt: skip
     t = params.train
-    summaries = train_runs(runs, args.corpus, plan_pool(t.device, t.workers, t.threads, len(runs)))
+    pool = plan_pool(t.device, t.workers, t.threads, len(runs))
+    summaries = train_runs(runs, args.corpus, pool, monitor_every=t.monitor_every, features=params.features)
     bad = {n: s["status"] for n, s in summaries.items() if s["status"] != "complete"}
     print(f"train: {len(summaries) - len(bad)}/{len(summaries)} runs complete" + "".join(
         f"; {n}: {status}" for n, status in bad.items()))  # fmt: skip

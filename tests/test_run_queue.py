@@ -13,8 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from topometrics.checkpoints import list_checkpoints
 from topometrics.corpus import offline_text
 from topometrics.model import GPTConfig
+from topometrics.monitor import read_log
+from topometrics.params import FeaturesParams
 from topometrics.run_queue import (
     Pool,
     RunFiles,
@@ -96,6 +99,35 @@ def test_runs_train_at_once_a_diverging_run_stops_alone_and_complete_runs_are_sk
     assert snapshot(runs[0].run_dir) == before[0] and snapshot(runs[2].run_dir) == before[2]
     assert json.loads(runs[0].metrics.read_text()) == metrics
     assert again["t-2"]["status"].startswith("diverged")
+
+
+def test_monitored_runs_log_in_their_run_directories_from_pool_processes_and_the_metrics_show_the_last(tmp_path):
+    data = corpus(tmp_path / "corpus")
+    runs = [files(tmp_path, config(seed=1, steps=20)), files(tmp_path, config(seed=2, steps=20, lr=float("inf")))]
+    runs.append(files(tmp_path, config(seed=3, steps=20, variant="wd0")))
+    lines = []
+    watch = FeaturesParams(max_points=20, workers=1)
+    summaries = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=lines.append, monitor_every=10, features=watch)
+    assert summaries["t-2"]["status"].startswith("diverged: loss is nan at step")
+    for run, name, steps in zip(runs, ("t-live", "t-live", "t-wd0-live"), ([0, 10, 20], [0], [0, 10, 20]), strict=True):
+        features, losses = read_log(run.run_dir / "monitor")  # written by the monitor of a pool process
+        assert sorted(features["step"].unique()) == steps, run.config.name
+        assert set(features["rung"]) == {name} and set(features["seed"]) == {run.config.recipe.seed}
+        last = features[(features["step"] == steps[-1]) & (features["layer"] == "all")].set_index("feature")["value"]
+        shown = json.loads(run.metrics.read_text())["monitor"]  # what `dvc exp show` lists
+        assert shown["step"] == steps[-1] and shown["measurements"] == len(steps)
+        assert shown["np_norm"] == last["np_norm"] and shown["vr_tp0"] == last["vr_tp0"]
+        assert losses.set_index("step").loc[0, "val_loss"] == list_checkpoints(run.run_dir)[0].meta["val_loss"]
+    before = json.loads(runs[0].metrics.read_text())
+    runs[0].metrics.unlink()
+    train_runs(runs[:1], data, Pool(1, 1, ("cpu",)), log=quiet)  # monitoring off, the run complete: its log stays
+    assert json.loads(runs[0].metrics.read_text()) == before
+
+
+def test_without_monitoring_the_metrics_have_no_monitor_values(tmp_path):
+    run = files(tmp_path, config(seed=1, steps=20))
+    train_runs([run], corpus(tmp_path / "corpus"), Pool(1, 1, ("cpu",)), log=quiet)
+    assert "monitor" not in json.loads(run.metrics.read_text()) and not (run.run_dir / "monitor").exists()
 
 
 KILLED = """

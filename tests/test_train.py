@@ -10,19 +10,25 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from topometrics.architectures import module_weights
 from topometrics.checkpoints import CheckpointError, list_checkpoints, load_model, load_state, safetensors_problem
 from topometrics.corpus import CorpusError, offline_text
+from topometrics.features import features_frame, weight_features
 from topometrics.model import GPTConfig
+from topometrics.monitor import TopologyMonitor, read_log
+from topometrics.params import FeaturesParams
 from topometrics.run_dir import resume_info, truncate_steps_log
 from topometrics.tokens import encode
 from topometrics.train import Recipe, RungConfig, train_rung, validation_windows
 
 TEXT = encode(offline_text()[:200_000])
 TRAIN, VAL = TEXT[:180_000], TEXT[180_000:]
+MONITOR_PARAMS = FeaturesParams(max_points=20, workers=1)
 
 
 def config(steps=40, ckpt_every=10, lr=3e-3, seed=7) -> RungConfig:
@@ -121,6 +127,56 @@ def test_a_run_directory_of_another_run_is_refused_and_left_untouched(tmp_path):
         "(nothing was changed)"
     )
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def monitored(run_dir: Path, every: int = 5) -> TopologyMonitor:
+    return TopologyMonitor(
+        run_dir / "monitor", every, MONITOR_PARAMS, "t-live", 7, max_pending=99, live=False, log=quiet
+    )
+
+
+def test_a_monitored_run_writes_the_same_bytes_and_the_monitor_sees_the_checkpoints_weights(tmp_path):
+    torch.set_num_threads(1)
+    plain, watched = tmp_path / "plain", tmp_path / "watched"
+    train_rung(config(steps=20), TRAIN, VAL, plain, "sha", "cpu", quiet)
+    with monitored(watched) as monitor:
+        summary = train_rung(config(steps=20), TRAIN, VAL, watched, "sha", "cpu", quiet, monitor=monitor)
+    assert summary["status"] == "complete" and monitor.skipped == []
+    written = sorted(p.name for p in plain.iterdir() if p.is_file() and p.name != "resume.safetensors")
+    assert "step_000020.safetensors" in written and "steps.csv" in written
+    for name in written:  # checkpoints, sidecars, step log, run record
+        assert (watched / name).read_bytes() == (plain / name).read_bytes(), name
+    # the resume state's metadata keys come out in any order (even between two plain runs): same tensors, same record
+    a, b = load_file(str(watched / "resume.safetensors")), load_file(str(plain / "resume.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in b)
+    assert resume_info(watched) == resume_info(plain)
+    features, losses = read_log(watched / "monitor")
+    assert sorted(features["step"].unique()) == [0, 5, 10, 15, 20]
+    for ckpt in list_checkpoints(plain):  # the weights after step s are the ones its checkpoint holds
+        want = features_frame(weight_features(module_weights(load_model(ckpt)), MONITOR_PARAMS), "t-live", 7, ckpt.step)
+        got = features[features["step"] == ckpt.step].reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    losses = losses.set_index("step")
+    assert [losses.loc[c.step, "val_loss"] for c in list_checkpoints(plain)] == [
+        c.meta["val_loss"] for c in list_checkpoints(plain)
+    ]  # the validation loss of every checkpoint; between checkpoints none
+    assert losses.loc[[5, 15], "val_loss"].isna().all()
+    logged = np.loadtxt(plain / "steps.csv", delimiter=",", skiprows=1)  # step, train loss (6 decimals), ...
+    for step in (5, 10, 15, 20):
+        assert losses.loc[step, "train_loss"] == pytest.approx(logged[step - 1, 1], abs=1e-6)
+
+
+def test_a_changed_recipe_discards_the_monitor_log_and_another_runs_directory_gets_none(tmp_path):
+    torch.set_num_threads(1)
+    with monitored(tmp_path, every=10) as monitor:
+        train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet, monitor=monitor)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(CheckpointError, match="holds the checkpoints of run t-7, not t-8"), monitored(tmp_path) as m:
+        train_rung(config(steps=20, seed=8), TRAIN, VAL, tmp_path, "sha", "cpu", quiet, monitor=m)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # its log included
+    (tmp_path / "monitor" / "notes.txt").write_text("a file the run did not write")
+    train_rung(config(steps=40, lr=1e-3), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)  # unmonitored, new recipe
+    assert sorted(p.name for p in (tmp_path / "monitor").iterdir()) == ["notes.txt"]  # no stale measurement
 
 
 def test_a_corpus_shorter_than_a_window_is_refused_before_the_run_directory_is_touched(tmp_path):

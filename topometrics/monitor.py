@@ -62,8 +62,9 @@ class TopologyMonitor:
     Parameters
     ----------
     out_dir : Path
-        The log folder (created). Parts already there (a resumed run) are kept; a re-measured
-        step replaces its file.
+        The log folder, created at the first measurement or loss (so a monitor opened beside a
+        run that then refuses to start leaves nothing behind). Parts already there (a resumed run)
+        are kept; a re-measured step replaces its file.
     every : int
         Measure when ``step % every == 0``.
     params : FeaturesParams
@@ -103,7 +104,6 @@ class TopologyMonitor:
         self.out_dir, self.every, self.params = Path(out_dir), every, params or FeaturesParams()
         self.rung, self.seed, self.patience, self.min_delta = rung, seed, patience, min_delta
         self.max_pending, self.log = max_pending, log
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.layers: list[LinearLayer] | None = None
         self.pending: dict[int, tuple[Future, float]] = {}
         self.best, self.wait, self.best_step = 0.0, 0, None
@@ -126,6 +126,7 @@ class TopologyMonitor:
             self.log(f"monitor: step {step} not measured, {len(self.pending)} measurements still running")
             return self.should_stop
         start = time.perf_counter()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         snapshot = self.snapshot(model)
         future = self._pool.submit(_measure, self.out_dir, snapshot, self.params, self.rung, self.seed, step)
         self.pending[step] = (future, time.perf_counter() - start)
@@ -154,6 +155,7 @@ class TopologyMonitor:
             {"val_loss": "float64", "train_loss": "float64"}
         )
         kind = "eval" if val_loss is not None else "train"
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         write_parquet(self.out_dir / f"losses-{step:09d}-{kind}.parquet", frame)
         if self._live is not None:
             self._live.step = step
@@ -273,6 +275,18 @@ def read_log(out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     losses = pd.concat(loss_parts, ignore_index=True) if loss_parts else pd.DataFrame(columns=LOSS_COLUMNS)
     losses = losses.astype({"step": "int64", "val_loss": "float64", "train_loss": "float64"})
     return features, losses.groupby("step", as_index=False).first()
+
+
+def latest_measurement(out_dir: Path) -> dict | None:
+    """The last complete measurement of a log folder: ``step``, the number of ``measurements``
+    and the layer-'all' values shown on the console (:data:`SHOWN`); None when there is none."""
+    parts = sorted(Path(out_dir).glob("features-*.parquet"))
+    if not parts:
+        return None
+    rows = pd.read_parquet(parts[-1])  # names hold the step zero-padded: the last name is the last step
+    shown = rows[(rows["layer"] == ALL) & rows["feature"].isin(SHOWN)]
+    values = {f: (float(v) if np.isfinite(v) else None) for f, v in zip(shown["feature"], shown["value"], strict=True)}
+    return {"step": int(rows["step"].iloc[0]), "measurements": len(parts)} | values
 
 
 # ---------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 A run directory (``data/runs/<rung>-<seed>``) holds the run's checkpoints and sidecars
 (topometrics.checkpoints), ``resume.safetensors`` (the training state after the last checkpoint;
-its metadata names the step, rung, seed and recipe fingerprint), ``steps.csv``, ``checkpoints.csv``
-and ``run.json`` (how the run ended). Before training touches it:
+its metadata names the step, rung, seed and recipe fingerprint), ``steps.csv``, ``checkpoints.csv``,
+``run.json`` (how the run ended) and, when ``train.monitor_every`` > 0, ``monitor/`` (the log of a
+:class:`topometrics.monitor.TopologyMonitor`). Before training touches it:
 
 - :func:`claim_run_dir` refuses a directory whose own records name another rung or seed, and
   empties (of the run's own files only) one of this rung and seed made with another recipe;
@@ -26,7 +27,8 @@ from topometrics.params import BASE_VARIANT, run_name
 
 STEPS_HEADER = "step,train_loss,grad_norm,lr\n"
 # Files a run directory holds; only these are ever deleted (never the directory itself).
-RUN_FILES = ("step_*", "resume.*", "steps.csv", "checkpoints.csv", "run.json", "summary.json", "*.tmp")
+RUN_FILES = ("step_*", "resume.*", "steps.csv", "checkpoints.csv", "run.json", "summary.json", "*.tmp",
+             "monitor/features-*", "monitor/losses-*", "monitor/stop.json", "monitor/*.tmp")  # fmt: skip
 _STEP_NAME = re.compile(r"^step_(\d{6,})\.(?:safetensors|json)$")
 
 

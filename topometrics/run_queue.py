@@ -12,6 +12,13 @@ skipped without touching a file; an unfinished one resumes from its last checkpo
 to an uninterrupted run (one thread per process, whatever the number of processes). A run that
 diverges stops alone with its message; the others go on. Progress: a line per checkpoint of
 every run (``[<run>] step ...``) and an overall line per finished run and every ``progress_s``.
+
+With ``monitor_every`` > 0 (params ``train.monitor_every``) every run trained here is watched by a
+:class:`topometrics.monitor.TopologyMonitor` (weight features every ``monitor_every`` steps, in a
+background process of the run's process) logging into ``<run_dir>/monitor/`` with the series name
+``<rung>[-<variant>]-live`` and the run's seed; the monitor only copies weights, so the checkpoints
+are bit-identical to an unmonitored run. The latest measurement of a run's log goes into its metrics
+JSON (``monitor``), which ``dvc exp show`` lists.
 """
 
 from __future__ import annotations
@@ -31,10 +38,12 @@ from topometrics.atomic import write_text
 from topometrics.checkpoints import checkpoint_problem, list_checkpoints
 from topometrics.errors import TopometricsError
 from topometrics.model import GPT, count_parameters
+from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.tokens import load_tokens
 from topometrics.train import RungConfig, recipe_fingerprint, train_rung, write_checkpoint_table
 
 GPU_RUNS_PER_DEVICE = 4  # concurrent runs per GPU when train.workers is 0 (tiny models are launch-bound)
+MONITOR_DIR = "monitor"  # a run's TopologyMonitor log folder inside its run directory
 
 
 @dataclass(frozen=True)
@@ -139,32 +148,90 @@ def write_reports(run: RunFiles, summary: dict, corpus_used: str) -> None:
     for path in (run.metrics, run.curve):
         path.parent.mkdir(parents=True, exist_ok=True)
     write_checkpoint_table(run.run_dir, run.curve)
-    write_text(run.metrics, json.dumps(summary | {"corpus": corpus_used}, indent=1, sort_keys=True) + "\n")
+    monitored = latest_monitored(run.run_dir)
+    body = summary | {"corpus": corpus_used} | ({"monitor": monitored} if monitored else {})
+    write_text(run.metrics, json.dumps(body, indent=1, sort_keys=True) + "\n")
+
+
+def live_series_name(cfg: RungConfig) -> str:
+    """The ``rung`` column of a run's monitor log: ``<rung>-live`` (``<rung>-<variant>-live`` for a
+    variant), a series name beside the run's own rows in the warehouse."""
+    return f"{cfg.rung}-live" if cfg.variant == BASE_VARIANT else f"{cfg.rung}-{cfg.variant}-live"
+
+
+def latest_monitored(run_dir: Path) -> dict | None:
+    """The last measurement of the run's monitor log (:func:`topometrics.monitor.latest_measurement`), if any."""
+    folder = Path(run_dir) / MONITOR_DIR
+    if not folder.is_dir():
+        return None
+    from topometrics.monitor import latest_measurement  # only where a log exists: the monitor imports transformers
+
+    return latest_measurement(folder)
+
+
+def open_monitor(cfg: RungConfig, run_dir: Path, every: int, features: FeaturesParams):
+    """The :class:`topometrics.monitor.TopologyMonitor` of one run (its folder is created at the first
+    measurement, so a run directory that training refuses is left untouched).
+
+    No dvclive: its folder would sit inside ``data/runs``, an output DVC cannot declare a second
+    time; the run's metrics JSON carries the values to ``dvc exp show`` instead.
+    """
+    from topometrics.monitor import TopologyMonitor  # only when monitoring: it imports transformers
+
+    def log(line: str) -> None:  # a console line per measurement, named by its run
+        _print(f"[{cfg.name}] {line}")
+
+    folder = Path(run_dir) / MONITOR_DIR
+    return TopologyMonitor(folder, every, features, live_series_name(cfg), cfg.recipe.seed, live=False, log=log)
 
 
 def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _train_one(run: RunFiles, corpus_dir: Path, corpus_sha256: str, device: str) -> dict:
-    """Worker: train or resume one run, then write its checkpoint table and summary into its run directory."""
-    summary = train_rung(
-        run.config,
-        load_tokens(corpus_dir, "train"),
-        load_tokens(corpus_dir, "val"),
-        run.run_dir,
-        corpus_sha256,
-        device,
-        log=lambda line: print(line, flush=True),
-        progress_bar=False,
-    )
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def _train_one(
+    run: RunFiles, corpus_dir: Path, corpus_sha256: str, device: str, monitor_every: int, features: FeaturesParams
+) -> dict:
+    """Worker: train or resume one run (monitored when ``monitor_every`` > 0; the monitor is closed, every
+    measurement written, however training ends), then write its checkpoint table and summary into its run directory."""
+    monitor = open_monitor(run.config, run.run_dir, monitor_every, features) if monitor_every else None
+    try:
+        summary = train_rung(
+            run.config,
+            load_tokens(corpus_dir, "train"),
+            load_tokens(corpus_dir, "val"),
+            run.run_dir,
+            corpus_sha256,
+            device,
+            log=_print,
+            progress_bar=False,
+            monitor=monitor,
+        )
+    finally:
+        if monitor is not None:
+            monitor.close()
     write_text(run.run_dir / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
     write_checkpoint_table(run.run_dir, run.run_dir / "checkpoints.csv")  # last (atomic): marks the run complete
     return summary
 
 
-def train_runs(runs: list[RunFiles], corpus_dir: Path, pool: Pool, progress_s: float = 30.0, log=print) -> dict:
+def train_runs(
+    runs: list[RunFiles],
+    corpus_dir: Path,
+    pool: Pool,
+    progress_s: float = 30.0,
+    log=print,
+    monitor_every: int = 0,
+    features: FeaturesParams | None = None,
+) -> dict:
     """Train every run not yet complete over ``pool``, then write every run's metrics and curve.
+
+    ``monitor_every`` > 0 watches every run trained here with a TopologyMonitor computing the weight
+    features with ``features`` (as for checkpoints); complete runs are not retrained to be monitored.
 
     Returns ``{run name: summary}``; a run whose process raised has ``status`` ``failed: <error>``
     (the others still finish). Complete runs are not touched: only their reports are written.
@@ -184,10 +251,11 @@ def train_runs(runs: list[RunFiles], corpus_dir: Path, pool: Pool, progress_s: f
     t0 = time.monotonic()
     if todo:
         context = mp.get_context("spawn")  # CUDA-safe, and no torch state inherited from this process
+        watch = (monitor_every, features or FeaturesParams())
         workers = min(pool.workers, len(todo))
         with ProcessPoolExecutor(workers, context, _init_worker, (pool.threads,)) as executor:
             futures: dict[Future, RunFiles] = {
-                executor.submit(_train_one, r, corpus_dir, sha, pool.devices[i % len(pool.devices)]): r
+                executor.submit(_train_one, r, corpus_dir, sha, pool.devices[i % len(pool.devices)], *watch): r
                 for i, r in enumerate(todo)
             }
             pending = set(futures)

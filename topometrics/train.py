@@ -32,7 +32,7 @@ from topometrics.checkpoints import list_checkpoints, load_state, save_checkpoin
 from topometrics.corpus import CorpusError, check_split_sizes
 from topometrics.lr_schedule import Schedule
 from topometrics.model import GPT, GPTConfig, count_parameters
-from topometrics.params import BASE_VARIANT, ParamsError, run_name
+from topometrics.params import BASE_VARIANT, RECIPE_KEYS, ParamsError, run_name
 from topometrics.run_dir import claim_run_dir, record_outcome, resume_info, resume_step, truncate_steps_log
 
 
@@ -208,6 +208,7 @@ class Run:
     data_gen: torch.Generator  # the batch sampler's generator (seed + 1)
     val_x: torch.Tensor  # (windows, context) fixed validation inputs
     val_y: torch.Tensor  # ... and their targets
+    monitor: object | None = None  # a topometrics.monitor.TopologyMonitor (step, record_losses) or None
 
     def checkpoint(self, step: int, train_loss: float) -> float:
         """Evaluate, save the checkpoint and the resume state; returns the validation loss."""
@@ -220,6 +221,8 @@ class Run:
         info = {"step": step, "rung": self.cfg.rung, "variant": self.cfg.variant, "seed": r.seed}
         info |= {"recipe_fingerprint": self.fingerprint}
         save_resume(self.run_dir, self.model, self.opt, self.data_gen, info)
+        if self.monitor is not None:
+            self.monitor.record_losses(step, val_loss=val_loss)
         return val_loss
 
 
@@ -232,16 +235,19 @@ def train_rung(
     device: str = "auto",
     log=print,
     progress_bar: bool | None = None,
+    monitor=None,
 ) -> dict:
     """Train (or resume) one rung, writing checkpoints and logs into ``run_dir``.
 
     ``progress_bar``: a progress bar on stderr (None: when it is a terminal); without one, a ``log`` line
     per checkpoint. Concurrent runs pass False, so their lines interleave instead of their bars.
+    ``monitor``: a :class:`topometrics.monitor.TopologyMonitor` fed every step and val loss; the caller closes it.
 
     Returns a summary: final val/train loss, steps run, tokens/s, status
     ('complete' or 'diverged' with the step and reason).
     """
     run, start = setup_run(cfg, train_ids, val_ids, Path(run_dir), corpus_sha256, device, log)
+    run.monitor = monitor
     resume_run(run, start, log)
     t0 = time.perf_counter()
     status, reason, tokens = training_loop(run, start, log, progress_bar)
@@ -298,7 +304,10 @@ def resume_run(run: Run, start: int, log) -> None:
         probe = torch.Generator().manual_seed(r.seed + 1)  # the first batch, without advancing the sampler
         x0, y0 = (t.to(run.device) for t in sample_batch(run.data, r.batch_size, run.cfg.model.context, probe))
         with torch.no_grad():
-            run.checkpoint(0, run.model.loss(x0, y0).item())
+            loss0 = run.model.loss(x0, y0).item()
+        if run.monitor is not None:
+            run.monitor.step(run.model, 0, loss=loss0)
+        run.checkpoint(0, loss0)
 
 
 def training_loop(run: Run, start: int, log, progress_bar: bool | None = None) -> tuple[str, str, int]:
@@ -322,6 +331,8 @@ def training_loop(run: Run, start: int, log, progress_bar: bool | None = None) -
                 status, reason = "diverged", f"loss is {loss_value} at step {step}; kept checkpoints up to step {kept}"
                 break
             opt.step()
+            if run.monitor is not None:  # after the update: the weights a checkpoint at this step holds
+                run.monitor.step(model, step, loss=loss_value)
             loss_sum += loss_value
             tokens += x.numel()
             steps_file.write(f"{step},{loss_value:.6f},{grad_norm:.6f},{lr:.8g}\n")
@@ -385,16 +396,5 @@ def build_rung_config(params, rung: str, seed: int, variant: str = BASE_VARIANT)
     if seed not in t.seeds:
         raise ParamsError(f"seed {seed} is not in train.seeds={list(t.seeds)}; add it there")
     model = GPTConfig(context=params.data.seq_len, **params.rung_shape(rung))
-    recipe = Recipe(
-        steps=t.steps,
-        ckpt_every=t.ckpt_every,
-        batch_size=t.batch_size,
-        lr=t.lr,
-        warmup=t.warmup,
-        min_lr_ratio=t.min_lr_ratio,
-        weight_decay=t.weight_decay,
-        grad_clip=t.grad_clip,
-        seed=seed,
-        val_windows=params.data.val_windows,
-    )
+    recipe = Recipe(**{k: getattr(t, k) for k in RECIPE_KEYS}, seed=seed, val_windows=params.data.val_windows)
     return RungConfig(rung, model, recipe, variant)
