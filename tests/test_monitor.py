@@ -254,3 +254,47 @@ def test_dvc_repro_ingests_a_trainer_run_folder_and_its_live_log(tmp_path):
         rho = con.execute("SELECT rho FROM feature_loss_spearman WHERE rung = 'gpt2-live' AND layer = 'all' "
                           "AND feature = 'w_fro'").fetchone()  # fmt: skip
         assert rho is not None and -1 <= rho[0] <= 1
+
+
+@pytest.mark.slow
+def test_dvc_exp_run_with_monitor_every_shows_the_monitor_in_exp_show_and_the_warehouse_ingests_it(tmp_path):
+    import csv
+
+    import duckdb
+    import yaml
+    from test_pipeline import commit, make_project, run
+
+    project = make_project(tmp_path / "project")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["series"]["sources"] = {}
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    commit(project, "no hub series")
+    run(["dvc", "repro", "train"], project)  # the defaults: no monitor, no monitor values
+    assert "monitor" not in json.loads((project / "reports/train/a-42.json").read_text())
+    assert not (project / "data/runs/a-42/monitor").exists()
+    commit(project, "trained")
+
+    # monitoring is not part of the recipe: complete runs stay complete (nothing retrained, nothing monitored)
+    out = run(["dvc", "exp", "run", "-S", "train.monitor_every=10", "train"], project)
+    assert "train: 2 runs, 2 complete, 0 to train" in out and "monitor: step" not in out
+    out = run(["dvc", "exp", "run", "-S", "train.monitor_every=10", "-S", "train.steps=60", "train"], project)
+    assert "[a-42] monitor: step 60 np_norm" in out and "[b-42] monitor: step 60 np_norm" in out
+    rows = list(csv.DictReader(run(["dvc", "exp", "show", "--no-pager", "--csv"], project).splitlines()))
+    workspace = next(r for r in rows if r["rev"] == "workspace")
+    assert workspace["reports/train/a-42.json:monitor.step"] == "60"
+    assert workspace["reports/train/b-42.json:monitor.measurements"] == "7"  # steps 0, 10, ..., 60
+    assert float(workspace["reports/train/a-42.json:monitor.np_norm"]) > 0
+    assert not (project / "data/runs/a-42/monitor/dvclive").exists()  # nothing beside the log in data/runs
+
+    # a run's log as a series: the live rows equal the features stage's rows of the checkpoint at that step
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["series"]["sources"] = {"a-live": {"log": "data/runs/a-42/monitor", "seed": 42}}
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert "series a-live: 7 computed, 0 reused, 0 skipped" in run(["dvc", "repro"], project)
+    with duckdb.connect(str(project / "data/warehouse.duckdb"), read_only=True) as con:
+        pairs = con.execute(
+            "SELECT l.value, r.value FROM features l JOIN features r USING (step, layer, feature, seed) "
+            "WHERE l.rung = 'a-live' AND r.rung = 'a' AND layer = 'all' AND feature = 'np_norm' ORDER BY step"
+        ).fetchall()
+        assert len(pairs) == 7 and all(live == pytest.approx(ours) for live, ours in pairs)
+        assert con.execute("SELECT count(val_loss) FROM checkpoints WHERE rung = 'a-live'").fetchone() == (7,)
