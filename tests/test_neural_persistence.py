@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 
 from topometrics import neural_persistence as P
-from topometrics.neural_persistence import bipartite_max_spanning_tree, neural_persistence, shuffled_neural_persistence
+from topometrics.neural_persistence import (
+    bipartite_max_spanning_tree,
+    neural_persistence,
+    shuffled_neural_persistence,
+    tree_persistence,
+)
 
 
 def brute_force_tree(weight: np.ndarray) -> np.ndarray:
@@ -168,3 +173,14 @@ def test_small_layer_path_agrees_with_the_banded_path(monkeypatch):
     monkeypatch.setattr(P, "_SMALL_LAYER_EDGES", 0)  # every layer through band + Kruskal
     for w, expected in zip(layers, dense, strict=True):
         np.testing.assert_array_equal(bipartite_max_spanning_tree(w), expected)
+
+
+def test_shuffled_null_in_place_is_the_same_permutation_and_tree_persistence_is_np():
+    w = np.random.default_rng(3).standard_normal((30, 20)).astype(np.float32)
+    buffer = w.copy()
+    in_place = shuffled_neural_persistence(buffer, 4.0, [1, 2], in_place=True)
+    assert in_place == shuffled_neural_persistence(w, 4.0, [1, 2])
+    np.testing.assert_array_equal(buffer.ravel(), np.random.default_rng([1, 2]).permutation(w.ravel()))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        shuffled_neural_persistence(np.asfortranarray(w), 4.0, 0, in_place=True)
+    assert tree_persistence(bipartite_max_spanning_tree(w), 4.0) == neural_persistence(w, 4.0)

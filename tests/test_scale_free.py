@@ -8,7 +8,9 @@ from scipy.sparse.csgraph import minimum_spanning_tree
 from test_neural_persistence import brute_force_tree  # the one brute-force Kruskal oracle
 
 from topometrics import scale_free as S
-from topometrics.neural_persistence import neural_persistence
+from topometrics.features import layer_features
+from topometrics.neural_persistence import bipartite_max_spanning_tree, neural_persistence
+from topometrics.params import FeaturesParams
 from topometrics.persistence import vietoris_rips_diagrams
 
 
@@ -18,13 +20,19 @@ def trained_like(shape, seed):
     return w * np.exp(0.5 * rng.standard_normal((1, shape[1])))
 
 
+def every_scale_free_feature(w, params=None, index=0):
+    """The scale-free values of a layer as the features stage computes them (np_excess included)."""
+    values, _, _ = layer_features(np.array(w), float(np.abs(w).max()), params or FeaturesParams(), index)
+    return {name: values[name] for name in S.FEATURES}
+
+
 def test_unit_row_h0_is_the_mst_of_chord_distances():
     w = trained_like((40, 12), 0)
     cos = (w @ w.T) / np.outer(np.linalg.norm(w, axis=1), np.linalg.norm(w, axis=1))
     chord = np.sqrt(np.clip(2 - 2 * cos, 0, None))
     np.fill_diagonal(chord, 0)
     mst = minimum_spanning_tree(chord).data
-    f = S.scale_free_features(w, 200, 0, [0, 0], 2, 64)
+    f = every_scale_free_feature(w)
     assert f["vr_unit_tp0"] == pytest.approx(mst.sum(), abs=1e-9)
     assert np.all(mst <= 2 + 1e-12)  # chords of unit vectors
 
@@ -32,7 +40,7 @@ def test_unit_row_h0_is_the_mst_of_chord_distances():
 def test_fnorm_diagrams_are_the_plain_diagrams_divided_by_the_norm():
     w = trained_like((30, 10), 1)
     plain = vietoris_rips_diagrams(w)
-    f = S.scale_free_features(w, 200, 0, [0, 0], 2, 64)
+    f = every_scale_free_feature(w)
     norm = np.linalg.norm(w)
     finite = plain[0][np.isfinite(plain[0][:, 1])]
     assert f["vr_fnorm_tp0"] == pytest.approx(finite[:, 1].sum() / norm, rel=1e-12)
@@ -50,11 +58,18 @@ def test_np_excess_is_np_minus_the_mean_null_by_direct_subtraction():
         pers = 1 - brute_force_tree(matrix) / top
         return np.sqrt((np.sum(pers**2) + 1) / pers.size)
 
-    nulls = [
-        direct_np(np.random.default_rng([5, 1, k]).permutation(np.sort(a.ravel())).reshape(a.shape)) for k in range(4)
-    ]
-    assert S.np_excess(w, 4, [5, 1]) == pytest.approx(direct_np(a) - np.mean(nulls), abs=1e-12)
+    draw, nulls = np.sort(a.ravel()), []
+    for k in range(4):  # each draw permutes the one before, the first the sorted |w|
+        draw = np.random.default_rng([5, 1, k]).permutation(draw)
+        nulls.append(direct_np(draw.reshape(a.shape)))
+    entries = w.copy()
+    assert S.np_excess(brute_force_tree(a), entries, 4, [5, 1]) == pytest.approx(
+        direct_np(a) - np.mean(nulls), abs=1e-12
+    )
     assert direct_np(a) == pytest.approx(neural_persistence(w, top).np_norm, abs=1e-12)
+    assert not np.array_equal(entries, w)  # the working array was written over, as documented
+    with pytest.raises(ValueError, match="C-contiguous"):
+        S.np_excess(brute_force_tree(a), np.asfortranarray(w), 4, [5, 1])
 
 
 def test_np_z_by_hand():
@@ -62,16 +77,19 @@ def test_np_z_by_hand():
     a = np.abs(w)
     sd = a.std()
     tree = np.array([3.0, 2.0, 1.0])
-    assert S.np_zscored(w) == pytest.approx(np.sqrt(np.mean(((3 - tree) / sd) ** 2)), abs=1e-12)
-    assert np.isnan(S.np_zscored(np.ones((3, 3))))  # constant |w|: no spread to standardise by
+    assert S.np_zscored(w, tree) == pytest.approx(np.sqrt(np.mean(((3 - tree) / sd) ** 2)), abs=1e-12)
+    assert np.array_equal(bipartite_max_spanning_tree(w), tree)
+    ones = np.ones((3, 3))  # constant |w|: no spread to standardise by
+    assert np.isnan(S.np_zscored(ones, bipartite_max_spanning_tree(ones)))
 
 
 @pytest.mark.parametrize("c", [1e-3, 0.37, 1.0, 7.0, 1e4])
 def test_scaling_and_row_permutation_leave_every_scale_free_feature_unchanged(c):
     w = trained_like((48, 16), 3)
-    base = S.scale_free_features(w, 200, 0, [0, 1], 3, 32)
+    params = FeaturesParams(null_draws=3, unit_points=32)
+    base = every_scale_free_feature(w, params, 1)
     perm = np.random.default_rng(9).permutation(w.shape[0])
-    moved = S.scale_free_features(c * w[perm], 200, 0, [0, 1], 3, 32)
+    moved = every_scale_free_feature(c * w[perm], params, 1)
     assert set(base) == set(S.FEATURES)
     for name in S.FEATURES:
         assert moved[name] == pytest.approx(base[name], abs=1e-9), name
@@ -82,7 +100,7 @@ def test_dead_rows_and_all_zero_layers():
     w[3] = 0
     assert S.unit_rows(w).shape == (9, 6)
     np.testing.assert_allclose(np.linalg.norm(S.unit_rows(w), axis=1), 1.0)
-    zero = S.scale_free_features(np.zeros((5, 4)), 200, 0, [0, 0], 2, 64)
+    zero, _, _ = layer_features(np.zeros((5, 4)), 0.0, FeaturesParams(), 0)
     assert zero["vr_unit_tp0"] == 0 and zero["vr_fnorm_tp0"] == 0
     assert np.isnan(zero["np_excess"]) and np.isnan(zero["np_z"])
 
@@ -105,3 +123,24 @@ def test_farthest_points_cover_the_cloud_and_ignore_row_order():
     perm = np.random.default_rng(1).permutation(100)
     assert {tuple(r) for r in S.farthest_points(pts[perm], 20)} == {tuple(r) for r in kept}
     assert S.farthest_points(pts, 200) is not None and len(S.farthest_points(pts, 200)) == 100
+
+
+@pytest.mark.parametrize("block_bytes", [64, 1 << 19])  # 64: a block per row, so every boundary is crossed
+def test_farthest_unit_rows_streamed_equal_farthest_points_of_the_unit_rows(monkeypatch, block_bytes):
+    monkeypatch.setattr(S, "_BLOCK_BYTES", block_bytes)
+    w = trained_like((90, 7), 6).astype(np.float32)
+    w[[4, 50]] = 0  # dead rows are dropped, as unit_rows drops them
+    expected = S.farthest_points(S.unit_rows(w), 16)
+    np.testing.assert_array_equal(S.farthest_unit_rows(w, 16), expected)
+    np.testing.assert_array_equal(S.farthest_unit_rows(w, 200), S.unit_rows(w))  # a cloud that fits: whole
+
+
+def test_layer_features_give_the_same_values_whether_or_not_they_may_overwrite_the_layer():
+    w = trained_like((70, 30), 7).astype(np.float32)
+    kept = w.copy()
+    values, dgms, alpha = layer_features(w, 3.0, FeaturesParams(), 2)
+    assert np.array_equal(w, kept)  # not overwritten by default
+    again, dgms_again, alpha_again = layer_features(w, 3.0, FeaturesParams(), 2, overwrite=True)
+    assert again == values and alpha_again == alpha
+    assert all(np.array_equal(a, b) for a, b in zip(dgms, dgms_again, strict=True))
+    assert not np.array_equal(w, kept)  # the buffer held the nulls

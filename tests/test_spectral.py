@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from topometrics.spectral import covariance_spectrum, participation_ratio, rankme, weight_spectrum
+from topometrics.spectral import covariance_spectrum, participation_ratio, rankme, singular_values, weight_spectrum
 
 
 def test_rankme_of_an_isotropic_cloud_is_about_its_dimension():
@@ -50,3 +50,21 @@ def test_degenerate_inputs_give_zero_not_nan():
     assert covariance_spectrum(np.ones((5, 3))) == {"rankme": 0.0, "pr": 0.0}
     assert weight_spectrum(np.zeros((2, 2)))["rankme"] == 0.0
     assert covariance_spectrum(np.ones((1, 3)))["pr"] == 0.0
+
+
+@pytest.mark.parametrize("shape", [(300, 40), (40, 300), (128, 128), (1, 9), (9, 1)])
+def test_singular_values_equal_numpys_svd(shape):
+    w = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    expected = np.linalg.svd(w.astype(np.float64), compute_uv=False)
+    got = singular_values(w)
+    assert got.shape == expected.shape and np.all(np.diff(got) <= 0)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12 * expected[0])
+
+
+def test_singular_values_of_rank_deficient_and_zero_matrices_are_exact_zeros():
+    rng = np.random.default_rng(0)
+    low = rng.standard_normal((50, 3)) @ rng.standard_normal((3, 20))  # rank 3
+    s = singular_values(low)
+    np.testing.assert_allclose(s[:3], np.linalg.svd(low, compute_uv=False)[:3], rtol=1e-10)
+    assert np.all(s[3:] == 0.0)
+    assert np.all(singular_values(np.zeros((4, 6))) == 0.0) and singular_values(np.zeros((4, 6))).shape == (4,)

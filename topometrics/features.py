@@ -33,7 +33,7 @@ from topometrics.checkpoints import Checkpoint, CheckpointError, list_checkpoint
 from topometrics.compute import map_jobs
 from topometrics.heavy_tail import AlphaFit, covariance_alpha, fit_tail
 from topometrics.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights
-from topometrics.neural_persistence import neural_persistence, shuffled_neural_persistence
+from topometrics.neural_persistence import bipartite_max_spanning_tree, shuffled_neural_persistence, tree_persistence
 from topometrics.params import FeaturesParams
 from topometrics.persistence import (
     bottleneck_distance,
@@ -44,8 +44,8 @@ from topometrics.persistence import (
     wasserstein_distance,
 )
 from topometrics.representation import representation_topology
-from topometrics.scale_free import scale_free_features
-from topometrics.spectral import covariance_spectrum, weight_spectrum
+from topometrics.scale_free import np_excess, scale_free_features
+from topometrics.spectral import covariance_spectrum, singular_values, weight_spectrum
 from topometrics.tokens import load_tokens
 from topometrics.vocabulary import (
     ALL,
@@ -116,7 +116,8 @@ def linear_and_forward_features(
     ----------
     weights : {layer name: loader of its (out, in) array}
         The linear layers in network order; each loader is called once, in order, so a caller
-        that reads layers lazily holds one layer in memory at a time.
+        that reads layers lazily holds one layer in memory at a time. The array a loader returns
+        is overwritten (:func:`layer_features` ``overwrite``): return a fresh read or a copy.
     global_max : float
         ``max |w|`` over all the linear layers (neural persistence's normalisation).
     forward : callable or None
@@ -133,7 +134,7 @@ def linear_and_forward_features(
     out = CheckpointFeatures()
     per_layer_values, alpha_reasons = {}, []
     for i, (name, load) in enumerate(weights.items()):
-        values, out.diagrams[("weights", name)], alpha = layer_features(load(), global_max, params, i)
+        values, out.diagrams[("weights", name)], alpha = layer_features(load(), global_max, params, i, overwrite=True)
         per_layer_values[name] = values | {"w_alpha": alpha.alpha}
         out.add(name, values)
         out.add(name, {"w_alpha": alpha.alpha}, alpha.reason)  # NULL with its own reason on narrow layers
@@ -148,7 +149,7 @@ def linear_and_forward_features(
 
 
 def layer_features(
-    weight: np.ndarray, global_max: float, params: FeaturesParams, index: int
+    weight: np.ndarray, global_max: float, params: FeaturesParams, index: int, *, overwrite: bool = False
 ) -> tuple[dict[str, float], list[np.ndarray], AlphaFit]:
     """NP, shuffled NP, Vietoris-Rips of rows, spectral baselines and the scale-free set of the
     ``index``-th linear layer, and its heavy-tail fit.
@@ -156,22 +157,38 @@ def layer_features(
     Vietoris-Rips uses at most ``params.max_points`` rows (``default_rng(params.seed)``); the
     shuffled nulls of layer ``index`` use ``default_rng([params.seed, index, ...])``. Returns the
     values, the layer's ``[H0, H1]`` diagrams and the ``w_alpha`` fit (NaN with a reason when the
-    layer has too few eigenvalues).
+    layer has too few eigenvalues). ``overwrite``: the caller gives ``weight`` (C-contiguous) away,
+    and its buffer becomes the working array of the shuffled nulls once everything that reads the
+    layer's arrangement is done; otherwise they work on a copy. Either way the values are the same;
+    overwriting is what keeps a streaming worker at one layer plus fixed-size buffers.
     """
-    np_value = neural_persistence(weight, global_max)
-    dgms = vietoris_rips_diagrams(subsample_rows(weight, params.max_points, params.seed))
-    singular = np.linalg.svd(np.asarray(weight, dtype=np.float64), compute_uv=False)
+    # Steps in this order hold at most the layer and one of their working sets at a time.
+    tree = bipartite_max_spanning_tree(weight)  # once: NP, np_excess and np_z all read it
+    dgms = vietoris_rips_diagrams(subsample_rows(weight, params.max_points, params.seed, dtype=np.float64))
+    singular = singular_values(weight)
+    arranged = scale_free_features(weight, tree, params.max_points, params.seed, params.unit_points)
+    spectral, alpha = weight_spectrum(weight, singular), fit_tail(singular**2)
+    # From here on only the layer's entries matter, not their arrangement.
+    own = overwrite and _is_scratch(weight)
+    work = weight if own else np.array(weight, np.result_type(weight, np.float32), order="C")
+    np_value = tree_persistence(tree, global_max)
+    shuffled = shuffled_neural_persistence(work, global_max, [params.seed, index], in_place=True)
     values = {
         "np_norm": np_value.np_norm,
         "np_sum": np_value.np_sum,
-        "np_shuffled_norm": shuffled_neural_persistence(weight, global_max, [params.seed, index]).np_norm,
+        "np_shuffled_norm": shuffled.np_norm,
         **named(VR, diagram_summary(dgms)),
-        **named(SPECTRAL, weight_spectrum(weight, singular)),
-        **scale_free_features(
-            weight, params.max_points, params.seed, [params.seed, index], params.null_draws, params.unit_points
-        ),
+        **named(SPECTRAL, spectral),
+        **{name: value for name, value in arranged.items() if name != "np_z"},
+        "np_excess": np_excess(tree, work, params.null_draws, [params.seed, index]),
+        "np_z": arranged["np_z"],
     }
-    return values, dgms, fit_tail(singular**2)
+    return values, dgms, alpha
+
+
+def _is_scratch(weight: np.ndarray) -> bool:
+    """Can be shuffled and sorted in place as it is."""
+    return weight.dtype in (np.float32, np.float64) and weight.flags.c_contiguous and weight.flags.writeable
 
 
 def aggregate_layers(per_layer_values: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -362,9 +379,10 @@ def weight_features(weights: dict[str, np.ndarray], params: FeaturesParams) -> C
 
 
 def in_memory(weights: dict[str, np.ndarray]) -> tuple[dict[str, Callable[[], np.ndarray]], float]:
-    """Loaders of in-memory layers and ``max |w|`` over all of them."""
+    """Loaders of in-memory layers (each a copy: the features overwrite what a loader gives) and
+    ``max |w|`` over all of them."""
     global_max = max(float(np.abs(w).max()) for w in weights.values())
-    return {name: lambda w=w: w for name, w in weights.items()}, global_max
+    return {name: lambda w=w: np.array(w, order="C") for name, w in weights.items()}, global_max
 
 
 # ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ _FEW_LOW_VERTICES = 64
 # Up to this many column groups, the contraction masks columns instead of gathering them.
 _FEW_GROUPS = 16
 # Bytes of |W| processed at a time, so abs and the band test share cache-resident data.
-_BLOCK_BYTES = 1 << 21
+BLOCK_BYTES = 1 << 19
 
 
 _NON_FINITE = "layer has NaN/Inf weights; neural persistence is undefined (treat the checkpoint as diverged)"
@@ -115,7 +115,14 @@ def neural_persistence(weight: np.ndarray, global_max: float) -> NeuralPersisten
     """
     if not np.isfinite(global_max) or global_max < 0:
         raise ValueError(f"global_max must be a finite non-negative number, got {global_max!r}")
-    tree = bipartite_max_spanning_tree(weight)
+    return tree_persistence(bipartite_max_spanning_tree(weight), global_max)
+
+
+def tree_persistence(tree: np.ndarray, global_max: float) -> NeuralPersistence:
+    """:func:`neural_persistence` from the layer's tree (:func:`bipartite_max_spanning_tree`), so
+    callers that need the tree for other measures compute it once."""
+    if not np.isfinite(global_max) or global_max < 0:
+        raise ValueError(f"global_max must be a finite non-negative number, got {global_max!r}")
     scale = 1.0 / global_max if global_max > 0 else 0.0
     pers = 1.0 - np.clip(tree * scale, 0.0, 1.0)
     edges = tree.size  # |V| - 1
@@ -123,15 +130,22 @@ def neural_persistence(weight: np.ndarray, global_max: float) -> NeuralPersisten
     return NeuralPersistence(np_norm=np_norm, np_sum=float(pers.sum() / edges))
 
 
-def shuffled_neural_persistence(weight: np.ndarray, global_max: float, seed: int | list[int]) -> NeuralPersistence:
+def shuffled_neural_persistence(
+    weight: np.ndarray, global_max: float, seed: int | list[int], *, in_place: bool = False
+) -> NeuralPersistence:
     """Neural persistence after a seeded permutation of the layer's entries (a null model).
 
     Same multiset of weights, so the same spread and the same ``global_max``; only the
     arrangement changes. ``seed`` goes to ``np.random.default_rng`` (an int or a list of
-    ints, e.g. ``[seed, layer_index]``), so the result is deterministic.
+    ints, e.g. ``[seed, layer_index]``), so the result is deterministic. ``in_place``: shuffle
+    ``weight``'s own (C-contiguous) buffer instead of a copy, for a caller done with the layer's
+    arrangement; the permutation is the same (``Generator.permutation`` shuffles a copy).
     """
     a = _validated_layer(weight)
-    shuffled = np.random.default_rng(seed).permutation(a.ravel()).reshape(a.shape)
+    if in_place and not (a is weight and a.flags.c_contiguous and a.flags.writeable):
+        raise ValueError("in_place needs a writeable C-contiguous float32/float64 layer")
+    shuffled = a if in_place else a.copy()
+    np.random.default_rng(seed).shuffle(shuffled.reshape(-1))
     return neural_persistence(shuffled, global_max)
 
 
@@ -196,7 +210,7 @@ def _band_threshold(a: np.ndarray, band_size: int) -> float:
 def _row_blocks(a: np.ndarray):
     """Yield ``(start, |a[start:stop]|)`` for cache-sized row blocks (the buffer is reused)."""
     n, m = a.shape
-    step = max(1, _BLOCK_BYTES // (a.itemsize * m))
+    step = max(1, BLOCK_BYTES // (a.itemsize * m))
     buf = np.empty((min(step, n), m), dtype=a.dtype)
     for start in range(0, n, step):
         block = buf[: min(step, n - start)]

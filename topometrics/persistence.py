@@ -39,20 +39,29 @@ except ImportError:  # a ripser build without the top-level core module
 # ---------------------------------------------------------------------------
 
 
-def subsample_rows(points: np.ndarray, max_points: int, seed: int) -> np.ndarray:
+def subsample_rows(points: np.ndarray, max_points: int, seed: int, dtype=None) -> np.ndarray:
     """At most ``max_points`` rows, drawn without replacement with ``default_rng(seed)``.
 
     Clouds that already fit are returned whole and in order (no randomness involved); the
     chosen rows keep their original order. The same seed picks the same row indices at every
-    checkpoint, so consecutive diagrams describe the same neurons.
+    checkpoint, so consecutive diagrams describe the same neurons. ``dtype``: a new array of
+    that type, converted a few rows at a time (no intermediate copy of the whole subsample).
     """
     points = np.asarray(points)
     if max_points <= 0:
         raise ValueError(f"max_points must be positive, got {max_points}")
     if points.shape[0] <= max_points:
-        return points
-    idx = np.sort(np.random.default_rng(seed).choice(points.shape[0], max_points, replace=False))
-    return points[idx]
+        idx = np.arange(points.shape[0])
+        if dtype is None:
+            return points
+    else:
+        idx = np.sort(np.random.default_rng(seed).choice(points.shape[0], max_points, replace=False))
+        if dtype is None:
+            return points[idx]
+    out = np.empty((idx.size, *points.shape[1:]), dtype=dtype)
+    for start in range(0, idx.size, 32):
+        out[start : start + 32] = points[idx[start : start + 32]]
+    return out
 
 
 def vietoris_rips_diagrams(points: np.ndarray) -> list[np.ndarray]:

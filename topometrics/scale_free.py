@@ -12,8 +12,8 @@ remove the scale first:
   layer's shape, one scale removed).
 * ``np_excess``: neural persistence minus the mean of a shuffled null over ``draws`` seeded
   draws, both with the layer's own ``max |w|`` (so the layer's scale cancels; with the
-  network-wide max, scaling one layer would change it). The null permutes the layer's sorted
-  ``|w|`` entries, so it depends only on their multiset (the same for a row-permuted layer).
+  network-wide max, scaling one layer would change it). The draws start from the layer's sorted
+  ``|w|`` entries, so they depend only on their multiset (the same for a row-permuted layer).
 * ``np_z``: neural persistence of the per-layer z-scored ``|W|``: each maximum-spanning-tree
   edge persists ``z_max - z_e = (max|w| - |w_e|) / std|w|``; ``np_z`` is their root mean square
   over the ``|V| - 1`` tree edges (the persistence measured in standard deviations of ``|w|``).
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from topometrics.neural_persistence import bipartite_max_spanning_tree, neural_persistence
+from topometrics.neural_persistence import neural_persistence, tree_persistence
 from topometrics.persistence import diagram_summary, subsample_rows, vietoris_rips_diagrams
 
 VR_SUMMARY = ("tp0", "tp1", "entropy0", "entropy1", "count1", "maxpers1")
@@ -39,6 +39,11 @@ UNIT_FEATURES = tuple(f"vr_unit_{name}" for name in VR_SUMMARY)
 FNORM_FEATURES = tuple(f"vr_fnorm_{name}" for name in VR_SUMMARY)
 NP_FEATURES = ("np_excess", "np_z")
 FEATURES = UNIT_FEATURES + FNORM_FEATURES + NP_FEATURES
+
+
+# Bytes of a float64 block of rows converted at a time: the features below never hold a
+# full-size float64 copy of a layer (a streaming worker's peak memory, docs/scaling.md).
+_BLOCK_BYTES = 1 << 19
 
 
 def unit_rows(weight: np.ndarray) -> np.ndarray:
@@ -69,6 +74,52 @@ def farthest_points(points: np.ndarray, count: int) -> np.ndarray:
     return points[chosen]
 
 
+def farthest_unit_rows(weight: np.ndarray, count: int) -> np.ndarray:
+    """:func:`farthest_points` of the layer's unit rows (:func:`unit_rows`), float64, without a
+    full-size copy of the layer.
+
+    For unit vectors ``|u_i - p|^2 = 2 - 2 cos_i`` with ``cos_i = (w_i . p) / |w_i|``, so "farthest
+    from the chosen rows" is "smallest largest cosine to them", and each step is one pass of dot
+    products over the layer's rows (accumulated in float64). The same greedy rule as
+    :func:`farthest_points`; only a near-tie (to rounding) may pick the other row. The chosen rows
+    are returned as ``w_i / |w_i|``, exactly as :func:`unit_rows` forms them.
+    """
+    w = np.asarray(weight)
+    bounds = _block_bounds(w)
+    norms = np.concatenate([np.linalg.norm(np.asarray(w[a:b], dtype=np.float64), axis=1) for a, b in bounds])
+    kept = np.flatnonzero(norms > 0)
+    if kept.size <= count:
+        return np.asarray(w[kept], dtype=np.float64) / norms[kept, None]
+    inverse = np.zeros(norms.size)
+    inverse[kept] = 1.0 / norms[kept]
+
+    def cosines(p: np.ndarray) -> np.ndarray:  # (unit row i) . p for every kept row
+        dots = np.concatenate([np.einsum("ij,j->i", w[a:b], p, dtype=np.float64) for a, b in bounds])
+        return (dots * inverse)[kept]
+
+    mean = sum(np.einsum("ij,i->j", w[a:b], inverse[a:b], dtype=np.float64) for a, b in bounds) / kept.size
+    chosen = [int(np.argmin(cosines(mean)))]  # farthest from the centroid: |u - m|^2 = 1 - 2 u.m + |m|^2
+    closest = np.full(kept.size, -np.inf)  # largest cosine to a chosen row
+    for _ in range(count - 1):
+        row = kept[chosen[-1]]
+        closest = np.maximum(closest, cosines(np.asarray(w[row], dtype=np.float64) / norms[row]))
+        chosen.append(int(np.argmin(closest)))
+    rows = kept[chosen]
+    return np.asarray(w[rows], dtype=np.float64) / norms[rows, None]
+
+
+def _block_bounds(weight: np.ndarray) -> list[tuple[int, int]]:
+    """``(start, stop)`` of the cache-sized row blocks of a layer."""
+    n, step = weight.shape[0], max(1, _BLOCK_BYTES // (8 * max(1, weight.shape[1])))
+    return [(start, min(start + step, n)) for start in range(0, n, step)]
+
+
+def _row_blocks(weight: np.ndarray):
+    """``(start, float64 rows)`` of the cache-sized row blocks of a layer."""
+    for start, stop in _block_bounds(weight):
+        yield start, np.asarray(weight[start:stop], dtype=np.float64)
+
+
 def fnorm_scaled(weight: np.ndarray) -> np.ndarray:
     """The layer divided by its Frobenius norm (returned unchanged when it is all zero)."""
     w = np.asarray(weight, dtype=np.float64)
@@ -84,50 +135,70 @@ def cloud_summary(points: np.ndarray, prefix: str) -> tuple[dict[str, float], li
     return {f"{prefix}{name}": value for name, value in diagram_summary(dgms).items()}, dgms
 
 
-def np_excess(weight: np.ndarray, draws: int, seed: list[int]) -> float:
+def np_excess(tree: np.ndarray, entries: np.ndarray, draws: int, seed: list[int]) -> float:
     """NP of the layer minus the mean NP of ``draws`` shuffled nulls, all with the layer's own ``max|w|``.
 
-    Draw ``k`` permutes ``sort(|W|.ravel())`` with ``default_rng([*seed, k])``. NaN for an all-zero layer.
+    ``tree`` is the layer's :func:`~topometrics.neural_persistence.bipartite_max_spanning_tree`
+    (descending, so ``tree[0] = max|w|``). ``entries`` holds the layer's entries in any
+    arrangement (C-contiguous, the layer's shape) and is overwritten: the draws are laid out in it
+    one after another, so a caller done with the layer passes the layer itself and no copy is made.
+    Draw 0 shuffles ``sort(|W|)`` and draw ``k`` shuffles draw ``k - 1``, each with
+    ``default_rng([*seed, k])``: every draw is a uniformly random arrangement of the same multiset
+    (a uniform permutation of anything is uniform), fixed by the seed and by the multiset alone.
+    NaN for an all-zero layer.
     """
-    a = np.abs(np.asarray(weight, dtype=np.float64))
-    top = float(a.max()) if a.size else 0.0
+    top = float(tree[0])
     if top == 0:
         return np.nan
-    observed = neural_persistence(a, top).np_norm
-    values = np.sort(a.ravel())
-    null = [
-        neural_persistence(np.random.default_rng([*seed, k]).permutation(values).reshape(a.shape), top).np_norm
-        for k in range(draws)
-    ]
+    observed = tree_persistence(tree, top).np_norm
+    flat = entries.reshape(-1)
+    if not np.shares_memory(flat, entries):
+        raise ValueError("entries must be a C-contiguous array (the draws are laid out in it)")
+    np.abs(flat, out=flat)
+    flat.sort()
+    null = []
+    for k in range(draws):
+        np.random.default_rng([*seed, k]).shuffle(flat)
+        null.append(neural_persistence(entries, top).np_norm)
     return float(observed - np.mean(null))
 
 
-def np_zscored(weight: np.ndarray) -> float:
-    """Root-mean-square tree-edge persistence of the z-scored ``|W|`` (NaN when ``|w|`` is constant)."""
-    a = np.abs(np.asarray(weight, dtype=np.float64))
-    sd = a.std()
+def np_zscored(weight: np.ndarray, tree: np.ndarray) -> float:
+    """Root-mean-square tree-edge persistence of the z-scored ``|W|`` (NaN when ``|w|`` is constant);
+    ``tree`` as for :func:`np_excess`."""
+    sd = _abs_std(np.asarray(weight))
     if not sd > 0:
         return np.nan
-    tree = bipartite_max_spanning_tree(a)  # descending; tree[0] = max |w|
     return float(np.sqrt(np.mean(((tree[0] - tree) / sd) ** 2)))
 
 
-def scale_free_features(
-    weight: np.ndarray, max_points: int, row_seed: int, null_seed: list[int], draws: int, unit_points: int
-) -> dict[str, float]:
-    """Every scale-free feature of one layer (:data:`FEATURES`); NaN only for an all-zero or constant layer.
+def _abs_std(weight: np.ndarray) -> float:
+    """Population standard deviation of ``|W|`` in float64, two passes over row blocks."""
+    count = weight.size
+    mean = sum(float(np.abs(block).sum()) for _, block in _row_blocks(weight)) / count
+    return float(np.sqrt(sum(float(np.square(np.abs(block) - mean).sum()) for _, block in _row_blocks(weight)) / count))
 
-    ``max_points`` and ``row_seed`` pick the ``vr_fnorm`` rows as :func:`topometrics.persistence.subsample_rows`
-    does for the plain VR features (the same rows). ``vr_unit`` uses at most ``unit_points`` unit rows
+
+def scale_free_features(
+    weight: np.ndarray, tree: np.ndarray, max_points: int, row_seed: int, unit_points: int
+) -> dict[str, float]:
+    """The scale-free features of one layer that read its arrangement: ``vr_unit_*``, ``vr_fnorm_*``
+    and ``np_z`` (``np_excess``, which reads only its entries, is :func:`np_excess`).
+
+    ``tree``: the layer's maximum-spanning-tree values (:func:`np_excess`). ``max_points`` and
+    ``row_seed`` pick the ``vr_fnorm`` rows as :func:`topometrics.persistence.subsample_rows` does
+    for the plain VR features (the same rows). ``vr_unit`` uses at most ``unit_points`` unit rows
     chosen by :func:`farthest_points`: unit rows of a near-initial layer are almost equidistant, where
-    ripser's H1 costs ~20x more than on the raw rows, so the cloud is kept small. ``null_seed`` and
-    ``draws`` drive :func:`np_excess`.
+    ripser's H1 costs ~20x more than on the raw rows, so the cloud is kept small. No full-size
+    float64 copy of the layer is made, and the unit sample is done before the rows are taken.
     """
-    rows = subsample_rows(np.asarray(weight, dtype=np.float64), max_points, row_seed)
-    unit, _ = cloud_summary(farthest_points(unit_rows(weight), unit_points), "vr_unit_")
+    unit, _ = cloud_summary(farthest_unit_rows(weight, unit_points), "vr_unit_")
+    rows = subsample_rows(weight, max_points, row_seed, dtype=np.float64)
     norm = np.linalg.norm(weight)
-    fnorm, _ = cloud_summary(rows / norm if norm > 0 else rows, "vr_fnorm_")
-    return {**unit, **fnorm, "np_excess": np_excess(weight, draws, null_seed), "np_z": np_zscored(weight)}
+    if norm > 0:
+        rows /= norm
+    fnorm, _ = cloud_summary(rows, "vr_fnorm_")
+    return {**unit, **fnorm, "np_z": np_zscored(weight, tree)}
 
 
 def aggregate(per_layer: dict[str, dict[str, float]]) -> dict[str, float]:

@@ -8,6 +8,40 @@ dimensions") instead of the undefined 0/0, so degenerate inputs give finite valu
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import eigvalsh
+from scipy.linalg.blas import dsyrk
+
+# Bytes of one float64 block converted at a time while a Gram matrix is accumulated.
+_GRAM_BLOCK_BYTES = 1 << 19
+
+
+def singular_values(matrix: np.ndarray) -> np.ndarray:
+    """Singular values of an ``(n, m)`` matrix, descending, float64: the square roots of the
+    eigenvalues of its smaller Gram matrix (``W^T W`` or ``W W^T``, ``k = min(n, m)``).
+
+    The Gram matrix is accumulated over blocks of rows (of columns when the matrix is wide),
+    each converted to float64 on its own, so a worker holds the matrix and ``k^2`` float64
+    numbers: an SVD of a float64 copy held two full-size copies (a streaming worker's peak memory,
+    docs/scaling.md). Eigenvalues at most ``k * eps`` times the largest are the rounding of exact
+    zeros and are returned as 0, as ``numpy.linalg.matrix_rank`` treats the singular values.
+    Precision: a singular value ``s`` agrees with an SVD's to about ``eps * (s_max / s)^2``
+    relative (1e-13 for the largest; trained layers keep ``s_max / s`` far below 1e4).
+    """
+    w = np.asarray(matrix)
+    if w.ndim != 2:
+        raise ValueError(f"a matrix must be 2-D, got shape {w.shape}")
+    tall = w if w.shape[0] >= w.shape[1] else w.T  # rows of `tall` are summed over
+    k = tall.shape[1]
+    if k == 0 or tall.shape[0] == 0:
+        return np.zeros(k)
+    gram = np.zeros((k, k), order="F")  # upper triangle: BLAS syrk adds block^T block in place
+    step = max(1, _GRAM_BLOCK_BYTES // (8 * k))
+    for start in range(0, tall.shape[0], step):
+        block = np.asarray(tall[start : start + step], dtype=np.float64, order="F")
+        gram = dsyrk(1.0, block, beta=1.0, c=gram, trans=1, overwrite_c=1)
+    eigenvalues = eigvalsh(gram, lower=False, overwrite_a=True, check_finite=False)[::-1]
+    eigenvalues[eigenvalues <= k * np.finfo(np.float64).eps * max(eigenvalues[0], 0.0)] = 0.0
+    return np.sqrt(eigenvalues)
 
 
 def rankme(singular_values: np.ndarray) -> float:
@@ -39,13 +73,13 @@ def participation_ratio(eigenvalues: np.ndarray) -> float:
     return float(lam.sum() ** 2 / denom) if denom > 0 else 0.0
 
 
-def weight_spectrum(weight: np.ndarray, singular_values: np.ndarray | None = None) -> dict[str, float]:
+def weight_spectrum(weight: np.ndarray, singular: np.ndarray | None = None) -> dict[str, float]:
     """Spectral baselines of one weight matrix (uncentred: a linear map, not a cloud).
 
     Parameters
     ----------
     weight : (out, in) array
-    singular_values : its singular values, when the caller already has them (computed here otherwise)
+    singular : its singular values, when the caller already has them (computed here otherwise)
 
     Returns
     -------
@@ -54,9 +88,7 @@ def weight_spectrum(weight: np.ndarray, singular_values: np.ndarray | None = Non
         eigenvalues ``s^2`` of ``W W^T``), ``fro`` (Frobenius norm), ``spec`` (largest
         singular value).
     """
-    s = singular_values
-    if s is None:
-        s = np.linalg.svd(np.asarray(weight, dtype=np.float64), compute_uv=False)
+    s = singular_values(weight) if singular is None else singular
     return {
         "rankme": rankme(s),
         "pr": participation_ratio(s**2),
