@@ -29,3 +29,17 @@ def test_weight_shard_equals_weight_features_of_the_loaded_layers(tmp_path, monk
     assert set(theirs) <= set(mine.index)
     for name, value in theirs.items():
         assert mine[name] == value or (np.isnan(mine[name]) and np.isnan(value)), name
+
+
+def test_each_job_records_its_own_peak_memory_over_its_start(tmp_path, monkeypatch):
+    import topometrics.bench.scale as scale
+
+    monkeypatch.setattr(scale, "JOB_PEAKS", [])
+    path = tmp_path / "step0.safetensors"
+    write_random_safetensors(path, pythia_70m_shapes(scale.SMALL), "float16", seed=0)
+    weight_shard(str(path))
+    weight_shard(str(path))
+    peaks = scale.job_peaks()
+    assert len(peaks) == 2 and all(0 <= p < 2**30 for p in peaks)
+    assert scale.job_peaks() == []  # read once
+    assert scale.peak_rss() >= scale.reset_peak_rss() > 0

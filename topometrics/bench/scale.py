@@ -161,13 +161,18 @@ def run_on_cluster(files: list[Path], small: Path, workers: int, shard_root: Pat
 
 
 def local_choices(files: list[Path], workers: int = 2) -> dict:
-    """Wall seconds for the same shards on the process pool and on a LocalCluster, each including its start."""
+    """Wall seconds for the same jobs on the process pool and on a LocalCluster, each including its start.
+
+    The files are repeated up to ``MIN_JOBS_PER_WORKER`` jobs per worker: with fewer, ``local``
+    runs everything in the calling process (a pool would not pay), which is not the comparison.
+    """
     from distributed import Client
 
     from topometrics.cluster import local_cluster, map_on_cluster
-    from topometrics.compute import each_result
+    from topometrics.compute import MIN_JOBS_PER_WORKER, each_result
 
-    jobs = [str(f) for f in files]
+    paths = [str(f) for f in files]
+    jobs = (paths * MIN_JOBS_PER_WORKER * workers)[: max(len(paths), MIN_JOBS_PER_WORKER * workers)]
     start = time.perf_counter()
     pool = dict(each_result(weight_shard, jobs, workers=workers, label="pool"))
     pool_s = time.perf_counter() - start
@@ -176,7 +181,7 @@ def local_choices(files: list[Path], workers: int = 2) -> dict:
         dask = dict(map_on_cluster(client, weight_shard, jobs))
     cluster_s = time.perf_counter() - start
     assert len(pool) == len(dask) == len(jobs)
-    return {"pool_s": pool_s, "local_cluster_s": cluster_s}
+    return {"jobs": len(jobs), "pool_s": pool_s, "local_cluster_s": cluster_s}
 
 
 def main(argv: list[str]) -> int:
@@ -212,8 +217,8 @@ def main(argv: list[str]) -> int:
     print(f"scaling efficiency {efficiency:.2f}; 2 x largest layer {limit_mb:.0f} MB: peak "
           f"{'within' if within else 'ABOVE'} the bound; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")  # fmt: skip
-    print(f"compute.cluster local, 2 workers incl. start: process pool {local['pool_s']:.1f} s, "
-          f"LocalCluster {local['local_cluster_s']:.1f} s")  # fmt: skip
+    print(f"compute.cluster local, {local['jobs']} jobs on 2 workers incl. start: "
+          f"process pool {local['pool_s']:.1f} s, LocalCluster {local['local_cluster_s']:.1f} s")  # fmt: skip
     print(json.dumps({
         "checkpoints": args.checkpoints, "checkpoint_bytes": size, "largest_layer_bytes": largest_linear_bytes(),
         "s_per_checkpoint": {n: round(r["s_per_checkpoint"], 3) for n, r in runs.items()},
@@ -224,7 +229,8 @@ def main(argv: list[str]) -> int:
         "fixed_overhead_mb": {n: round(r["fixed_overhead_mb"], 1) for n, r in runs.items()},
         "baseline_rss_mb": round(one["baseline_rss_mb"], 1),
         "two_largest_layers_mb": round(limit_mb, 1), "within_bound": within,
-        "local_pool_s": round(local["pool_s"], 2), "local_cluster_s": round(local["local_cluster_s"], 2),
+        "local_jobs": local["jobs"], "local_pool_s": round(local["pool_s"], 2),
+        "local_cluster_s": round(local["local_cluster_s"], 2),
         "loadavg": [round(x, 2) for x in load], "cores": os.cpu_count(),
     }))  # fmt: skip
     return 0
