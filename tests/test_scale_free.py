@@ -8,7 +8,7 @@ from scipy.sparse.csgraph import minimum_spanning_tree
 from test_neural_persistence import brute_force_tree  # the one brute-force Kruskal oracle
 
 from topometrics import scale_free as S
-from topometrics.features import layer_features
+from topometrics.layer_features import layer_features
 from topometrics.neural_persistence import bipartite_max_spanning_tree, neural_persistence
 from topometrics.params import FeaturesParams
 from topometrics.persistence import vietoris_rips_diagrams
@@ -133,14 +133,3 @@ def test_farthest_unit_rows_streamed_equal_farthest_points_of_the_unit_rows(monk
     expected = S.farthest_points(S.unit_rows(w), 16)
     np.testing.assert_array_equal(S.farthest_unit_rows(w, 16), expected)
     np.testing.assert_array_equal(S.farthest_unit_rows(w, 200), S.unit_rows(w))  # a cloud that fits: whole
-
-
-def test_layer_features_give_the_same_values_whether_or_not_they_may_overwrite_the_layer():
-    w = trained_like((70, 30), 7).astype(np.float32)
-    kept = w.copy()
-    values, dgms, alpha = layer_features(w, 3.0, FeaturesParams(), 2)
-    assert np.array_equal(w, kept)  # not overwritten by default
-    again, dgms_again, alpha_again = layer_features(w, 3.0, FeaturesParams(), 2, overwrite=True)
-    assert again == values and alpha_again == alpha
-    assert all(np.array_equal(a, b) for a, b in zip(dgms, dgms_again, strict=True))
-    assert not np.array_equal(w, kept)  # the buffer held the nulls

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from topometrics.features import aggregate_layers, checkpoint_features, distance_features, validation_batch
+from topometrics.features import checkpoint_features, distance_features, validation_batch
+from topometrics.layer_features import aggregate_layers
 from topometrics.model import GPT, GPTConfig, linear_layer_names
 from topometrics.params import FeaturesParams
 from topometrics.vocabulary import (

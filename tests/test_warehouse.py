@@ -19,7 +19,7 @@ import pytest
 from scipy import stats
 
 from topometrics import warehouse
-from topometrics.features import aggregate_layers
+from topometrics.layer_features import aggregate_layers
 from topometrics.params import AnalysisParams, run_name
 from topometrics.predict import Schedule, multi_power_law
 from topometrics.warehouse import Inputs, WarehouseError
@@ -77,7 +77,7 @@ def write_inputs(root: Path, rungs=RUNGS, seeds=(42,), steps=2000, ckpt_every=50
 
 def _features(rung, seed, steps, val, n_params, rng) -> pd.DataFrame:
     """Per-layer values of real feature names, and their layer-'all' rows from the features stage's own
-    aggregation (``topometrics.features.aggregate_layers``), so the names are exactly those it writes."""
+    aggregation (``topometrics.layer_features.aggregate_layers``), so the names are exactly those it writes."""
     progress = 1 - np.exp(-steps / 300)
     per_layer = {
         "np_norm": 0.3 + 0.2 * progress + rng.normal(0, 0.005, len(steps)),
