@@ -86,7 +86,7 @@ def farthest_unit_rows(weight: np.ndarray, count: int) -> np.ndarray:
     """
     w = np.asarray(weight)
     bounds = _block_bounds(w)
-    norms = np.concatenate([np.linalg.norm(np.asarray(w[a:b], dtype=np.float64), axis=1) for a, b in bounds])
+    norms = np.concatenate([np.linalg.norm(block, axis=1) for _, block in _row_blocks(w)])
     kept = np.flatnonzero(norms > 0)
     if kept.size <= count:
         return np.asarray(w[kept], dtype=np.float64) / norms[kept, None]
