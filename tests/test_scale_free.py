@@ -20,6 +20,34 @@ def trained_like(shape, seed):
     return w * np.exp(0.5 * rng.standard_normal((1, shape[1])))
 
 
+def unit_rows(weight: np.ndarray) -> np.ndarray:
+    """Reference: rows scaled to unit length, all-zero rows dropped (a full float64 copy)."""
+    w = np.asarray(weight, dtype=np.float64)
+    norms = np.linalg.norm(w, axis=1)
+    keep = norms > 0
+    return w[keep] / norms[keep, None]
+
+
+def farthest_points(points: np.ndarray, count: int) -> np.ndarray:
+    """Reference: greedy farthest-point (max-min) sampling of a materialised cloud, in the order chosen.
+
+    Starts from the row farthest from the centroid and repeatedly adds the row
+    farthest from those chosen: a deterministic subsample that covers the cloud (every dropped row
+    lies within the last chosen distance of a kept one) and depends only on the rows' values, so
+    permuting the rows does not change it. Clouds that fit are returned whole.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    if points.shape[0] <= count:
+        return points
+    centred = points - points.mean(axis=0)
+    chosen = [int(np.argmax(np.einsum("ij,ij->i", centred, centred)))]
+    gap = np.linalg.norm(points - points[chosen[0]], axis=1)
+    for _ in range(count - 1):
+        chosen.append(int(np.argmax(gap)))
+        gap = np.minimum(gap, np.linalg.norm(points - points[chosen[-1]], axis=1))
+    return points[chosen]
+
+
 def every_scale_free_feature(w, params=None, index=0):
     """The scale-free values of a layer as the features stage computes them (np_excess included)."""
     values, _, _ = layer_features(np.array(w), float(np.abs(w).max()), params or FeaturesParams(), index)
@@ -98,8 +126,8 @@ def test_scaling_and_row_permutation_leave_every_scale_free_feature_unchanged(c)
 def test_dead_rows_and_all_zero_layers():
     w = trained_like((10, 6), 4)
     w[3] = 0
-    assert S.unit_rows(w).shape == (9, 6)
-    np.testing.assert_allclose(np.linalg.norm(S.unit_rows(w), axis=1), 1.0)
+    assert S.farthest_unit_rows(w, 64).shape == (9, 6)  # the dead row has no direction: dropped
+    np.testing.assert_allclose(np.linalg.norm(S.farthest_unit_rows(w, 64), axis=1), 1.0)
     zero, _, _ = layer_features(np.zeros((5, 4)), 0.0, FeaturesParams(), 0)
     assert zero["vr_unit_tp0"] == 0 and zero["vr_fnorm_tp0"] == 0
     assert np.isnan(zero["np_excess"]) and np.isnan(zero["np_z"])
@@ -113,16 +141,17 @@ def test_aggregate_sums_vr_takes_max_of_maxpers_and_means_np_over_finite_layers(
     assert out["np_excess"] == 2.0 and out["np_z"] == 1.5
 
 
-def test_farthest_points_cover_the_cloud_and_ignore_row_order():
-    pts = S.unit_rows(trained_like((100, 8), 5))
-    kept = S.farthest_points(pts, 20)
+def test_farthest_unit_rows_cover_the_cloud_and_ignore_row_order():
+    w = trained_like((100, 8), 5)
+    pts = unit_rows(w)
+    kept = S.farthest_unit_rows(w, 20)
     assert kept.shape == (20, 8) and np.array_equal(kept[0], pts[np.argmax(np.linalg.norm(pts - pts.mean(0), axis=1))])
     cover = np.linalg.norm(pts[:, None] - kept[None], axis=2).min(axis=1).max()
     last = np.linalg.norm(kept[-1] - kept[:-1], axis=1).min()  # the max-min distance at the last pick
     assert cover <= last + 1e-12
     perm = np.random.default_rng(1).permutation(100)
-    assert {tuple(r) for r in S.farthest_points(pts[perm], 20)} == {tuple(r) for r in kept}
-    assert S.farthest_points(pts, 200) is not None and len(S.farthest_points(pts, 200)) == 100
+    assert {tuple(r) for r in S.farthest_unit_rows(w[perm], 20)} == {tuple(r) for r in kept}
+    assert len(S.farthest_unit_rows(w, 200)) == 100
 
 
 @pytest.mark.parametrize("block_bytes", [64, 1 << 19])  # 64: a block per row, so every boundary is crossed
@@ -130,6 +159,6 @@ def test_farthest_unit_rows_streamed_equal_farthest_points_of_the_unit_rows(monk
     monkeypatch.setattr(S, "_BLOCK_BYTES", block_bytes)
     w = trained_like((90, 7), 6).astype(np.float32)
     w[[4, 50]] = 0  # dead rows are dropped, as unit_rows drops them
-    expected = S.farthest_points(S.unit_rows(w), 16)
+    expected = farthest_points(unit_rows(w), 16)
     np.testing.assert_array_equal(S.farthest_unit_rows(w, 16), expected)
-    np.testing.assert_array_equal(S.farthest_unit_rows(w, 200), S.unit_rows(w))  # a cloud that fits: whole
+    np.testing.assert_array_equal(S.farthest_unit_rows(w, 200), unit_rows(w))  # a cloud that fits: whole

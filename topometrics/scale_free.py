@@ -46,43 +46,20 @@ FEATURES = UNIT_FEATURES + FNORM_FEATURES + NP_FEATURES
 _BLOCK_BYTES = 1 << 19
 
 
-def unit_rows(weight: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit Euclidean length; all-zero rows (dead neurons, no direction) are dropped."""
-    w = np.asarray(weight, dtype=np.float64)
-    norms = np.linalg.norm(w, axis=1)
-    keep = norms > 0
-    return w[keep] / norms[keep, None]
-
-
-def farthest_points(points: np.ndarray, count: int) -> np.ndarray:
-    """At most ``count`` rows by greedy farthest-point (max-min) sampling, in the order chosen.
-
-    Starts from the row farthest from the centroid and repeatedly adds the row
-    farthest from those chosen: a deterministic subsample that covers the cloud (every dropped row
-    lies within the last chosen distance of a kept one) and depends only on the rows' values, so
-    permuting the rows does not change it. Clouds that fit are returned whole.
-    """
-    points = np.asarray(points, dtype=np.float64)
-    if points.shape[0] <= count:
-        return points
-    centred = points - points.mean(axis=0)
-    chosen = [int(np.argmax(np.einsum("ij,ij->i", centred, centred)))]
-    gap = np.linalg.norm(points - points[chosen[0]], axis=1)
-    for _ in range(count - 1):
-        chosen.append(int(np.argmax(gap)))
-        gap = np.minimum(gap, np.linalg.norm(points - points[chosen[-1]], axis=1))
-    return points[chosen]
-
-
 def farthest_unit_rows(weight: np.ndarray, count: int) -> np.ndarray:
-    """:func:`farthest_points` of the layer's unit rows (:func:`unit_rows`), float64, without a
-    full-size copy of the layer.
+    """At most ``count`` of the layer's unit rows (``w_i / |w_i|``; all-zero rows, dead neurons
+    with no direction, are dropped) by greedy farthest-point (max-min) sampling, in the order
+    chosen, float64, without a full-size copy of the layer.
+
+    Starts from the unit row farthest from their centroid and repeatedly adds the one farthest
+    from those chosen: a deterministic subsample that covers the cloud (every dropped row lies
+    within the last chosen distance of a kept one) and depends only on the rows' values, so
+    permuting the rows does not change it. Clouds that fit are returned whole.
 
     For unit vectors ``|u_i - p|^2 = 2 - 2 cos_i`` with ``cos_i = (w_i . p) / |w_i|``, so "farthest
     from the chosen rows" is "smallest largest cosine to them", and each step is one pass of dot
-    products over the layer's rows (accumulated in float64). The same greedy rule as
-    :func:`farthest_points`; only a near-tie (to rounding) may pick the other row. The chosen rows
-    are returned as ``w_i / |w_i|``, exactly as :func:`unit_rows` forms them.
+    products over the layer's rows (accumulated in float64); only a near-tie (to rounding) may pick
+    another row than the same rule on a matrix of unit rows would.
     """
     w = np.asarray(weight)
     bounds = _block_bounds(w)
@@ -118,13 +95,6 @@ def _row_blocks(weight: np.ndarray):
     """``(start, float64 rows)`` of the cache-sized row blocks of a layer."""
     for start, stop in _block_bounds(weight):
         yield start, np.asarray(weight[start:stop], dtype=np.float64)
-
-
-def fnorm_scaled(weight: np.ndarray) -> np.ndarray:
-    """The layer divided by its Frobenius norm (returned unchanged when it is all zero)."""
-    w = np.asarray(weight, dtype=np.float64)
-    norm = np.linalg.norm(w)
-    return w / norm if norm > 0 else w
 
 
 def cloud_summary(points: np.ndarray, prefix: str) -> tuple[dict[str, float], list[np.ndarray]]:
@@ -188,7 +158,7 @@ def scale_free_features(
     ``tree``: the layer's maximum-spanning-tree values (:func:`np_excess`). ``max_points`` and
     ``row_seed`` pick the ``vr_fnorm`` rows as :func:`topometrics.persistence.subsample_rows` does
     for the plain VR features (the same rows). ``vr_unit`` uses at most ``unit_points`` unit rows
-    chosen by :func:`farthest_points`: unit rows of a near-initial layer are almost equidistant, where
+    chosen by :func:`farthest_unit_rows`: unit rows of a near-initial layer are almost equidistant, where
     ripser's H1 costs ~20x more than on the raw rows, so the cloud is kept small. No full-size
     float64 copy of the layer is made, and the unit sample is done before the rows are taken.
     """
