@@ -1,12 +1,14 @@
 """Stage `train`: train every declared run (ladder x variants x train.seeds) at once on the whole machine.
 
     python stages/train.py --configs data/config --corpus data/corpus --runs data/runs \
-        --metrics reports/train --curves reports/curves [--run xl-42 ...]
+        --metrics reports/train --curves reports/curves --live reports/live [--run xl-42 ...]
 
 Runs already complete (every checkpoint verified) are skipped untouched; unfinished ones resume
 (topometrics.run_queue). With `train.monitor_every` > 0 every run trained is watched by a
-TopologyMonitor logging into `data/runs/<run>/monitor/`. `--run NAME` trains only the named runs
-(their config files must exist: `dvc repro config`). A run directory that holds another run is refused, untouched.
+TopologyMonitor logging into `data/runs/<run>/monitor/`. While the runs train, their checkpoint
+losses and measurements are relayed into the dvclive folder `--live` (dvc exp show, dvc plots).
+`--run NAME` trains only the named runs (their config files must exist: `dvc repro config`).
+A run directory that holds another run is refused, untouched.
 """
 
 import sys
@@ -25,6 +27,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--runs", type=Path, required=True, help="parent of the run directories")
     ap.add_argument("--metrics", type=Path, required=True, help="directory of per-run metrics JSON")
     ap.add_argument("--curves", type=Path, required=True, help="directory of per-run loss curves for dvc plots")
+    ap.add_argument("--live", type=Path, help="dvclive folder the runs' losses and measurements are relayed into")
     ap.add_argument("--run", action="append", default=[], help="train only this run (repeatable), e.g. xl-42")
     args = ap.parse_args(argv)
     params = load_params(args.params)
@@ -38,7 +41,9 @@ def main(argv: list[str]) -> None:
     ]  # fmt: skip
     t = params.train
     pool = plan_pool(t.device, t.workers, t.threads, len(runs))
-    summaries = train_runs(runs, args.corpus, pool, monitor_every=t.monitor_every, features=params.features)
+    summaries = train_runs(
+        runs, args.corpus, pool, monitor_every=t.monitor_every, features=params.features, live=args.live
+    )
     bad = {n: s["status"] for n, s in summaries.items() if s["status"] != "complete"}
     print(f"train: {len(summaries) - len(bad)}/{len(summaries)} runs complete" + "".join(
         f"; {n}: {status}" for n, status in bad.items()))  # fmt: skip

@@ -262,7 +262,7 @@ def test_dvc_exp_run_with_monitor_every_shows_the_monitor_in_exp_show_and_the_wa
 
     import duckdb
     import yaml
-    from test_pipeline import commit, make_project, run
+    from test_pipeline import REPO, commit, make_project, run
 
     project = make_project(tmp_path / "project")
     params = yaml.safe_load((project / "params.yaml").read_text())
@@ -285,6 +285,18 @@ def test_dvc_exp_run_with_monitor_every_shows_the_monitor_in_exp_show_and_the_wa
     assert workspace["reports/train/b-42.json:monitor.measurements"] == "7"  # steps 0, 10, ..., 60
     assert float(workspace["reports/train/a-42.json:monitor.np_norm"]) > 0
     assert not (project / "data/runs/a-42/monitor/dvclive").exists()  # nothing beside the log in data/runs
+    # the dvclive folder the stage relays into while the runs train: the same values, and a plot per run
+    assert workspace["a-42.np_norm"] == workspace["reports/train/a-42.json:monitor.np_norm"]  # an unambiguous name
+    assert float(workspace["b-42.val_loss"]) > 0
+    relayed = (project / "reports/live/plots/metrics/a-42/val_loss.tsv").read_text().splitlines()[1:]
+    curve = (project / "reports/curves/a-42.csv").read_text().splitlines()[1:]
+    assert [line.split("\t")[0] for line in relayed] == [line.split(",")[0] for line in curve]  # this recipe's
+    plots = json.loads(run(["dvc", "plots", "show", "--json", "reports/live/plots/metrics"], project))
+    assert "errors" not in plots, plots["errors"]
+    shown = {"reports/live/plots/metrics/a-42/np_norm.tsv", "reports/live/plots/metrics/b-42/val_loss.tsv"}
+    assert shown <= set(plots["data"])
+    dvc_yaml = (project / "dvc.yaml").read_text()
+    assert dvc_yaml == (REPO / "dvc.yaml").read_text()  # dvclive never rewrites it
 
     # a run's log as a series: the live rows equal the features stage's rows of the checkpoint at that step
     params = yaml.safe_load((project / "params.yaml").read_text())

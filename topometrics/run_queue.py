@@ -18,7 +18,9 @@ With ``monitor_every`` > 0 (params ``train.monitor_every``) every run trained he
 background process of the run's process) logging into ``<run_dir>/monitor/`` with the series name
 ``<rung>[-<variant>]-live`` and the run's seed; the monitor only copies weights, so the checkpoints
 are bit-identical to an unmonitored run. The latest measurement of a run's log goes into its metrics
-JSON (``monitor``), which ``dvc exp show`` lists.
+JSON (``monitor``) at the end. With a ``live`` folder, every run's checkpoint losses and monitor
+measurements are relayed into it through dvclive while the runs train
+(:class:`topometrics.live_relay.LiveRelay`), so ``dvc exp show`` and ``dvc plots show`` show them live.
 """
 
 from __future__ import annotations
@@ -37,13 +39,13 @@ import torch
 from topometrics.atomic import write_text
 from topometrics.checkpoints import checkpoint_problem, list_checkpoints
 from topometrics.errors import TopometricsError
+from topometrics.live_relay import MONITOR_DIR, LiveRelay
 from topometrics.model import GPT, count_parameters
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.tokens import load_tokens
 from topometrics.train import RungConfig, recipe_fingerprint, train_rung, write_checkpoint_table
 
 GPU_RUNS_PER_DEVICE = 4  # concurrent runs per GPU when train.workers is 0 (tiny models are launch-bound)
-MONITOR_DIR = "monitor"  # a run's TopologyMonitor log folder inside its run directory
 
 
 @dataclass(frozen=True)
@@ -173,8 +175,8 @@ def open_monitor(cfg: RungConfig, run_dir: Path, every: int, features: FeaturesP
     """The :class:`topometrics.monitor.TopologyMonitor` of one run (its folder is created at the first
     measurement, so a run directory that training refuses is left untouched).
 
-    No dvclive: its folder would sit inside ``data/runs``, an output DVC cannot declare a second
-    time; the run's metrics JSON carries the values to ``dvc exp show`` instead.
+    No dvclive of its own: its folder would sit inside ``data/runs``, an output DVC cannot declare a
+    second time; the queue's :class:`topometrics.live_relay.LiveRelay` relays the log instead.
     """
     from topometrics.monitor import TopologyMonitor  # only when monitoring: it imports transformers
 
@@ -227,11 +229,15 @@ def train_runs(
     log=print,
     monitor_every: int = 0,
     features: FeaturesParams | None = None,
+    live: Path | None = None,
+    live_s: float = 5.0,
 ) -> dict:
     """Train every run not yet complete over ``pool``, then write every run's metrics and curve.
 
     ``monitor_every`` > 0 watches every run trained here with a TopologyMonitor computing the weight
     features with ``features`` (as for checkpoints); complete runs are not retrained to be monitored.
+    ``live``: a dvclive folder every run's losses and measurements are relayed into every ``live_s``
+    seconds while training (complete runs' at the start), for ``dvc exp show`` and ``dvc plots``.
 
     Returns ``{run name: summary}``; a run whose process raised has ``status`` ``failed: <error>``
     (the others still finish). Complete runs are not touched: only their reports are written.
@@ -248,7 +254,11 @@ def train_runs(
     total_steps = sum(r.config.recipe.steps for r in todo)
     log(f"train: {len(runs)} runs, {len(done)} complete, {len(todo)} to train"
         + (f" on {pool.describe()}, longest first" if todo else ""))  # fmt: skip
-    t0 = time.monotonic()
+    t0 = last_line = time.monotonic()
+    relay = None
+    if live:
+        relay = LiveRelay(live, {r.config.name: (r.run_dir, recipe_fingerprint(r.config, sha)) for r in runs})
+        relay.poll()  # complete runs show at once
     if todo:
         context = mp.get_context("spawn")  # CUDA-safe, and no torch state inherited from this process
         watch = (monitor_every, features or FeaturesParams())
@@ -260,14 +270,21 @@ def train_runs(
             }
             pending = set(futures)
             while pending:
-                finished, pending = wait(pending, timeout=progress_s, return_when=FIRST_COMPLETED)
+                timeout = min(progress_s, live_s) if relay else progress_s
+                finished, pending = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+                if relay:
+                    relay.poll()
                 for future in finished:
                     run = futures[future]
                     summaries[run.config.name] = _outcome(future, run)
                     log(_finished_line(run, summaries[run.config.name], len(summaries), len(runs), t0))
-                if pending and not finished:
+                    last_line = time.monotonic()
+                if pending and time.monotonic() - last_line >= progress_s:
                     steps = sum(run_progress(r.config, r.run_dir, sha) for r in todo) - sum(start.values())
                     log(_overall_line(steps, total_steps - sum(start.values()), len(summaries), len(runs), t0))
+                    last_line = time.monotonic()
+    if relay:
+        relay.close()
     for run in runs:
         write_reports(run, summaries[run.config.name], source["used"])
     return summaries
