@@ -179,9 +179,11 @@ KILLED = """
 import sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
-from test_run_queue import Pool, config, files, quiet, train_runs
+from test_run_queue import FeaturesParams, Pool, config, files, quiet, train_runs
 root = Path({root!r})
-train_runs([files(root, config(seed=s, steps=200)) for s in (1, 2)], root / "corpus", Pool(2, 1, ("cpu",)), log=quiet)
+runs = [files(root, config(seed=s, steps=200)) for s in (1, 2)]
+watch = FeaturesParams(max_points=20)
+train_runs(runs, root / "corpus", Pool(2, 1, ("cpu",)), log=quiet, monitor_every=20, features=watch)
 """
 
 
@@ -201,8 +203,19 @@ def test_kill_9_of_the_whole_queue_resumes_every_run_bit_identically(tmp_path):
     done = [max((int(p.stem[5:]) for p in r.run_dir.glob("step_*.json")), default=0) for r in runs]
     assert any(60 <= d < 200 for d in done), f"no run was interrupted mid-way: {done}"  # the other: any state
 
-    resumed = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=quiet)
+    # the killed queue's monitor logs: every file read is a complete measurement (a whole layer x feature grid)
+    logs = [read_log(r.run_dir / "monitor")[0] for r in runs]
+    counts = [n for log in logs for n in log.groupby("step").size()]
+    assert counts and len(set(counts)) == 1, counts
+    per_step = counts[0]
+    assert not any(log.duplicated(["step", "layer", "feature"]).any() for log in logs)
+
+    watch = FeaturesParams(max_points=20)
+    resumed = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=quiet, monitor_every=20, features=watch)
     assert {s["status"] for s in resumed.values()} == {"complete"}
+    for r, resumed_at in zip(runs, done, strict=True):  # measured again from the resume point on, each step whole
+        counts = read_log(r.run_dir / "monitor")[0].groupby("step").size()
+        assert (counts == per_step).all() and {resumed_at, 200} <= set(counts.index)
     torch.set_num_threads(1)  # as in the pool's processes
     for r in runs:
         reference = clean / r.config.name

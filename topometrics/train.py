@@ -297,6 +297,8 @@ def resume_run(run: Run, start: int, log) -> None:
     elif start > 0:
         load_resume(run.run_dir, run.model, run.opt, run.data_gen)
         log(f"[{run.cfg.name}] resuming from step {start} ({run.run_dir})")
+        if run.monitor is not None:  # a kill may have cut the resume step's measurement short: measured again
+            run.monitor.step(run.model, start)
     elif resume_info(run.run_dir) is not None:  # killed before its first checkpoint after step 0
         log(f"[{run.cfg.name}] resuming from step 0 ({run.run_dir})")
     truncate_steps_log(run.run_dir / "steps.csv", start)
