@@ -75,6 +75,15 @@ def test_training_waits_only_for_the_copy(tmp_path):
     assert (tmp_path / "features-000000001.parquet").exists()
 
 
+def test_the_worker_starts_with_the_monitor_before_any_step(tmp_path):
+    with TopologyMonitor(tmp_path / "log", every=1, log=lambda _: None) as monitor:
+        deadline = time.time() + 60
+        while not monitor._pool._processes and time.time() < deadline:  # started in the background
+            time.sleep(0.01)
+        assert monitor._pool._processes  # so the first measured step does not wait for it
+    assert not (tmp_path / "log").exists()  # no step, no log folder
+
+
 def test_np_early_stopping_stops_when_np_stops_rising_and_records_why(tmp_path):
     model = GPT(GPTConfig(hidden=16, layers=1, heads=2))  # never trained: NP is the same every time
     monitor = TopologyMonitor(tmp_path, every=1, params=PARAMS, patience=2, min_delta=0.0, log=lambda _: None)

@@ -30,10 +30,12 @@ that uses the monitor must guard its entry point with ``if __name__ == "__main__
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
@@ -111,6 +113,9 @@ class TopologyMonitor:
         self.measured: list[int] = []
         self.skipped: list[int] = []
         self._pool = ProcessPoolExecutor(1, mp_context=_context(), initializer=_worker_init)
+        # Start the worker now, beside the caller's own setup: the first start (the fork server
+        # importing torch and the features) takes seconds the first measured step would otherwise wait.
+        threading.Thread(target=_start_worker, args=(self._pool,), daemon=True).start()
         self._live = _open_live(self.out_dir / "dvclive") if (_under_dvc() if live is None else live) else None
 
     # -- the training loop's side -------------------------------------------------------------
@@ -311,8 +316,14 @@ def _measure(out_dir: Path, snapshot: dict, params: FeaturesParams, rung: str, s
     return summary | {"_seconds": time.perf_counter() - start}
 
 
+def _start_worker(pool: ProcessPoolExecutor) -> None:
+    with contextlib.suppress(RuntimeError):  # the monitor was closed first: nothing to start
+        pool.submit(int)  # a no-op task: submitting starts the worker process
+
+
 def _worker_init() -> None:
-    # One thread: the worker shares the machine with the training loop it must not slow down.
+    # One thread: the worker shares the machine with the training loop it must not slow down. (Not a
+    # lower priority: on a machine training fills, the worker would then fall behind and skip steps.)
     torch.set_num_threads(1)
     threadpool_limits(1)
 
