@@ -74,6 +74,35 @@ def test_subsample_is_seeded_and_keeps_small_clouds_whole():
     assert subsample_rows(x, 5, 3).shape == (5, 2)
 
 
+@pytest.mark.parametrize("k", [1, 2, 31, 32, 33, 70])
+def test_row_distances_equal_pdist_bit_for_bit_across_block_boundaries(k):
+    layer = np.random.default_rng(k).standard_normal((90, 37)).astype(np.float32)
+    rows = P.subsample_indices(90, k, seed=5)
+    want = squareform(pdist(layer[rows].astype(np.float64) / 3.5))
+    got = P.row_distances(layer, rows, scale=3.5)
+    assert got.dtype == np.float64 and got.shape == (k, k)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(P.row_distances(layer[:k]), squareform(pdist(layer[:k].astype(np.float64))))
+
+
+def test_subsample_indices_are_the_rows_subsample_rows_takes():
+    x = np.random.default_rng(2).standard_normal((50, 3))
+    rows = P.subsample_indices(50, 7, seed=11)
+    assert list(rows) == sorted(set(rows)) and rows.size == 7
+    np.testing.assert_array_equal(subsample_rows(x, 7, 11), x[rows])
+    np.testing.assert_array_equal(P.subsample_indices(5, 7, seed=11), np.arange(5))
+    with pytest.raises(ValueError, match="max_points must be positive"):
+        P.subsample_indices(5, 0, seed=1)
+
+
+def test_a_non_finite_row_is_refused():
+    x = np.random.default_rng(3).standard_normal((10, 4))
+    for bad in (np.nan, np.inf):
+        x[4, 2] = bad
+        with pytest.raises(ValueError, match="NaN/Inf"):
+            vietoris_rips_diagrams(x)
+
+
 def test_entropy_and_betti_curve_by_hand():
     dgm = np.array([[0.0, 1.0], [0.0, 1.0], [0.0, 2.0], [0.0, np.inf]])
     p = np.array([0.25, 0.25, 0.5])

@@ -14,7 +14,7 @@ import numpy as np
 from topometrics.heavy_tail import AlphaFit, fit_tail
 from topometrics.neural_persistence import bipartite_max_spanning_tree, shuffled_neural_persistence, tree_persistence
 from topometrics.params import FeaturesParams
-from topometrics.persistence import diagram_summary, subsample_rows, vietoris_rips_diagrams
+from topometrics.persistence import diagram_summary, rips_diagrams, row_distances, subsample_indices
 from topometrics.scale_free import np_excess, scale_free_features
 from topometrics.spectral import singular_values, weight_spectrum
 from topometrics.vocabulary import SPECTRAL, VR, lookup, named
@@ -36,7 +36,8 @@ def layer_features(
     """
     # Steps in this order hold at most the layer and one of their working sets at a time.
     tree = bipartite_max_spanning_tree(weight)  # once: NP, np_excess and np_z all read it
-    dgms = vietoris_rips_diagrams(subsample_rows(weight, params.max_points, params.seed, dtype=np.float64))
+    rows = subsample_indices(weight.shape[0], params.max_points, params.seed)
+    dgms = rips_diagrams(row_distances(weight, rows))
     singular = singular_values(weight)
     arranged = scale_free_features(weight, tree, params.max_points, params.seed, params.unit_points)
     spectral, alpha = weight_spectrum(weight, singular), fit_tail(singular**2)

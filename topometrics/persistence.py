@@ -22,7 +22,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
-from scipy.spatial.distance import pdist, squareform
+from scipy.spatial.distance import cdist, squareform
 
 from topometrics.spanning_tree import dense_max_tree
 
@@ -39,6 +39,19 @@ except ImportError:  # a ripser build without the top-level core module
 # ---------------------------------------------------------------------------
 
 
+DISTANCE_BLOCK = 32  # float64 rows converted at a time by row_distances (two blocks live: 1 MB at 2048 columns)
+
+
+def subsample_indices(n: int, max_points: int, seed: int) -> np.ndarray:
+    """The rows :func:`subsample_rows` takes of an ``n``-row cloud, ascending: all of them when
+    ``n <= max_points``, else ``max_points`` drawn without replacement with ``default_rng(seed)``."""
+    if max_points <= 0:
+        raise ValueError(f"max_points must be positive, got {max_points}")
+    if n <= max_points:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, max_points, replace=False))
+
+
 def subsample_rows(points: np.ndarray, max_points: int, seed: int, dtype=None) -> np.ndarray:
     """At most ``max_points`` rows, drawn without replacement with ``default_rng(seed)``.
 
@@ -48,20 +61,44 @@ def subsample_rows(points: np.ndarray, max_points: int, seed: int, dtype=None) -
     that type, converted a few rows at a time (no intermediate copy of the whole subsample).
     """
     points = np.asarray(points)
-    if max_points <= 0:
-        raise ValueError(f"max_points must be positive, got {max_points}")
-    if points.shape[0] <= max_points:
-        idx = np.arange(points.shape[0])
-        if dtype is None:
-            return points
-    else:
-        idx = np.sort(np.random.default_rng(seed).choice(points.shape[0], max_points, replace=False))
-        if dtype is None:
-            return points[idx]
+    idx = subsample_indices(points.shape[0], max_points, seed)
+    if dtype is None:
+        return points if idx.size == points.shape[0] else points[idx]
     out = np.empty((idx.size, *points.shape[1:]), dtype=dtype)
-    for start in range(0, idx.size, 32):
-        out[start : start + 32] = points[idx[start : start + 32]]
+    for start in range(0, idx.size, DISTANCE_BLOCK):
+        out[start : start + DISTANCE_BLOCK] = points[idx[start : start + DISTANCE_BLOCK]]
     return out
+
+
+def row_distances(points: np.ndarray, rows: np.ndarray | None = None, scale: float = 1.0) -> np.ndarray:
+    """Euclidean distances between the rows ``points[rows]`` (all rows by default), each row taken
+    in float64 and divided by ``scale``: a symmetric ``(k, k)`` float64 array with a zero diagonal.
+
+    The same values, bit for bit, as ``squareform(pdist(points[rows].astype(float64) / scale))``
+    (scipy's ``cdist`` on blocks, the kernel ``pdist`` uses), but only two blocks of
+    :data:`DISTANCE_BLOCK` float64 rows exist at a time, never the float64 subsample: for a wide
+    layer that subsample is as large as the layer's own float32 buffer.
+    """
+    points = np.asarray(points)
+    if points.ndim != 2:
+        raise ValueError(f"points must be an (n, d) array, got shape {points.shape}")
+    rows = np.arange(points.shape[0]) if rows is None else np.asarray(rows)
+    k = rows.size
+    dist = np.zeros((k, k))
+
+    def block(start: int) -> np.ndarray:
+        out = np.asarray(points[rows[start : start + DISTANCE_BLOCK]], dtype=np.float64)
+        return out / scale if scale != 1.0 else out
+
+    for i in range(0, k, DISTANCE_BLOCK):
+        left = block(i)
+        for j in range(i, k, DISTANCE_BLOCK):
+            right = left if j == i else block(j)
+            d = cdist(left, right)
+            dist[i : i + left.shape[0], j : j + right.shape[0]] = d
+            dist[j : j + right.shape[0], i : i + left.shape[0]] = d.T
+    np.fill_diagonal(dist, 0.0)
+    return dist
 
 
 def vietoris_rips_diagrams(points: np.ndarray) -> list[np.ndarray]:
@@ -75,21 +112,28 @@ def vietoris_rips_diagrams(points: np.ndarray) -> list[np.ndarray]:
     Returns
     -------
     [H0, H1] : list of (k, 2) float64 arrays
-        H0 is exact in float64: bars ``(0, e)`` for the edges ``e > 0`` of the Euclidean
-        minimum spanning tree of the *distinct* points, in ascending order, plus the essential
-        bar ``(0, inf)``. Duplicate points are removed first: they only add zero-length bars,
-        which ripser does not report either. H1 comes from ripser (maxdim=1, no threshold) on
-        the same distances, in ripser's order (births descending); ripser computes in float32,
-        so H1 values carry float32 rounding. Fewer than 4 distinct points have no H1.
+        As :func:`rips_diagrams` of the cloud's :func:`row_distances`.
     """
-    points = np.asarray(points, dtype=np.float64)
+    points = np.asarray(points)
     if points.ndim != 2 or points.shape[0] == 0:
         raise ValueError(f"points must be a non-empty (n, d) array, got shape {points.shape}")
-    if not np.isfinite(points).all():
+    return rips_diagrams(row_distances(points))
+
+
+def rips_diagrams(dist: np.ndarray) -> list[np.ndarray]:
+    """Vietoris-Rips H0 and H1 diagrams from a cloud's ``(n, n)`` Euclidean distance matrix (n >= 1).
+
+    H0 is exact in float64: bars ``(0, e)`` for the edges ``e > 0`` of the Euclidean minimum
+    spanning tree of the *distinct* points, in ascending order, plus the essential bar
+    ``(0, inf)``. Duplicate points are removed first: they only add zero-length bars, which ripser
+    does not report either. H1 comes from ripser (maxdim=1, no threshold) on the same distances, in
+    ripser's order (births descending); ripser computes in float32, so H1 values carry float32
+    rounding. Fewer than 4 distinct points have no H1.
+    """
+    if not np.isfinite(dist).all():  # a non-finite coordinate makes its row's distances NaN or Inf
         raise ValueError("points contain NaN/Inf; Vietoris-Rips is undefined")
-    condensed = pdist(points)
-    dist = squareform(condensed)
-    if not condensed.all():  # rare, so the common case skips np.unique's row sort
+    n = dist.shape[0]
+    if np.count_nonzero(dist) < n * (n - 1):  # rare, so the common case skips the duplicate search
         keep = ~np.triu(dist == 0, k=1).any(axis=0)  # drop every point equal to an earlier one
         dist = dist[np.ix_(keep, keep)]
     if dist.shape[0] == 1:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from topometrics.neural_persistence import neural_persistence, tree_persistence
-from topometrics.persistence import diagram_summary, subsample_rows, vietoris_rips_diagrams
+from topometrics.persistence import diagram_summary, rips_diagrams, row_distances, subsample_indices
 
 VR_SUMMARY = ("tp0", "tp1", "entropy0", "entropy1", "count1", "maxpers1")
 UNIT_FEATURES = tuple(f"vr_unit_{name}" for name in VR_SUMMARY)
@@ -97,11 +97,13 @@ def _row_blocks(weight: np.ndarray):
         yield start, np.asarray(weight[start:stop], dtype=np.float64)
 
 
-def cloud_summary(points: np.ndarray, prefix: str) -> tuple[dict[str, float], list[np.ndarray]]:
-    """``diagram_summary`` of a cloud's VR diagrams, keys prefixed (``vr_unit_tp0``, ...); zeros for an empty cloud."""
-    if points.shape[0] == 0:
+def cloud_summary(dist: np.ndarray, prefix: str) -> tuple[dict[str, float], list[np.ndarray]]:
+    """``diagram_summary`` of the VR diagrams of a cloud given by its ``(n, n)`` distances
+    (:func:`~topometrics.persistence.row_distances`), keys prefixed (``vr_unit_tp0``, ...); zeros
+    for an empty cloud."""
+    if dist.shape[0] == 0:
         return {f"{prefix}{name}": 0.0 for name in VR_SUMMARY}, [np.empty((0, 2)), np.empty((0, 2))]
-    dgms = vietoris_rips_diagrams(points)
+    dgms = rips_diagrams(dist)
     return {f"{prefix}{name}": value for name, value in diagram_summary(dgms).items()}, dgms
 
 
@@ -162,12 +164,10 @@ def scale_free_features(
     ripser's H1 costs ~20x more than on the raw rows, so the cloud is kept small. No full-size
     float64 copy of the layer is made, and the unit sample is done before the rows are taken.
     """
-    unit, _ = cloud_summary(farthest_unit_rows(weight, unit_points), "vr_unit_")
-    rows = subsample_rows(weight, max_points, row_seed, dtype=np.float64)
-    norm = np.linalg.norm(weight)
-    if norm > 0:
-        rows /= norm
-    fnorm, _ = cloud_summary(rows, "vr_fnorm_")
+    unit, _ = cloud_summary(row_distances(farthest_unit_rows(weight, unit_points)), "vr_unit_")
+    norm = float(np.linalg.norm(weight))
+    rows = subsample_indices(weight.shape[0], max_points, row_seed)
+    fnorm, _ = cloud_summary(row_distances(weight, rows, scale=norm if norm > 0 else 1.0), "vr_fnorm_")
     return {**unit, **fnorm, "np_z": np_zscored(weight, tree)}
 
 
