@@ -139,11 +139,14 @@ def map_on_cluster(client, fn: Callable, jobs: list, keys: list[str] | None = No
     for future in as_completed(futures, loop=client.loop):
         i = futures.pop(future)
         if future.status == "finished":
-            yield i, future.result()
+            result = future.result()
+            future.release()  # the worker frees its copy now, not when the caller is done with this one
+            del future
+            yield i, result
             continue
         err = future.exception()
-        yield i, _lost(client, err) if isinstance(err, KilledWorker) else err
         future.release()
+        yield i, _lost(client, err) if isinstance(err, KilledWorker) else err
 
 
 def _lost(client, err) -> CheckpointJobError:
