@@ -319,3 +319,63 @@ def test_dvc_exp_run_with_monitor_every_shows_the_monitor_in_exp_show_and_the_wa
         ).fetchall()
         assert len(pairs) == 7 and all(live == pytest.approx(ours) for live, ours in pairs)
         assert con.execute("SELECT count(val_loss) FROM checkpoints WHERE rung = 'a-live'").fetchone() == (7,)
+
+
+USER_TRAINING = """
+from pathlib import Path
+import torch
+from topometrics.model import GPT, GPTConfig
+from topometrics.monitor import TopologyMonitor
+from topometrics.params import FeaturesParams
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(hidden=16, layers=1, heads=1, context=16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with TopologyMonitor(Path("monitor"), every=10, params=FeaturesParams(max_points=20)) as monitor:
+        for step in range(1, 31):
+            x = torch.randint(0, 128, (4, 16))
+            loss = model.loss(x, x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            monitor.step(model, step, loss=loss.item())
+"""
+
+USER_DVC_YAML = """stages:
+  train:
+    cmd: python train.py
+    deps:
+    - train.py
+    metrics:
+    - monitor/dvclive/metrics.json: {cache: false}
+    plots:
+    - monitor/dvclive/plots/metrics: {cache: false, x: step}
+"""
+
+
+@pytest.mark.slow
+def test_in_a_users_own_dvc_experiment_the_monitor_shows_in_exp_show_and_plots_as_docs_series_says(tmp_path):
+    import csv
+
+    from test_pipeline import commit, run
+
+    project = tmp_path / "user"
+    project.mkdir()
+    (project / "train.py").write_text(USER_TRAINING)
+    (project / "dvc.yaml").write_text(USER_DVC_YAML)
+    for args in (["git", "init", "-q"], ["git", "config", "user.email", "t@t.invalid"],
+                 ["git", "config", "user.name", "t"], ["dvc", "init", "-q"]):  # fmt: skip
+        run(args, project)
+    commit(project, "a user's training script")
+    run(["dvc", "exp", "run"], project)
+    assert (project / "dvc.yaml").read_text() == USER_DVC_YAML  # dvclive never rewrites it
+    rows = list(csv.DictReader(run(["dvc", "exp", "show", "--no-pager", "--csv"], project).splitlines()))
+    workspace = next(r for r in rows if r["rev"] == "workspace")
+    features, losses = read_log(project / "monitor")
+    last = features[(features["step"] == 30) & (features["layer"] == "all")].set_index("feature")["value"]
+    assert float(workspace["monitor.np_norm"]) == pytest.approx(last["np_norm"])
+    assert float(workspace["monitor.train_loss"]) == pytest.approx(losses.set_index("step").loc[30, "train_loss"])
+    plots = json.loads(run(["dvc", "plots", "show", "--json", "monitor/dvclive/plots/metrics"], project).split("\n")[0])
+    assert "errors" not in plots
+    assert "monitor/dvclive/plots/metrics/monitor/np_norm.tsv" in plots["data"]
