@@ -179,11 +179,3 @@ def test_h1_equals_the_ripser_wrapper(cloud, monkeypatch):
         assert np.any(np.diff(h1[:, 0]) == 0)  # equal births: the rerun in the original order
     monkeypatch.setattr(P, "_rips_filtration", None)  # the fallback through the wrapper
     np.testing.assert_array_equal(vietoris_rips_diagrams(x)[1], h1)
-
-
-def test_subsample_rows_as_float64_equal_the_converted_subsample():
-    w = np.random.default_rng(2).standard_normal((150, 9)).astype(np.float32)
-    for max_points in (40, 150, 500):
-        got = subsample_rows(w, max_points, 7, dtype=np.float64)
-        assert got.dtype == np.float64
-        np.testing.assert_array_equal(got, subsample_rows(w, max_points, 7).astype(np.float64))

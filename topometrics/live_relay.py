@@ -32,7 +32,8 @@ import math
 import sys
 from pathlib import Path
 
-MONITOR_DIR = "monitor"  # a run's TopologyMonitor log folder inside its run directory
+from topometrics.run_dir import MONITOR_DIR
+
 LOSSES = ("val_loss", "train_loss")  # relayed from every checkpoint sidecar
 
 

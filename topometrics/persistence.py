@@ -52,22 +52,17 @@ def subsample_indices(n: int, max_points: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, max_points, replace=False))
 
 
-def subsample_rows(points: np.ndarray, max_points: int, seed: int, dtype=None) -> np.ndarray:
-    """At most ``max_points`` rows, drawn without replacement with ``default_rng(seed)``.
+def subsample_rows(points: np.ndarray, max_points: int, seed: int) -> np.ndarray:
+    """At most ``max_points`` rows (:func:`subsample_indices`), drawn without replacement with
+    ``default_rng(seed)``.
 
     Clouds that already fit are returned whole and in order (no randomness involved); the
     chosen rows keep their original order. The same seed picks the same row indices at every
-    checkpoint, so consecutive diagrams describe the same neurons. ``dtype``: a new array of
-    that type, converted a few rows at a time (no intermediate copy of the whole subsample).
+    checkpoint, so consecutive diagrams describe the same neurons.
     """
     points = np.asarray(points)
     idx = subsample_indices(points.shape[0], max_points, seed)
-    if dtype is None:
-        return points if idx.size == points.shape[0] else points[idx]
-    out = np.empty((idx.size, *points.shape[1:]), dtype=dtype)
-    for start in range(0, idx.size, DISTANCE_BLOCK):
-        out[start : start + DISTANCE_BLOCK] = points[idx[start : start + DISTANCE_BLOCK]]
-    return out
+    return points if idx.size == points.shape[0] else points[idx]
 
 
 def row_distances(points: np.ndarray, rows: np.ndarray | None = None, scale: float = 1.0) -> np.ndarray:

@@ -27,8 +27,9 @@ from topometrics.params import BASE_VARIANT, run_name
 
 STEPS_HEADER = "step,train_loss,grad_norm,lr\n"
 # Files a run directory holds; only these are ever deleted (never the directory itself).
+MONITOR_DIR = "monitor"  # a run's TopologyMonitor log folder inside its run directory
 RUN_FILES = ("step_*", "resume.*", "steps.csv", "checkpoints.csv", "run.json", "summary.json", "*.tmp",
-             "monitor/features-*", "monitor/losses-*", "monitor/stop.json", "monitor/*.tmp")  # fmt: skip
+             *(f"{MONITOR_DIR}/{part}" for part in ("features-*", "losses-*", "stop.json", "*.tmp")))  # fmt: skip
 _STEP_NAME = re.compile(r"^step_(\d{6,})\.(?:safetensors|json)$")
 
 

@@ -39,9 +39,10 @@ import torch
 from topometrics.atomic import write_text
 from topometrics.checkpoints import checkpoint_problem, list_checkpoints
 from topometrics.errors import TopometricsError
-from topometrics.live_relay import MONITOR_DIR, LiveRelay
+from topometrics.live_relay import LiveRelay
 from topometrics.model import GPT, count_parameters
 from topometrics.params import BASE_VARIANT, FeaturesParams
+from topometrics.run_dir import MONITOR_DIR
 from topometrics.tokens import load_tokens
 from topometrics.train import RungConfig, recipe_fingerprint, train_rung, write_checkpoint_table
 
