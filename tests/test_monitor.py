@@ -16,7 +16,7 @@ import torch
 from transformers import TrainerCallback
 
 from topometrics import features as feat
-from topometrics.architectures import config_rules, match_tensors, module_weights, oriented
+from topometrics.architectures import config_rules, match_tensors, module_layers, module_weights, oriented
 from topometrics.corpus import encode
 from topometrics.model import GPT, GPTConfig
 from topometrics.monitor import TopologyCallback, TopologyMonitor, read_log
@@ -46,7 +46,7 @@ def train_steps(model, steps, seed=0):
 def test_monitor_rows_equal_the_features_of_the_weights_at_each_measured_step(tmp_path):
     model = GPT(GPTConfig(hidden=16, layers=2, heads=2))
     lines, expected = [], {}
-    with TopologyMonitor(tmp_path, every=3, params=PARAMS, rung="ours", seed=7, log=lines.append, max_pending=9) as m:
+    with TopologyMonitor(tmp_path, every=3, params=PARAMS, rung="ours", seed=7, log=lines.append) as m:
         for step, loss in train_steps(model, 9):
             if step % 3 == 0:
                 expected[step] = feat.weight_features(module_weights(model), PARAMS)
@@ -73,6 +73,21 @@ def test_training_waits_only_for_the_copy(tmp_path):
         assert not (tmp_path / "features-000000001.parquet").exists() or returned < 0.5
     assert returned < 0.5  # the features of a step take longer than this on this machine
     assert (tmp_path / "features-000000001.parquet").exists()
+
+
+def test_a_step_is_skipped_only_when_its_snapshot_would_exceed_the_bytes_in_flight(tmp_path):
+    model = GPT(GPTConfig(hidden=32, layers=2, heads=2))
+    size = sum(4 * model.get_parameter(layer.tensor).numel() for layer in module_layers(model))
+    lines = []
+    with TopologyMonitor(tmp_path, every=1, max_pending_bytes=2 * size, log=lines.append) as monitor:
+        assert size == monitor.snapshot_bytes(model) == sum(w.nbytes for w, _ in monitor.snapshot(model).values())
+        for step in range(4):  # back to back: no measurement can finish in between
+            monitor.step(model, step)
+    assert monitor.measured == [0, 1] and monitor.skipped == [2, 3]  # two snapshots fit, then none
+    assert lines[0] == "monitor: step 2 not measured, 2 measurements still running"
+    with TopologyMonitor(tmp_path / "big", every=1, max_pending_bytes=1, log=lines.append) as monitor:
+        monitor.step(model, 0)  # one snapshot always goes, however large
+    assert monitor.measured == [0]
 
 
 def test_the_worker_starts_with_the_monitor_before_any_step(tmp_path):
@@ -123,7 +138,7 @@ from topometrics.monitor import TopologyMonitor
 from topometrics.params import FeaturesParams
 if __name__ == "__main__":
     model = GPT(GPTConfig(hidden=48, layers=3, heads=4))
-    monitor = TopologyMonitor(sys.argv[1], every=1, params=FeaturesParams(max_points=40), max_pending=1000)
+    monitor = TopologyMonitor(sys.argv[1], every=1, params=FeaturesParams(max_points=40))
     step = 0
     while True:
         step += 1
@@ -288,7 +303,7 @@ def test_dvc_exp_run_with_monitor_every_shows_the_monitor_in_exp_show_and_the_wa
     assert "train: 2 runs, 2 complete, 0 to train" in out and "monitor: step" not in out
     out = run(["dvc", "exp", "run", "-S", "train.monitor_every=10", "-S", "train.steps=60", "train"], project)
     # what each run's monitor measured: steps 0, 10, ..., 60, less any it skipped under load (it never
-    # makes training wait: a measured step beyond max_pending in flight is skipped, with a line)
+    # makes training wait: a step whose snapshot would exceed max_pending_bytes in flight is skipped, with a line)
     logs = {name: read_log(project / f"data/runs/{name}/monitor")[0] for name in ("a-42", "b-42")}
     measured = {name: sorted(log["step"].unique()) for name, log in logs.items()}
     for name, steps in measured.items():

@@ -130,9 +130,7 @@ def test_a_run_directory_of_another_run_is_refused_and_left_untouched(tmp_path):
 
 
 def monitored(run_dir: Path, every: int = 5) -> TopologyMonitor:
-    return TopologyMonitor(
-        run_dir / "monitor", every, MONITOR_PARAMS, "t-live", 7, max_pending=99, live=False, log=quiet
-    )
+    return TopologyMonitor(run_dir / "monitor", every, MONITOR_PARAMS, "t-live", 7, live=False, log=quiet)
 
 
 def test_a_monitored_run_writes_the_same_bytes_and_the_monitor_sees_the_checkpoints_weights(tmp_path):

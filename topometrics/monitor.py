@@ -77,9 +77,11 @@ class TopologyMonitor:
         Enables NP early stopping: measurements without improvement before asking to stop.
     min_delta : float
         An improvement must beat the best NP by more than this.
-    max_pending : int
-        Measurements allowed in flight; a measured step beyond that is skipped (and said so),
-        so a slow measurement never makes training wait.
+    max_pending_bytes : int
+        Bytes of weight snapshots allowed in flight (each waits in this process until the worker
+        is done with it); a measured step whose snapshot would exceed it is skipped (and said so),
+        so a slow measurement never makes training wait. One snapshot is always allowed. The
+        default, 1 GiB, holds thousands of snapshots of a small model and one of a 1B model.
     live : bool, optional
         Also log through dvclive; default: when running under ``dvc repro``/``dvc exp run``.
     log : callable
@@ -95,7 +97,7 @@ class TopologyMonitor:
         seed: int = 0,
         patience: int | None = None,
         min_delta: float = 0.0,
-        max_pending: int = 4,
+        max_pending_bytes: int = 1 << 30,
         live: bool | None = None,
         log=print,
     ) -> None:
@@ -105,7 +107,7 @@ class TopologyMonitor:
             raise ValueError(f"patience must be a positive number of measurements, got {patience}")
         self.out_dir, self.every, self.params = Path(out_dir), every, params or FeaturesParams()
         self.rung, self.seed, self.patience, self.min_delta = rung, seed, patience, min_delta
-        self.max_pending, self.log = max_pending, log
+        self.max_pending_bytes, self.log = max_pending_bytes, log
         self.layers: list[LinearLayer] | None = None
         self.pending: dict[int, tuple[Future, float]] = {}
         self.best, self.wait, self.best_step = 0.0, 0, None
@@ -126,7 +128,7 @@ class TopologyMonitor:
         self.collect()
         if step % self.every:
             return self.should_stop
-        if len(self.pending) >= self.max_pending:
+        if self.pending and (len(self.pending) + 1) * self.snapshot_bytes(model) > self.max_pending_bytes:
             self.skipped.append(step)
             self.log(f"monitor: step {step} not measured, {len(self.pending)} measurements still running")
             return self.should_stop
@@ -139,17 +141,25 @@ class TopologyMonitor:
             self.record_losses(step, train_loss=loss)
         return self.should_stop
 
-    def snapshot(self, model: nn.Module) -> dict[str, tuple[np.ndarray, bool]]:
-        """CPU float32 copies of the linear weights as stored, with their orientation flag."""
+    def linear_layers(self, model: nn.Module) -> list[LinearLayer]:
+        """The model's linear layers (:func:`topometrics.architectures.module_layers`), found once."""
         if self.layers is None:
             self.layers = module_layers(model)
+        return self.layers
+
+    def snapshot_bytes(self, model: nn.Module) -> int:
+        """Bytes of one :meth:`snapshot` (float32 copies of the linear weights)."""
+        return sum(4 * model.get_parameter(layer.tensor).numel() for layer in self.linear_layers(model))
+
+    def snapshot(self, model: nn.Module) -> dict[str, tuple[np.ndarray, bool]]:
+        """CPU float32 copies of the linear weights as stored, with their orientation flag."""
         with torch.no_grad():
             return {
                 layer.name: (
                     model.get_parameter(layer.tensor).detach().to("cpu", torch.float32, copy=True).numpy(),
                     layer.transposed,
                 )
-                for layer in self.layers
+                for layer in self.linear_layers(model)
             }
 
     def record_losses(self, step: int, val_loss: float | None = None, train_loss: float | None = None) -> None:
