@@ -7,6 +7,7 @@ import pytest
 from scipy.sparse.csgraph import minimum_spanning_tree
 from test_neural_persistence import brute_force_tree  # the one brute-force Kruskal oracle
 
+from topometrics import row_blocks
 from topometrics import scale_free as S
 from topometrics.layer_features import layer_features
 from topometrics.neural_persistence import bipartite_max_spanning_tree, neural_persistence
@@ -156,7 +157,7 @@ def test_farthest_unit_rows_cover_the_cloud_and_ignore_row_order():
 
 @pytest.mark.parametrize("block_bytes", [64, 1 << 19])  # 64: a block per row, so every boundary is crossed
 def test_farthest_unit_rows_streamed_equal_farthest_points_of_the_unit_rows(monkeypatch, block_bytes):
-    monkeypatch.setattr(S, "_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(row_blocks, "BLOCK_BYTES", block_bytes)
     w = trained_like((90, 7), 6).astype(np.float32)
     w[[4, 50]] = 0  # dead rows are dropped, as unit_rows drops them
     expected = farthest_points(unit_rows(w), 16)

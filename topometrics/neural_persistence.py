@@ -13,6 +13,7 @@ import numpy as np
 from scipy.sparse import coo_matrix, csr_matrix
 from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 
+from topometrics.row_blocks import row_block_bounds
 from topometrics.spanning_tree import block_max, boruvka_components, dense_max_tree
 
 # Below this many edges, sorting everything is cheaper than the banded algorithm's overhead.
@@ -23,8 +24,6 @@ _BAND_PER_VERTEX = 4
 _FEW_LOW_VERTICES = 64
 # Up to this many column groups, the contraction masks columns instead of gathering them.
 _FEW_GROUPS = 16
-# Bytes of |W| processed at a time, so abs and the band test share cache-resident data.
-BLOCK_BYTES = 1 << 19
 
 
 _NON_FINITE = "layer has NaN/Inf weights; neural persistence is undefined (treat the checkpoint as diverged)"
@@ -209,12 +208,11 @@ def _band_threshold(a: np.ndarray, band_size: int) -> float:
 
 def _row_blocks(a: np.ndarray):
     """Yield ``(start, |a[start:stop]|)`` for cache-sized row blocks (the buffer is reused)."""
-    n, m = a.shape
-    step = max(1, BLOCK_BYTES // (a.itemsize * m))
-    buf = np.empty((min(step, n), m), dtype=a.dtype)
-    for start in range(0, n, step):
-        block = buf[: min(step, n - start)]
-        np.abs(a[start : start + block.shape[0]], out=block)
+    bounds = row_block_bounds(a.shape[0], a.itemsize * a.shape[1])  # abs and the band test share the cached block
+    buf = np.empty((bounds[0][1] if bounds else 0, a.shape[1]), dtype=a.dtype)
+    for start, stop in bounds:
+        block = buf[: stop - start]
+        np.abs(a[start:stop], out=block)
         yield start, block
 
 

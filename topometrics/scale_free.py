@@ -33,17 +33,13 @@ import numpy as np
 
 from topometrics.neural_persistence import neural_persistence, tree_persistence
 from topometrics.persistence import diagram_summary, rips_diagrams, row_distances, subsample_indices
+from topometrics.row_blocks import float64_row_blocks, row_block_bounds
 
 VR_SUMMARY = ("tp0", "tp1", "entropy0", "entropy1", "count1", "maxpers1")
 UNIT_FEATURES = tuple(f"vr_unit_{name}" for name in VR_SUMMARY)
 FNORM_FEATURES = tuple(f"vr_fnorm_{name}" for name in VR_SUMMARY)
 NP_FEATURES = ("np_excess", "np_z")
 FEATURES = UNIT_FEATURES + FNORM_FEATURES + NP_FEATURES
-
-
-# Bytes of a float64 block of rows converted at a time: the features below never hold a
-# full-size float64 copy of a layer (a streaming worker's peak memory, docs/scaling.md).
-_BLOCK_BYTES = 1 << 19
 
 
 def farthest_unit_rows(weight: np.ndarray, count: int) -> np.ndarray:
@@ -62,8 +58,8 @@ def farthest_unit_rows(weight: np.ndarray, count: int) -> np.ndarray:
     another row than the same rule on a matrix of unit rows would.
     """
     w = np.asarray(weight)
-    bounds = _block_bounds(w)
-    norms = np.concatenate([np.linalg.norm(block, axis=1) for _, block in _row_blocks(w)])
+    bounds = row_block_bounds(w.shape[0], 8 * w.shape[1])
+    norms = np.concatenate([np.linalg.norm(block, axis=1) for _, block in float64_row_blocks(w)])
     kept = np.flatnonzero(norms > 0)
     if kept.size <= count:
         return np.asarray(w[kept], dtype=np.float64) / norms[kept, None]
@@ -83,18 +79,6 @@ def farthest_unit_rows(weight: np.ndarray, count: int) -> np.ndarray:
         chosen.append(int(np.argmin(closest)))
     rows = kept[chosen]
     return np.asarray(w[rows], dtype=np.float64) / norms[rows, None]
-
-
-def _block_bounds(weight: np.ndarray) -> list[tuple[int, int]]:
-    """``(start, stop)`` of the cache-sized row blocks of a layer."""
-    n, step = weight.shape[0], max(1, _BLOCK_BYTES // (8 * max(1, weight.shape[1])))
-    return [(start, min(start + step, n)) for start in range(0, n, step)]
-
-
-def _row_blocks(weight: np.ndarray):
-    """``(start, float64 rows)`` of the cache-sized row blocks of a layer."""
-    for start, stop in _block_bounds(weight):
-        yield start, np.asarray(weight[start:stop], dtype=np.float64)
 
 
 def cloud_summary(dist: np.ndarray, prefix: str) -> tuple[dict[str, float], list[np.ndarray]]:
@@ -147,8 +131,9 @@ def np_zscored(weight: np.ndarray, tree: np.ndarray) -> float:
 def _abs_std(weight: np.ndarray) -> float:
     """Population standard deviation of ``|W|`` in float64, two passes over row blocks."""
     count = weight.size
-    mean = sum(float(np.abs(block).sum()) for _, block in _row_blocks(weight)) / count
-    return float(np.sqrt(sum(float(np.square(np.abs(block) - mean).sum()) for _, block in _row_blocks(weight)) / count))
+    mean = sum(float(np.abs(block).sum()) for _, block in float64_row_blocks(weight)) / count
+    squares = sum(float(np.square(np.abs(block) - mean).sum()) for _, block in float64_row_blocks(weight))
+    return float(np.sqrt(squares / count))
 
 
 def scale_free_features(

@@ -11,8 +11,7 @@ import numpy as np
 from scipy.linalg import eigvalsh
 from scipy.linalg.blas import dsyrk
 
-# Bytes of one float64 block converted at a time while a Gram matrix is accumulated.
-_GRAM_BLOCK_BYTES = 1 << 19
+from topometrics.row_blocks import row_block_bounds
 
 
 def singular_values(matrix: np.ndarray) -> np.ndarray:
@@ -35,9 +34,8 @@ def singular_values(matrix: np.ndarray) -> np.ndarray:
     if k == 0 or tall.shape[0] == 0:
         return np.zeros(k)
     gram = np.zeros((k, k), order="F")  # upper triangle: BLAS syrk adds block^T block in place
-    step = max(1, _GRAM_BLOCK_BYTES // (8 * k))
-    for start in range(0, tall.shape[0], step):
-        block = np.asarray(tall[start : start + step], dtype=np.float64, order="F")
+    for start, stop in row_block_bounds(tall.shape[0], 8 * k):
+        block = np.asarray(tall[start:stop], dtype=np.float64, order="F")
         gram = dsyrk(1.0, block, beta=1.0, c=gram, trans=1, overwrite_c=1)
     eigenvalues = eigvalsh(gram, lower=False, overwrite_a=True, check_finite=False)[::-1]
     eigenvalues[eigenvalues <= k * np.finfo(np.float64).eps * max(eigenvalues[0], 0.0)] = 0.0
