@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,27 @@ from topometrics.tokens import load_tokens
 TABLES = ("features", "diagrams")
 
 
+@dataclass(frozen=True)
+class CheckpointJob:
+    """One of our checkpoints, to its ``features`` and ``diagrams`` tables (a job: it pickles)."""
+
+    ckpt: Checkpoint
+    key: ShardKey  # its shard: the rung, seed and step columns
+    tokens: np.ndarray  # (n,) uint8 validation tokens; the fixed batch is cut at the checkpoint's context
+    params: FeaturesParams
+
+
+@dataclass(frozen=True)
+class DistanceJob:
+    """A checkpoint's ``*_prev`` rows from its diagram shard and the previous checkpoint's (a job: it pickles)."""
+
+    previous: pd.DataFrame | None  # the previous checkpoint's diagram shard; None for the first checkpoint
+    current: pd.DataFrame  # this checkpoint's diagram shard
+    layers: list[str]  # linear layers in network order: one row per layer and distance, then 'all'
+    key: ShardKey
+    extra: dict  # the series/revision columns of its feature shard ({} for our runs)
+
+
 def run_shards(
     run_dir: Path,
     corpus_dir: Path,
@@ -75,7 +97,7 @@ def run_shards(
         name, variant = ckpt.meta.get("rung", Path(run_dir).name), ckpt.meta.get("variant", BASE_VARIANT)
         key = ShardKey(name, variant, int(ckpt.meta.get("seed", -1)), ckpt.step)
         fingerprint = Fingerprint(f"weights {file_sha256(ckpt.path)} tokens {batch}", digest, code)
-        tasks.append(Task(key, fingerprint, (ckpt, tokens, params, key)))
+        tasks.append(Task(key, fingerprint, CheckpointJob(ckpt, key, tokens, params)))
     run = compute_shards(out, tasks, _checkpoint_tables, mapper(params, compute, "features"), TABLES)
     layers = linear_layer_names(ckpts[0].config.layers)
     run = run.merge(distance_shards(out, [t for t in tasks if t.key not in run.failed], layers, params, compute))
@@ -100,7 +122,8 @@ def distance_shards(
         job = None
         if not is_current(root, task.key, fingerprint, ("distances",)):
             previous = None if prev is None else read_table(root, prev.key, "diagrams")
-            job = (previous, read_table(root, task.key, "diagrams"), layers, task.key, _extra(root, task.key))
+            current = read_table(root, task.key, "diagrams")
+            job = DistanceJob(previous, current, layers, task.key, _extra(root, task.key))
         jobs.append(Task(task.key, fingerprint, job))
         prev = task
     return compute_shards(root, jobs, _distance_tables, mapper(params, compute, "distances"), ("distances",))
@@ -111,18 +134,16 @@ def distance_shards(
 # ---------------------------------------------------------------------------
 
 
-def _checkpoint_tables(job: tuple[Checkpoint, np.ndarray, FeaturesParams, ShardKey]) -> dict:
-    ckpt, tokens, params, key = job
-    batch = validation_batch(tokens, ckpt.config.context, params.rep_batch)
-    result = checkpoint_features(load_state(ckpt.path), ckpt.config, batch, params)
-    return frames(result, key, {})
+def _checkpoint_tables(job: CheckpointJob) -> dict:
+    batch = validation_batch(job.tokens, job.ckpt.config.context, job.params.rep_batch)
+    result = checkpoint_features(load_state(job.ckpt.path), job.ckpt.config, batch, job.params)
+    return frames(result, job.key, {})
 
 
-def _distance_tables(job) -> dict:
-    previous, current, layers, key, extra = job
-    prev = None if previous is None else _diagrams(previous)
-    result = distance_features(prev, _diagrams(current), layers)
-    return {"distances": features_frame(result, key.rung, key.seed, key.step).assign(**extra)}
+def _distance_tables(job: DistanceJob) -> dict:
+    prev = None if job.previous is None else _diagrams(job.previous)
+    result = distance_features(prev, _diagrams(job.current), job.layers)
+    return {"distances": features_frame(result, job.key.rung, job.key.seed, job.key.step).assign(**job.extra)}
 
 
 def frames(result: CheckpointFeatures, key: ShardKey, extra: dict) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +34,29 @@ class SeriesShards:
     status: dict  # {"series": [{name, model, path, log, seed, computed, reused, skipped, checkpoints: [...]}]}
     logged: pd.DataFrame  # feature rows of monitor logs (computed by the monitor; not shards)
     losses: pd.DataFrame  # CHECKPOINT_COLUMNS: losses of run folders and monitor logs at their available steps
+
+
+@dataclass(frozen=True)
+class SeriesSettings:
+    """What every checkpoint job of one series source shares (bound once per source)."""
+
+    model: str | None  # hub id: each job fetches its revision; None for a run folder
+    cache_dir: Path | None  # Hugging Face hub cache (None: the default, HF_HOME / HF_HUB_CACHE)
+    text: str  # validation text, tokenised by each checkpoint's own tokenizer
+    params: FeaturesParams
+    seq_len: int  # tokens per validation window
+    layers: Mapping[str, str] | None  # the source's layers option (canonical part -> tensor-name regex)
+    label: str  # the series column of its rows: the hub id or the folder
+
+
+@dataclass(frozen=True)
+class SeriesJob:
+    """One checkpoint of a series source, to its tables (a job: it pickles)."""
+
+    settings: SeriesSettings
+    key: shards.ShardKey
+    revision: str  # hub revision, or the entry's name in the run folder
+    where: RunCheckpoint | None  # a run folder's checkpoint; None: a hub revision, fetched by the job
 
 
 def series_shards(
@@ -67,6 +90,7 @@ def series_shards(
             status.append(header | counts | {"checkpoints": result.status})
             continue
         label = source.model or str(source.path)
+        settings = SeriesSettings(source.model, cache_dir, text, params, series.seq_len, source.layers, label)
         tasks, records, found = [], [], {}
         for ckpt in _series_checkpoints(source):
             if isinstance(ckpt, dict):
@@ -75,7 +99,7 @@ def series_shards(
             revision, step, where = ckpt
             inputs = f"{source.model}@{revision}" if source.model else f"weights {shards.file_sha256(*where.weights)}"
             key = shards.ShardKey(name, BASE_VARIANT, source.seed, step)
-            job = (where, source.model, revision, cache_dir, text, params, series.seq_len, source.layers, key, label)
+            job = SeriesJob(settings, key, revision, where)
             tasks.append(shards.Task(key, shards.Fingerprint(f"{inputs} {context}", digest, code), job))
             found[key] = (revision, where)
         run = shards.compute_shards(out, tasks, _series_tables, mapper(params, compute, f"series {name}"), TABLES)
@@ -107,15 +131,15 @@ def _losses(name: str, seed: int, where) -> pd.DataFrame | None:
     return pd.DataFrame([row], columns=CHECKPOINT_COLUMNS)
 
 
-def _series_tables(job) -> dict:
-    where, model, revision, cache_dir, text, params, seq_len, layers, key, label = job
+def _series_tables(job: SeriesJob) -> dict:
+    settings, where = job.settings, job.where
     start = time.perf_counter()
-    if model is not None:  # fetched here, on the worker
-        where = next(hub_checkpoints(model, (revision,), cache_dir))
+    if settings.model is not None:  # fetched here, on the worker
+        where = next(hub_checkpoints(settings.model, (job.revision,), settings.cache_dir))
         if isinstance(where, dict):
             raise CheckpointError(where["reason"])
-    result, _ = series_checkpoint_features(where, text, params, seq_len, layers)
-    out = frames(result, key, {"series": label, "revision": revision})
+    result, _ = series_checkpoint_features(where, settings.text, settings.params, settings.seq_len, settings.layers)
+    out = frames(result, job.key, {"series": settings.label, "revision": job.revision})
     files = [str(p) for p in where.weights]
     out["info"] = {
         "seconds": round(time.perf_counter() - start, 3),
