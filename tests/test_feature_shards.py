@@ -1,6 +1,6 @@
-"""A run's checkpoints as shards through the execution seam: equal to the in-memory tables of
-topometrics.features.run_features, reused when current, the same on a Dask LocalCluster, and whole
-after a worker is killed with SIGKILL mid-run."""
+"""A run's checkpoints as shards through the execution seam: read back by DuckDB (as the warehouse
+reads them) equal to read_tables, equal in a fresh folder, reused when current, the same on a Dask
+LocalCluster, and whole after a worker is killed with SIGKILL mid-run."""
 
 import os
 import signal
@@ -11,11 +11,10 @@ import duckdb
 import pandas as pd
 import pytest
 from distributed import Client
-from test_features import PARAMS, write_run
+from test_features import PARAMS, run_tables, write_run
 
 from topometrics.cluster import local_cluster, worker_pids
 from topometrics.feature_shards import run_shards
-from topometrics.features import run_features
 from topometrics.params import ComputeParams
 from topometrics.shards import ShardKey, params_digest, scan
 
@@ -36,7 +35,7 @@ def read_back(root):
 def same_rows(a: pd.DataFrame, b: pd.DataFrame, keys: list[str]) -> None:
     a = a[b.columns].sort_values(keys).reset_index(drop=True)
     b = b.sort_values(keys).reset_index(drop=True)
-    if "reason" in b:  # NULL reads back as None, the in-memory table has NaN
+    if "reason" in b:  # NULL: None from DuckDB, NaN from pandas
         a["reason"], b["reason"] = a["reason"].fillna("-"), b["reason"].fillna("-")
     pd.testing.assert_frame_equal(a, b, check_dtype=False)
 
@@ -45,7 +44,7 @@ def same_rows(a: pd.DataFrame, b: pd.DataFrame, keys: list[str]) -> None:
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
     write_run(root, STEPS)
-    features, diagrams = run_features(root / "run", root / "corpus", PARAMS, "tiny")
+    features, diagrams = run_tables(root / "run", root / "corpus", root / "expected")  # the tests' reference
     return root, features, diagrams
 
 
@@ -77,7 +76,7 @@ def test_a_removed_checkpoint_loses_its_shard_and_its_successor_gets_new_distanc
     run = run_shards(run_dir, root / "corpus", PARAMS, out)
     assert not ShardKey("tiny", "base", 42, 100).folder(out).exists()
     assert [k.step for k in run.computed] == [200]  # only 200's distances (its previous is now 0)
-    features, _ = run_features(run_dir, root / "corpus", PARAMS, "tiny")
+    features, _ = run_tables(run_dir, root / "corpus", tmp_path / "fresh")  # the fewer checkpoints from nothing
     same_rows(read_back(out)[0], features, ["step", "layer", "feature"])
 
 
@@ -107,3 +106,27 @@ def test_on_a_dask_cluster_with_a_worker_killed_mid_run_nothing_is_missing_or_tw
     assert not got_features.duplicated(["step", "layer", "feature"]).any()
     same_rows(got_features, features, ["step", "layer", "feature"])
     same_rows(got_diagrams, diagrams, ["step", "source", "layer", "dim", "birth", "death"])
+
+
+def test_a_failed_checkpoint_fails_the_stage_in_one_line_after_the_others_are_written(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    write_run(tmp_path, (0, 100, 200))
+    damaged = tmp_path / "run" / "step_000100.safetensors"
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["features"] |= {"workers": 1, "rep_points": 60, "rep_batch": 4, "betti_scales": 4}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    cmd = [sys.executable, str(repo / "stages/features.py"), "--runs", "run", "--corpus", "corpus", "--out", "out"]
+    stage = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert stage.returncode == 1, stage.stderr
+    assert "features@run: 3 checkpoints, 2 computed, 0 already current, 1 failed" in stage.stdout
+    (error,) = [line for line in stage.stderr.splitlines() if line.startswith("error: ")]  # the others: progress
+    assert error.startswith("error: features@run: 1 checkpoints failed (step 100: run/step_000100.safetensors: not a")
+    assert error.endswith("; the others are written, re-run to retry them") and "Traceback" not in stage.stderr
+    assert sorted(p.parent.name for p in (tmp_path / "out").glob("**/features.parquet")) == ["step=0", "step=200"]

@@ -1,4 +1,4 @@
-"""Tests of topometrics.features: tables, diverged checkpoints and a tiny run directory."""
+"""Tests of topometrics.features: tables, diverged checkpoints and a tiny run directory (its shards read back)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from topometrics.checkpoints import save_checkpoint
+from topometrics.feature_shards import read_tables, run_shards
 from topometrics.features import (
     ALL,
     DIAGRAM_COLUMNS,
     FEATURE_COLUMNS,
     checkpoint_features,
     distance_features,
-    run_features,
     validation_batch,
 )
 from topometrics.model import GPT, GPTConfig, linear_layer_names
@@ -55,11 +55,17 @@ def write_run(root, steps):
         save_checkpoint(root / "run", tiny_model(step), meta)
 
 
+def run_tables(run_dir, corpus, out, params=PARAMS):
+    """The features (with the distances) and diagrams tables of a run: its shards in ``out``, read back."""
+    run_shards(run_dir, corpus, params, out)
+    return read_tables(out)
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("features")
     write_run(root, (0, 100, 200))
-    return run_features(root / "run", root / "corpus", PARAMS, "tiny")
+    return run_tables(root / "run", root / "corpus", root / "shards")
 
 
 def test_validation_batch_windows_and_shifted_targets():
@@ -124,8 +130,8 @@ def test_features_are_deterministic():
 def test_process_pool_gives_the_in_process_tables(tmp_path):
     # 8 checkpoints = 4 per worker: the pool (fork-server workers) is used, not the in-process path.
     write_run(tmp_path, range(0, 800, 100))
-    expected = run_features(tmp_path / "run", tmp_path / "corpus", PARAMS, "tiny")
-    pooled = run_features(tmp_path / "run", tmp_path / "corpus", dataclasses.replace(PARAMS, workers=2), "tiny")
+    expected = run_tables(tmp_path / "run", tmp_path / "corpus", tmp_path / "one")
+    pooled = run_tables(tmp_path / "run", tmp_path / "corpus", tmp_path / "two", dataclasses.replace(PARAMS, workers=2))
     for a, b in zip(expected, pooled, strict=True):
         pd.testing.assert_frame_equal(a, b)
 

@@ -6,6 +6,8 @@ of :func:`topometrics.compute.each_result` — a local process pool or a Dask cl
 ``compute`` says — and written as a shard (``topometrics.shards``) as soon as it arrives. A shard
 whose fingerprint is current is not computed again. Then each checkpoint's distances to the
 previous one (``*_prev``) are a ``distances`` shard, computed from the two diagram shards.
+:func:`read_tables` reads the shards back as two tables (tests, benchmarks); the warehouse reads
+them with DuckDB.
 
 Fingerprint inputs: our checkpoints, the sha256 of the weights file and of the validation tokens;
 hub revisions, ``<model>@<revision>`` (so a cached shard needs no download to be recognised); local
@@ -16,15 +18,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from topometrics.checkpoints import Checkpoint, list_checkpoints, load_state
+from topometrics.checkpoints import Checkpoint, CheckpointError, list_checkpoints, load_state
 from topometrics.compute import each_result
 from topometrics.features import (
+    DIAGRAM_COLUMNS,
+    FEATURE_COLUMNS,
     CheckpointFeatures,
     checkpoint_features,
     diagrams_frame,
@@ -78,17 +84,20 @@ def run_shards(
     params: FeaturesParams,
     out: Path,
     compute: ComputeParams | None = None,
+    progress: Callable[[str], None] = lambda line: None,
 ) -> ShardRun:
     """Feature, diagram and distance shards of every checkpoint of one run directory, under ``out``.
 
     Each shard's rung, variant and seed are those its checkpoint records (checkpoints describe
     themselves). Shards of checkpoints the run no longer has are deleted, and so is the shard of a checkpoint
-    that failed this time (never a stale one left to be read). Returns what was computed, reused
-    and failed (a failed checkpoint's distances to its neighbours are not computed).
+    that failed this time (never a stale one left to be read). Returns what was computed and reused;
+    ``progress`` gets one summary line. Raises :class:`CheckpointError` for a run without checkpoints and,
+    after writing the others, when a checkpoint failed (its distances to its neighbours are not computed).
     """
+    start = time.monotonic()
     ckpts = list_checkpoints(Path(run_dir))
     if not ckpts:
-        raise FileNotFoundError(f"{run_dir}: no complete checkpoints (step_*.safetensors + .json); run training first")
+        raise CheckpointError(f"{run_dir}: no complete checkpoints (step_*.safetensors + .json); run training first")
     tokens = load_tokens(corpus_dir, "val")
     code, digest = code_version(__name__), params_digest(params)
     batch = hashlib.sha256(tokens.tobytes()).hexdigest()[:16]
@@ -102,6 +111,17 @@ def run_shards(
     layers = linear_layer_names(ckpts[0].config.layers)
     run = run.merge(distance_shards(out, [t for t in tasks if t.key not in run.failed], layers, params, compute))
     prune(out, [t.key for t in tasks if t.key not in run.failed])
+    label, keys, computed = f"features@{Path(run_dir).name}", {t.key for t in tasks}, set(run.computed)
+    progress(
+        f"{label}: {len(keys)} checkpoints, {len(computed)} computed, {len(keys - computed - set(run.failed))} "
+        f"already current, {len(run.failed)} failed, {time.monotonic() - start:.1f} s -> {out}"
+    )
+    if run.failed:
+        first, reason = next(iter(run.failed.items()))
+        raise CheckpointError(
+            f"{label}: {len(run.failed)} checkpoints failed (step {first.step}: {reason}); "
+            "the others are written, re-run to retry them"
+        )
     return run
 
 
@@ -127,6 +147,23 @@ def distance_shards(
         jobs.append(Task(task.key, fingerprint, job))
         prev = task
     return compute_shards(root, jobs, _distance_tables, mapper(params, compute, "distances"), ("distances",))
+
+
+def read_tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The feature rows and the diagrams of every shard under ``root``, as two tables in memory.
+
+    Shards in (rung, variant, seed, step) order; each one's ``features`` rows then its ``distances``
+    (``*_prev``) rows, as the warehouse loads them, with the series/revision columns of series shards.
+    Every shard is read, whatever its fingerprint. None: empty tables of
+    :data:`topometrics.features.FEATURE_COLUMNS` and :data:`~topometrics.features.DIAGRAM_COLUMNS`.
+    """
+    features, diagrams = [], []
+    for key in stored_keys(root):
+        found = {t: key.folder(root) / f"{t}.parquet" for t in ("features", "distances", "diagrams")}
+        found = {t: pd.read_parquet(path) for t, path in found.items() if path.is_file()}
+        features += [found[t] for t in ("features", "distances") if t in found]
+        diagrams += [found["diagrams"]] if "diagrams" in found else []
+    return _concat(features, FEATURE_COLUMNS), _concat(diagrams, DIAGRAM_COLUMNS)
 
 
 # ---------------------------------------------------------------------------
@@ -174,6 +211,19 @@ def _diagrams(frame: pd.DataFrame) -> CheckpointFeatures:
 
 def read_table(root: Path, key: ShardKey, table: str) -> pd.DataFrame:
     return pd.read_parquet(key.folder(root) / f"{table}.parquet")
+
+
+def stored_keys(root: Path) -> list[ShardKey]:
+    """The keys of the shard folders under ``root``, in (rung, variant, seed, step) order."""
+    keys = []
+    for folder in Path(root).glob("rung=*/variant=*/seed=*/step=*"):
+        rung, variant, seed, step = (part.split("=", 1)[1] for part in folder.relative_to(root).parts)
+        keys.append(ShardKey(rung, variant, int(seed), int(step)))
+    return sorted(keys, key=lambda k: (k.rung, k.variant, k.seed, k.step))
+
+
+def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
 
 
 def _extra(root: Path, key: ShardKey) -> dict:

@@ -4,7 +4,8 @@ One path for every checkpoint, ours or an external series' (:func:`linear_and_fo
 the linear weights, each loaded once and in order, and an optional forward/backward pass on a fixed
 batch; only loading differs (:func:`checkpoint_features` for our checkpoints,
 ``topometrics.series`` for Hugging Face ones). Names, definitions and layer aggregations:
-``topometrics.vocabulary`` and ``docs/features.md``. Only :func:`run_features` touches files.
+``topometrics.vocabulary`` and ``docs/features.md``. Nothing here touches files: a whole run's
+checkpoints go to shards through ``topometrics.feature_shards`` (series: ``topometrics.series_shards``).
 
 Tables
 ------
@@ -22,15 +23,12 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 import torch
 
-from topometrics.checkpoints import Checkpoint, CheckpointError, list_checkpoints, load_state, safetensors_problem
-from topometrics.compute import map_jobs
 from topometrics.heavy_tail import covariance_alpha
 from topometrics.layer_features import aggregate_layers, layer_features
 from topometrics.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights
@@ -42,7 +40,6 @@ from topometrics.persistence import (
 )
 from topometrics.representation import representation_topology
 from topometrics.spectral import covariance_spectrum
-from topometrics.tokens import load_tokens
 from topometrics.vocabulary import (
     ALL,
     DISTANCE,
@@ -304,7 +301,7 @@ def in_memory(weights: dict[str, np.ndarray]) -> tuple[dict[str, Callable[[], np
 
 
 # ---------------------------------------------------------------------------
-# Tables and the run directory (the edge)
+# Tables (written as shards by topometrics.feature_shards)
 # ---------------------------------------------------------------------------
 
 
@@ -329,57 +326,3 @@ def diagrams_frame(result: CheckpointFeatures, rung: str, seed: int, step: int) 
     frame.insert(0, "seed", seed)
     frame.insert(0, "rung", rung)
     return frame.astype({"dim": "int64", "birth": "float64", "death": "float64"})
-
-
-def run_features(
-    run_dir: Path, corpus_dir: Path, params: FeaturesParams, rung: str | None = None
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Features and diagrams of every checkpoint of one run directory.
-
-    Checkpoints are mapped over ``params.workers`` processes (``topometrics.compute.map_jobs``);
-    distances to the previous checkpoint are a second map over consecutive pairs.
-
-    Parameters
-    ----------
-    run_dir : directory with ``step_*.safetensors`` + ``.json`` sidecars
-    corpus_dir : the prepared corpus directory (its validation tokens form the fixed batch)
-    params : FeaturesParams
-    rung : name for the ``rung`` column; defaults to the sidecar's ``rung``
-
-    Returns
-    -------
-    features, diagrams : DataFrames with :data:`FEATURE_COLUMNS` and :data:`DIAGRAM_COLUMNS`
-    """
-    ckpts = list_checkpoints(Path(run_dir))
-    if not ckpts:
-        raise CheckpointError(f"{run_dir}: no complete checkpoints (step_*.safetensors + .json); run training first")
-    bad = [f"{c.path.name}: {problem}" for c in ckpts if (problem := safetensors_problem(c.path))]
-    if bad:
-        raise CheckpointError(
-            f"{run_dir}: {'; '.join(bad)}; run `dvc repro` (the train stage recomputes damaged checkpoints)"
-        )
-    tokens = load_tokens(corpus_dir, "val")
-    layers = linear_layer_names(ckpts[0].config.layers)
-    jobs = [(ckpt, tokens, params) for ckpt in ckpts]
-    results = map_jobs(_checkpoint_job, jobs, workers=params.workers, label="features")
-    pairs = [(prev, cur, layers) for prev, cur in zip([None, *results[:-1]], results, strict=True)]
-    distances = map_jobs(_distance_job, pairs, workers=params.workers, label="distances")
-    features, diagrams = [], []
-    for ckpt, result, dist in zip(ckpts, results, distances, strict=True):
-        name = rung or ckpt.meta.get("rung", Path(run_dir).name)
-        seed = int(ckpt.meta.get("seed", -1))
-        result.rows.extend(dist.rows)
-        features.append(features_frame(result, name, seed, ckpt.step))
-        diagrams.append(diagrams_frame(result, name, seed, ckpt.step))
-    return pd.concat(features, ignore_index=True), pd.concat(diagrams, ignore_index=True)
-
-
-def _checkpoint_job(job: tuple[Checkpoint, np.ndarray, FeaturesParams]) -> CheckpointFeatures:
-    ckpt, tokens, params = job
-    config = ckpt.config
-    batch = validation_batch(tokens, config.context, params.rep_batch)
-    return checkpoint_features(load_state(ckpt.path), config, batch, params)
-
-
-def _distance_job(job) -> CheckpointFeatures:
-    return distance_features(*job)

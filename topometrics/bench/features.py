@@ -5,9 +5,9 @@ Uses ``data/runs/<rung>-42`` (or the older ``data/runs/<rung>``) when all five d
 rung, GPT-2 random init with a different seed per step) and a random ``val.u8`` into a
 temporary directory. Measures (1) the weight-space features (NP, shuffled NP, Vietoris-Rips of
 rows, spectral baselines) of all 255 checkpoints in a pool of ``--workers`` processes and (2)
-the whole :func:`topometrics.features.run_features` per rung (weights, gradients,
-representation topology, distances). Ends with one JSON line, whose ``data`` says which
-checkpoints were measured (``real`` or ``synthetic``).
+the whole :func:`topometrics.feature_shards.run_shards` per rung (weights, gradients,
+representation topology, distances, written as shards into the temporary directory). Ends with one
+JSON line, whose ``data`` says which checkpoints were measured (``real`` or ``synthetic``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import torch
 
 from topometrics.checkpoints import list_checkpoints, load_state, save_checkpoint
 from topometrics.compute import map_jobs
-from topometrics.features import run_features, weight_features
+from topometrics.feature_shards import read_tables, run_shards
+from topometrics.features import weight_features
 from topometrics.model import GPT, GPTConfig, linear_weights
 from topometrics.params import FeaturesParams, run_name
 
@@ -97,7 +98,8 @@ def main(argv: list[str]) -> int:
         start = time.perf_counter()
         for rung in LADDER:
             t0 = time.perf_counter()
-            features, diagrams = run_features(dirs[rung], corpus, params, rung)
+            run_shards(dirs[rung], corpus, params, Path(tmp) / "shards" / rung)
+            features, diagrams = read_tables(Path(tmp) / "shards" / rung)
             print(f"features@{rung}: {time.perf_counter() - t0:.1f} s, {len(features)} rows, {len(diagrams)} bars")
         stage_s = time.perf_counter() - start
         print(f"whole features, {len(ckpts)} checkpoints: {stage_s:.1f} s")
