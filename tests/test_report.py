@@ -94,7 +94,7 @@ def build_tiny_warehouse(root: Path, with_analysis=True, with_features=True) -> 
 
 
 def _status(computed: int) -> dict:
-    """The series stage's status.json (topometrics.series.run_series) for a 7-checkpoint series."""
+    """The series stage's status.json (topometrics.series_shards.series_shards) for a 7-checkpoint series."""
     checkpoints = [
         {"revision": f"step{s}", "step": s} | ({"status": "computed", "reason": None} if i < computed else {})
         for i, s in enumerate((0, 1000, 5000, 10000, 50000, 100000, 143000))

@@ -1,5 +1,6 @@
 """External checkpoint series: tiny GPT-NeoX models built here, read back through local folders, a
-local Hugging Face cache (offline, in a subprocess running the stage) and bare safetensors files."""
+local Hugging Face cache (offline, in a subprocess running the stage) and bare safetensors files.
+Every series goes through series_shards, the stage's path, and its shards are read back."""
 
 import hashlib
 import json
@@ -7,7 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -23,10 +24,12 @@ from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM, PreTr
 from topometrics import features as feat
 from topometrics.checkpoints import CheckpointError
 from topometrics.corpus import offline_text
-from topometrics.params import FeaturesParams, ParamsError, SeriesSource, parse_params
+from topometrics.feature_shards import read_tables
+from topometrics.params import FeaturesParams, ParamsError, SeriesParams, SeriesSource, parse_params
 from topometrics.safetensors_reader import SafetensorsFile
-from topometrics.series import causal_lm_on_batch, run_series, series_features
+from topometrics.series import causal_lm_on_batch
 from topometrics.series_checkpoints import hub_checkpoints, step_from_name
+from topometrics.series_shards import series_shards
 from topometrics.tokens import encode
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,14 +82,30 @@ def local_series(tmp_path_factory):
     return root, models_by_step
 
 
+@dataclass
+class Series:
+    """One source's series_shards run, read back."""
+
+    status: list[dict]  # its status checkpoints
+    features: pd.DataFrame  # the features and distances (*_prev) rows of its shards
+    diagrams: pd.DataFrame
+    losses: pd.DataFrame  # the checkpoints table's rows
+
+
+def one_series(out: Path, name: str, source: SeriesSource) -> Series:
+    """series_shards of one source into ``out`` (a fresh folder: nothing reused), and its shards read back."""
+    result = series_shards(SeriesParams(sources={name: source}, seq_len=SEQ_LEN), PARAMS, TEXT, out)
+    (status,) = result.status["series"]
+    return Series(status["checkpoints"], *read_tables(out), result.losses)
+
+
 @pytest.fixture(scope="module")
-def local_result(local_series):
+def local_result(local_series, tmp_path_factory):
     root, _ = local_series
-    return series_features("tiny", SeriesSource(path=str(root)), TEXT, PARAMS, SEQ_LEN)
+    return one_series(tmp_path_factory.mktemp("local-shards"), "tiny", SeriesSource(path=str(root)))
 
 
-def values(frames: list[pd.DataFrame], step: int) -> dict[tuple[str, str], float]:
-    frame = pd.concat(frames)
+def values(frame: pd.DataFrame, step: int) -> dict[tuple[str, str], float]:
     frame = frame[frame["step"] == step]
     return {(r.layer, r.feature): r.value for r in frame.itertuples()}
 
@@ -139,35 +158,38 @@ def test_representation_features_equal_the_in_memory_model_on_the_same_tokens(lo
 def test_local_folder_steps_come_from_names_and_distances_from_the_previous_checkpoint(local_result):
     assert [s["step"] for s in local_result.status] == [0, 10, 20]
     assert all(s["status"] == "computed" for s in local_result.status)
-    frame = pd.concat(local_result.features)
+    frame = local_result.features
     first = frame[(frame["step"] == 0) & (frame["feature"] == "vr_w1_prev")]
     assert first["value"].isna().all() and (first["reason"] == "first checkpoint: no previous diagram").all()
     later = frame[(frame["step"] > 0) & frame["feature"].isin(["vr_w1_prev", "rep_bneck_prev"])]
     assert later["value"].notna().all() and (later["value"] > 0).all()
     assert set(frame.columns) == {*feat.FEATURE_COLUMNS, "series", "revision"}
     assert (frame["rung"] == "tiny").all()
-    diagrams = pd.concat(local_result.diagrams)
+    diagrams = local_result.diagrams
     assert set(diagrams["source"]) == {"weights", "representation"}
     assert np.isfinite(diagrams["death"]).all()
 
 
 def test_bare_safetensors_files_with_sidecar_steps_and_the_series_config(local_series, local_result, tmp_path):
     root, models_by_step = local_series
+    bare = tmp_path / "bare"
+    bare.mkdir()
     for step, model in models_by_step.items():
-        save_file(model.state_dict(), str(tmp_path / f"weights-{chr(97 + step // 10)}.safetensors"))
-        (tmp_path / f"weights-{chr(97 + step // 10)}.json").write_text(json.dumps({"step": step}))
-    result = series_features("bare", SeriesSource(path=str(tmp_path)), TEXT, PARAMS, SEQ_LEN)
+        save_file(model.state_dict(), str(bare / f"weights-{chr(97 + step // 10)}.safetensors"))
+        (bare / f"weights-{chr(97 + step // 10)}.json").write_text(json.dumps({"step": step}))
+    result = one_series(tmp_path / "shards", "bare", SeriesSource(path=str(bare)))
     # no config.json yet: weight features only, model rows NULL with the reason
     assert [s["step"] for s in result.status] == [0, 10, 20]
-    frame = pd.concat(result.features)
+    frame = result.features
     rep = frame[frame["feature"] == "rep_tp0"]
     assert rep["value"].isna().all() and rep["reason"].str.contains("config.json").all()
     assert values(result.features, 10)[("all", "np_norm")] == values(local_result.features, 10)[("all", "np_norm")]
     # with the series' config.json and tokenizer beside the files, everything equals the folder run
-    shutil.copy(root / "step0" / "config.json", tmp_path)
+    shutil.copy(root / "step0" / "config.json", bare)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(root / name, tmp_path)
-    result = series_features("bare", SeriesSource(path=str(tmp_path)), TEXT, PARAMS, SEQ_LEN)
+        shutil.copy(root / name, bare)
+    # a new folder: the shards' fingerprint is of the weight files, so the first run's would be reused
+    result = one_series(tmp_path / "shards-with-config", "bare", SeriesSource(path=str(bare)))
     for step in ENTRIES.values():
         got, want = values(result.features, step), values(local_result.features, step)
         assert got.keys() == want.keys()
@@ -187,13 +209,13 @@ def test_truncated_and_corrupt_files_are_skipped_naming_the_file_and_the_others_
     truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
     garbage = tmp_path / "s" / "checkpoint-20" / "model.safetensors"
     garbage.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!" + garbage.read_bytes()[24:])
-    result = series_features("tiny", SeriesSource(path=str(tmp_path / "s")), TEXT, PARAMS, SEQ_LEN)
+    result = one_series(tmp_path / "shards", "tiny", SeriesSource(path=str(tmp_path / "s")))
     status = {s["step"]: s for s in result.status}
     assert status[0]["status"] == "computed"
     for step, path in ((10, truncated), (20, garbage)):
         assert status[step]["status"] == "skipped"
         assert status[step]["reason"].startswith(f"{path}: not a readable safetensors file")
-    assert set(pd.concat(result.features)["step"]) == {0}
+    assert set(result.features["step"]) == {0}
 
 
 def test_a_folder_of_pickle_weights_is_skipped_with_the_reason_and_how_to_convert(local_series, tmp_path):
@@ -201,7 +223,7 @@ def test_a_folder_of_pickle_weights_is_skipped_with_the_reason_and_how_to_conver
     shutil.copytree(root, tmp_path / "s")
     (tmp_path / "s" / "step_000030").mkdir()
     (tmp_path / "s" / "step_000030" / "pytorch_model.bin").write_bytes(b"a pickle that is never opened")
-    result = series_features("tiny", SeriesSource(path=str(tmp_path / "s")), TEXT, PARAMS, SEQ_LEN)
+    result = one_series(tmp_path / "shards", "tiny", SeriesSource(path=str(tmp_path / "s")))
     status = {s["revision"]: s for s in result.status}
     assert status["step_000030"]["status"] == "skipped" and status["step_000030"]["step"] == 30
     reason = status["step_000030"]["reason"]
@@ -212,7 +234,7 @@ def test_a_folder_of_pickle_weights_is_skipped_with_the_reason_and_how_to_conver
     only = tmp_path / "only"
     only.mkdir()
     (only / "pytorch_model.bin").write_bytes(b"")
-    result = series_features("only", SeriesSource(path=str(only)), TEXT, PARAMS, SEQ_LEN)
+    result = one_series(tmp_path / "shards-only", "only", SeriesSource(path=str(only)))
     found = [(s["status"], s["reason"].split(":")[0]) for s in result.status]
     assert found == [("skipped", str(only / "pytorch_model.bin"))]
 
@@ -228,10 +250,10 @@ def test_a_diverged_checkpoint_gives_nulls_with_the_reason(local_series, tmp_pat
     model = tiny_neox(7)
     with torch.no_grad():
         model.gpt_neox.layers[1].mlp.dense_4h_to_h.weight[0, 0] = float("nan")
-    model.save_pretrained(tmp_path / "step5", safe_serialization=True)
+    model.save_pretrained(tmp_path / "run" / "step5", safe_serialization=True)
     with pytest.warns(RuntimeWarning, match="diverged"):
-        result = series_features("d", SeriesSource(path=str(tmp_path)), TEXT, PARAMS, SEQ_LEN)
-    frame = pd.concat(result.features)
+        result = one_series(tmp_path / "shards", "d", SeriesSource(path=str(tmp_path / "run")))
+    frame = result.features
     frame = frame[~frame["feature"].str.endswith("_prev")]  # distances: "diagram missing"
     assert frame["value"].isna().all() and frame["reason"].str.startswith("diverged").all()
     assert {"np_norm", "rep_tp0", "grad_norm"} <= set(frame["feature"])
@@ -377,14 +399,14 @@ def test_every_family_streams_to_the_in_memory_features_with_its_forward_pass(lo
     model.save_pretrained(tmp_path / "run" / "checkpoint-7")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(root / name, tmp_path / "run")
-    result = series_features(family, SeriesSource(path=str(tmp_path / "run")), TEXT, PARAMS, SEQ_LEN)
+    result = one_series(tmp_path / "shards", family, SeriesSource(path=str(tmp_path / "run")))
     assert [c["status"] for c in result.status] == ["computed"]
     got = values(result.features, 7)
     for layer, name, value, _ in feat.weight_features(module_weights(model), PARAMS).rows:
         assert got[(layer, name)] == value or np.isnan(value) and np.isnan(got[(layer, name)]), (layer, name)
     forward = {k: v for k, v in got.items() if k[1] in ("grad_norm", "batch_loss", "rep_tp0")}
     assert len(forward) == len(module_weights(model)) + 3 and all(np.isfinite(list(forward.values())))
-    losses = pd.concat(result.losses)  # a Trainer folder without trainer_state.json: NULL with the reason
+    losses = result.losses  # a Trainer folder without trainer_state.json: NULL with the reason
     assert losses["val_loss"].isna().all() and losses["reason"].iloc[0].startswith("no trainer_state.json")
 
 
@@ -405,8 +427,9 @@ def test_run_folder_losses_and_a_live_log_reach_the_checkpoints_table(local_seri
         "nothing": SeriesSource(log=str(tmp_path / "absent")),
     }
     params = parse_params(yaml.safe_load((REPO / "params.yaml").read_text())).series
-    features, _, checkpoints, status = run_series(replace(params, sources=sources, seq_len=SEQ_LEN), PARAMS, TEXT)
-    by_name = {s["name"]: s for s in status["series"]}
+    result = series_shards(replace(params, sources=sources, seq_len=SEQ_LEN), PARAMS, TEXT, tmp_path / "shards")
+    checkpoints, (features, _) = result.losses, read_tables(tmp_path / "shards")
+    by_name = {s["name"]: s for s in result.status["series"]}
     assert (by_name["folder"]["computed"], by_name["folder"]["skipped"]) == (3, 1)
     pickle = next(c for c in by_name["folder"]["checkpoints"] if c["revision"] == "step_30.pt")
     assert "pickle weights are never opened" in pickle["reason"] and "weights_only=True" in pickle["reason"]
@@ -415,7 +438,7 @@ def test_run_folder_losses_and_a_live_log_reach_the_checkpoints_table(local_seri
     assert rows.loc[("folder", 0), "val_loss"] == 5.6 and np.isnan(rows.loc[("folder", 10), "val_loss"])
     assert rows.loc[("folder", 20), "reason"] == "the losses file has no row for step 20"
     assert rows.loc[("live", 10), "train_loss"] == 10.0 and set(checkpoints[checkpoints.rung == "live"].seed) == {3}
-    live = features[features["rung"] == "live"]
+    live = result.logged[result.logged["rung"] == "live"]  # a monitor log's rows are read, not shards
     folder = features[(features["rung"] == "folder") & (features["step"] == 10)]
     shared = live[live["step"] == 10].merge(folder, on=["layer", "feature"])  # same weights, same values
     assert len(shared) > 50 and (shared["value_x"] == shared["value_y"]).all()
@@ -426,17 +449,17 @@ def test_unknown_architecture_and_a_layers_option_that_maps_it(tmp_path):
     state = {f"enc.blk.{b}.{m}.weight": torch.randn(8, 6, generator=gen) for b in range(2) for m in ("wa", "wb")}
     (tmp_path / "run").mkdir()
     save_file(state, str(tmp_path / "run" / "step_5.safetensors"))
-    result = series_features("u", SeriesSource(path=str(tmp_path / "run")), TEXT, PARAMS, SEQ_LEN)
+    result = one_series(tmp_path / "shards", "u", SeriesSource(path=str(tmp_path / "run")))
     (skip,) = result.status
     assert skip["status"] == "skipped" and "unknown architecture" in skip["reason"]
     assert "enc.blk.{i}.wa.weight (8, 6)" in skip["reason"] and "layers: {attn.qkv:" in skip["reason"]
     layers = {"attn.qkv": r"enc\.blk\.(\d+)\.wa\.weight", "attn.out": r"enc\.blk\.(\d+)\.wb\.weight"}
-    result = series_features("u", SeriesSource(path=str(tmp_path / "run"), layers=layers), TEXT, PARAMS, SEQ_LEN)
+    result = one_series(tmp_path / "shards-mapped", "u", SeriesSource(path=str(tmp_path / "run"), layers=layers))
     got = values(result.features, 5)
     want = feat.weight_features({f"block{b}.attn.{p}": state[f"enc.blk.{b}.{m}.weight"].numpy()
                                  for b in range(2) for p, m in (("qkv", "wa"), ("out", "wb"))}, PARAMS)  # fmt: skip
     assert all(got[(la, n)] == v or np.isnan(v) and np.isnan(got[(la, n)]) for la, n, v, _ in want.rows)
     assert got[("all", "rep_tp0")] != got[("all", "rep_tp0")]  # no config.json: NULL forward rows
-    result = series_features("u", SeriesSource(path=str(tmp_path / "run"), layers=layers | {"attn.q": r"x\.(\d+)"}),
-                             TEXT, PARAMS, SEQ_LEN)  # fmt: skip
+    result = one_series(tmp_path / "shards-bad", "u",
+                        SeriesSource(path=str(tmp_path / "run"), layers=layers | {"attn.q": r"x\.(\d+)"}))  # fmt: skip
     assert "layers.attn.q ('x\\\\.(\\\\d+)') matches no 2-D tensor" in result.status[0]["reason"]

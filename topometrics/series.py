@@ -25,69 +25,44 @@ Loading rules
 Linear layers of any decoder family are found by ``topometrics.architectures`` (tensor-name rules
 derived from the family's ``transformers`` module tree, or a ``layers:`` option), under canonical
 names (``block{i}.attn.qkv``, ``block{i}.mlp.gate``, ...); run folders (Trainer output, plain
-safetensors files) resolve through ``topometrics.run_folders``, with their losses; a live
-monitor's log folder (``topometrics.monitor``) is read as computed.
+safetensors files) resolve through ``topometrics.run_folders``, with their losses. A whole series
+(every checkpoint as a shard, and a live monitor's log folder read as computed) is
+``topometrics.series_shards``.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 from safetensors import safe_open
 from torch.nn import functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from topometrics.architectures import (
-    ArchitectureError,
     LinearLayer,
     block_path,
     checkpoint_layers,
     module_layers,
     oriented,
 )
-from topometrics.checkpoints import CheckpointError
 from topometrics.features import (
-    DIAGRAM_COLUMNS,
-    FEATURE_COLUMNS,
     CheckpointFeatures,
     ForwardPass,
     NoForwardPass,
-    diagrams_frame,
-    distance_features,
-    features_frame,
     linear_and_forward_features,
     null_features,
     validation_batch,
 )
-from topometrics.monitor import read_log
-from topometrics.params import FeaturesParams, SeriesParams, SeriesSource
-from topometrics.run_folders import RunCheckpoint, RunFolderError, scan_run_folder
+from topometrics.params import FeaturesParams
 from topometrics.safetensors_reader import SafetensorsFile
-from topometrics.series_checkpoints import SeriesCheckpoint, hub_checkpoints, skip_record, weights_sha256
-
-CHECKPOINT_COLUMNS = ["rung", "seed", "step", "val_loss", "train_loss", "reason"]  # the warehouse's checkpoints
-EXTRA_COLUMNS = ["series", "revision"]  # appended to both tables: the hub id or folder, and the revision/entry
+from topometrics.series_checkpoints import SeriesCheckpoint
 
 _TOKEN_MARGIN = 64  # spare tokens when tokenising a prefix of the validation text
-
-
-@dataclass
-class SeriesResult:
-    """One series' tables and per-checkpoint status."""
-
-    features: list[pd.DataFrame] = field(default_factory=list)
-    diagrams: list[pd.DataFrame] = field(default_factory=list)
-    status: list[dict] = field(default_factory=list)
-    losses: list[pd.DataFrame] = field(default_factory=list)  # CHECKPOINT_COLUMNS rows of computed steps
 
 
 def open_weights(
@@ -238,151 +213,3 @@ def streamed_linear_weights(
 
 def _read_layer(shard: SafetensorsFile, layer: LinearLayer) -> np.ndarray:
     return oriented(shard.read(layer.tensor), layer.transposed)
-
-
-# ---------------------------------------------------------------------------
-# A whole series
-# ---------------------------------------------------------------------------
-
-
-def series_features(
-    name: str,
-    source: SeriesSource,
-    text: str,
-    params: FeaturesParams,
-    seq_len: int,
-    cache_dir: Path | None = None,
-    progress: Callable[[str], None] = lambda line: None,
-) -> SeriesResult:
-    """Features, diagrams and status of every checkpoint of one series, one checkpoint at a time.
-
-    Distances (``*_prev``) are to the previous *computed* checkpoint of the series. A checkpoint
-    that cannot be resolved or read is recorded as skipped with the reason; the others are kept.
-    """
-    if source.log is not None:
-        return log_series(name, source, progress)
-    label = source.model or str(source.path)
-    if source.model:
-        ckpts = hub_checkpoints(source.model, source.revisions, cache_dir)
-    else:
-        try:
-            folder = scan_run_folder(Path(source.path), Path(source.losses) if source.losses else None)
-        except RunFolderError as err:
-            progress(f"{name}: skipped: {err}")
-            return SeriesResult(status=[skip_record(source.path, None, str(err))])
-        ckpts = [*folder.skipped, *folder.checkpoints]
-    result, prev, hashes = SeriesResult(), None, {}
-    for ckpt in ckpts:
-        if isinstance(ckpt, dict):
-            progress(f"{name} {ckpt['revision']}: skipped: {ckpt['reason']}")
-            result.status.append(ckpt)
-            continue
-        start = time.perf_counter()
-        try:
-            cur, layers = series_checkpoint_features(ckpt, text, params, seq_len, source.layers)
-        except (CheckpointError, ArchitectureError) as err:
-            progress(f"{name} {ckpt.revision}: skipped: {err}")
-            result.status.append(skip_record(ckpt.revision, ckpt.step, str(err)))
-            continue
-        cur.rows.extend(distance_features(prev, cur, layers).rows)
-        prev = cur
-        extra = {"series": label, "revision": ckpt.revision}
-        result.features.append(features_frame(cur, name, source.seed, ckpt.step).assign(**extra))
-        result.diagrams.append(diagrams_frame(cur, name, source.seed, ckpt.step).assign(**extra))
-        if isinstance(ckpt, RunCheckpoint):  # a run folder's losses at this step (hub revisions have none)
-            row = (name, source.seed, ckpt.step, ckpt.val_loss, ckpt.train_loss, ckpt.loss_reason)
-            result.losses.append(pd.DataFrame([row], columns=CHECKPOINT_COLUMNS))
-        digest = weights_sha256(ckpt.weights)
-        seconds = time.perf_counter() - start
-        computed = {"revision": ckpt.revision, "step": ckpt.step, "status": "computed", "reason": None}
-        files = [str(p) for p in ckpt.weights]
-        computed |= {"seconds": round(seconds, 3), "files": files, "weights_sha256": digest}
-        result.status.append(computed | {"duplicate_of": hashes.get(digest)})
-        if digest is not None:
-            hashes.setdefault(digest, ckpt.revision)
-        progress(f"{name} {ckpt.revision} (step {ckpt.step}): computed in {seconds:.1f} s")
-    return result
-
-
-def log_series(name: str, source: SeriesSource, progress: Callable[[str], None] = lambda line: None) -> SeriesResult:
-    """A live monitor's log folder as a series: its complete files, as computed (``topometrics.monitor``).
-
-    The rows keep their values; ``rung``/``seed`` become the series name and seed. Every measured
-    step is a computed checkpoint; a folder with no complete file is one skip; an early stop
-    (``stop.json``) is in the status of its step.
-    """
-    folder = Path(source.log)
-    features, losses = read_log(folder) if folder.is_dir() else (pd.DataFrame(), pd.DataFrame())
-    if features.empty:
-        reason = f"{folder}: no features-<step>.parquet files (is it a TopologyMonitor log folder?)"
-        progress(f"{name}: skipped: {reason}")
-        return SeriesResult(status=[skip_record(folder.name, None, reason)])
-    stop = json.loads((folder / "stop.json").read_text()) if (folder / "stop.json").is_file() else {}
-    extra = {"series": str(folder), "revision": "live"}
-    result = SeriesResult(features=[features.assign(rung=name, seed=source.seed, **extra)])
-    for step in sorted(features["step"].unique()):
-        note = stop.get("reason") if stop.get("step") == step else None
-        result.status.append({"revision": f"live step {step}", "step": int(step), "status": "computed", "reason": note})
-    measured = losses[losses["step"].isin(features["step"])]
-    missing = measured[["val_loss", "train_loss"]].isna().any(axis=1)
-    reason = np.where(missing, "not logged at this step (TopologyMonitor.record_losses)", None)
-    result.losses.append(measured.assign(rung=name, seed=source.seed, reason=reason)[CHECKPOINT_COLUMNS])
-    progress(f"{name}: {len(result.status)} live measurements from {folder}")
-    return result
-
-
-def run_series(
-    params: SeriesParams,
-    features: FeaturesParams,
-    text: str,
-    cache_dir: Path | None = None,
-    progress: Callable[[str], None] = lambda line: None,
-) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """Every configured series: the features and diagrams tables and the status document.
-
-    Returns
-    -------
-    features : DataFrame
-        :data:`topometrics.features.FEATURE_COLUMNS` + ``series``, ``revision``.
-    diagrams : DataFrame
-        :data:`topometrics.features.DIAGRAM_COLUMNS` + ``series``, ``revision``.
-    checkpoints : DataFrame
-        :data:`CHECKPOINT_COLUMNS`: the losses of run folders and monitor logs at computed steps
-        (NULL with the reason when not logged), for the warehouse's ``checkpoints`` table.
-    status : dict
-        ``{"series": [{name, model, path, seed, computed, skipped, checkpoints: [...]}]}`` where each
-        checkpoint has ``revision, step, status ('computed' | 'skipped'), reason`` (and, when
-        computed, ``seconds, files, weights_sha256, duplicate_of``).
-    """
-    feature_parts, diagram_parts, loss_parts, status = [], [], [], []
-    for name, source in params.sources.items():
-        result = series_features(name, source, text, features, params.seq_len, cache_dir, progress)
-        feature_parts += result.features
-        diagram_parts += result.diagrams
-        loss_parts += result.losses
-        counts = {s: sum(c["status"] == s for c in result.status) for s in ("computed", "skipped")}
-        status.append({"name": name, "model": source.model, "path": source.path, "seed": source.seed, **counts,
-                       "checkpoints": result.status})  # fmt: skip
-    tables = _concat(feature_parts, FEATURE_COLUMNS), _concat(diagram_parts, DIAGRAM_COLUMNS)
-    return *tables, _losses(loss_parts), {"series": status}
-
-
-def _losses(parts: list[pd.DataFrame]) -> pd.DataFrame:
-    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=CHECKPOINT_COLUMNS)
-    types = {"seed": "int64", "step": "int64", "val_loss": "float64", "train_loss": "float64", "reason": "object"}
-    return frame.astype(types)
-
-
-def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
-    if parts:
-        return pd.concat(parts, ignore_index=True)
-    # No checkpoint computed (e.g. offline): an empty table with the same columns and types.
-    types = {
-        "seed": "int64",
-        "step": "int64",
-        "dim": "int64",
-        "value": "float64",
-        "birth": "float64",
-        "death": "float64",
-    }
-    return pd.DataFrame({c: pd.Series(dtype=types.get(c, "str")) for c in columns + EXTRA_COLUMNS})

@@ -4,27 +4,33 @@ Each checkpoint is a job: a hub revision is fetched by the job, on whichever wor
 a cluster's workers download in parallel and a revision that cannot be fetched there is skipped
 with the reason, like an unreadable checkpoint or a lost worker. Shard fingerprints: hub revisions
 ``<model>@<revision>`` (a cached shard needs no download to be recognised), local entries the
-sha256 of their files; both with ``series.seq_len`` and the validation text's hash.
+sha256 of their files; both with ``series.seq_len`` and the validation text's hash. A live
+monitor's log folder is read as computed (its rows are the monitor's, not shards).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from topometrics import shards
 from topometrics.checkpoints import CheckpointError
 from topometrics.feature_shards import TABLES, distance_shards, frames, mapper, read_table
 from topometrics.features import FEATURE_COLUMNS
-from topometrics.params import BASE_VARIANT, ComputeParams, FeaturesParams, SeriesParams
+from topometrics.monitor import read_log
+from topometrics.params import BASE_VARIANT, ComputeParams, FeaturesParams, SeriesParams, SeriesSource
 from topometrics.run_folders import RunCheckpoint, RunFolderError, scan_run_folder
-from topometrics.series import CHECKPOINT_COLUMNS, log_series, series_checkpoint_features
+from topometrics.series import series_checkpoint_features
 from topometrics.series_checkpoints import hub_checkpoints, skip_record, step_from_name, weights_sha256
+
+CHECKPOINT_COLUMNS = ["rung", "seed", "step", "val_loss", "train_loss", "reason"]  # the warehouse's checkpoints
 
 
 @dataclass
@@ -59,6 +65,15 @@ class SeriesJob:
     where: RunCheckpoint | None  # a run folder's checkpoint; None: a hub revision, fetched by the job
 
 
+@dataclass
+class LogSeries:
+    """A monitor log folder read as a series: its rows, losses and status checkpoints."""
+
+    features: list[pd.DataFrame] = field(default_factory=list)
+    losses: list[pd.DataFrame] = field(default_factory=list)  # CHECKPOINT_COLUMNS rows of measured steps
+    status: list[dict] = field(default_factory=list)
+
+
 def series_shards(
     series: SeriesParams,
     params: FeaturesParams,
@@ -76,6 +91,7 @@ def series_shards(
     *skipped* with the reason, as is a revision without a step in its name. Distances are to the
     previous available checkpoint. Each status checkpoint has ``revision, step, status ('computed'
     | 'reused' | 'skipped'), reason`` and, with a shard, ``seconds, files, weights_sha256, duplicate_of``.
+    The tables: :func:`topometrics.feature_shards.read_tables` of ``out``.
     """
     code, digest = shards.code_version(__name__), shards.params_digest(params)
     context = f"seq_len {series.seq_len} text {hashlib.sha256(text.encode()).hexdigest()[:16]}"
@@ -121,6 +137,33 @@ def series_shards(
     rows = pd.concat(logged, ignore_index=True) if logged else pd.DataFrame(columns=FEATURE_COLUMNS + ["series"])
     rows = rows.astype({"seed": "int64", "step": "int64", "value": "float64"})
     return SeriesShards({"series": status}, rows, frame[CHECKPOINT_COLUMNS].astype(types))
+
+
+def log_series(name: str, source: SeriesSource, progress: Callable[[str], None] = lambda line: None) -> LogSeries:
+    """A live monitor's log folder as a series: its complete files, as computed (``topometrics.monitor``).
+
+    The rows keep their values; ``rung``/``seed`` become the series name and seed. Every measured
+    step is a computed checkpoint; a folder with no complete file is one skip; an early stop
+    (``stop.json``) is in the status of its step.
+    """
+    folder = Path(source.log)
+    features, losses = read_log(folder) if folder.is_dir() else (pd.DataFrame(), pd.DataFrame())
+    if features.empty:
+        reason = f"{folder}: no features-<step>.parquet files (is it a TopologyMonitor log folder?)"
+        progress(f"{name}: skipped: {reason}")
+        return LogSeries(status=[skip_record(folder.name, None, reason)])
+    stop = json.loads((folder / "stop.json").read_text()) if (folder / "stop.json").is_file() else {}
+    extra = {"series": str(folder), "revision": "live"}
+    result = LogSeries(features=[features.assign(rung=name, seed=source.seed, **extra)])
+    for step in sorted(features["step"].unique()):
+        note = stop.get("reason") if stop.get("step") == step else None
+        result.status.append({"revision": f"live step {step}", "step": int(step), "status": "computed", "reason": note})
+    measured = losses[losses["step"].isin(features["step"])]
+    missing = measured[["val_loss", "train_loss"]].isna().any(axis=1)
+    reason = np.where(missing, "not logged at this step (TopologyMonitor.record_losses)", None)
+    result.losses.append(measured.assign(rung=name, seed=source.seed, reason=reason)[CHECKPOINT_COLUMNS])
+    progress(f"{name}: {len(result.status)} live measurements from {folder}")
+    return result
 
 
 def _losses(name: str, seed: int, where) -> pd.DataFrame | None:

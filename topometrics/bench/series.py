@@ -79,8 +79,9 @@ def series_speed(folder: Path, checkpoints: int) -> dict:
 
     from topometrics.corpus import offline_text
     from topometrics.features import linear_and_forward_features
-    from topometrics.params import FeaturesParams, SeriesSource
-    from topometrics.series import open_weights, series_features, streamed_linear_weights
+    from topometrics.params import FeaturesParams, SeriesParams, SeriesSource
+    from topometrics.series import open_weights, streamed_linear_weights
+    from topometrics.series_shards import series_shards
 
     text = offline_text()
     _save_tokenizer(folder, text[:100_000])
@@ -93,12 +94,14 @@ def series_speed(folder: Path, checkpoints: int) -> dict:
             for param in model.parameters():
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
         model.save_pretrained(folder / f"step{1000 * step}", safe_serialization=True)
-    params = FeaturesParams()
-    series_features("warm-up", SeriesSource(path=str(folder)), text, params, 128)  # imports, first calls
+    params = FeaturesParams(workers=1)  # one checkpoint at a time, in this process
+    series = SeriesParams(sources={"bench": SeriesSource(path=str(folder))}, seq_len=128)
+    series_shards(series, params, text, folder.parent / "warm-up")  # imports, first calls
     start = time.perf_counter()
-    result = series_features("bench", SeriesSource(path=str(folder)), text, params, 128)
+    result = series_shards(series, params, text, folder.parent / "shards")  # as the stage: shards written
     full = (time.perf_counter() - start) / checkpoints
-    assert all(s["status"] == "computed" for s in result.status), result.status
+    (status,) = result.status["series"]
+    assert all(s["status"] == "computed" for s in status["checkpoints"]), status
     start = time.perf_counter()
     for step in range(checkpoints):
         loaders, global_max = streamed_linear_weights(
