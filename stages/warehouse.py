@@ -31,7 +31,7 @@ def main(argv: list[str]) -> None:
     for line in inputs.not_read:
         print(f"warehouse: {line}")
     declared = {k: v for k, v in as_dict(params).items() if k != "compute"}  # where it ran is not a result
-    meta = {"code_version": warehouse.code_version(), "params": json.dumps(declared, sort_keys=True)}
+    meta = {"code_version": warehouse.git_describe(), "params": json.dumps(declared, sort_keys=True)}
     path = warehouse.build_warehouse(args.out, inputs, settings, meta)
     print(f"warehouse: {len(inputs.configs)} runs, {len(inputs.feature_files)} feature tables -> {path}")
 

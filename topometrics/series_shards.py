@@ -54,7 +54,7 @@ def series_shards(
     previous available checkpoint. Each status checkpoint has ``revision, step, status ('computed'
     | 'reused' | 'skipped'), reason`` and, with a shard, ``seconds, files, weights_sha256, duplicate_of``.
     """
-    code, digest = shards.code_version(__name__), shards.params_digest(params)
+    code, digest = shards.module_source_hash(__name__), shards.params_digest(params)
     context = f"seq_len {series.seq_len} text {hashlib.sha256(text.encode()).hexdigest()[:16]}"
     status, keep, logged, losses = [], [], [], []
     for name, source in series.sources.items():

@@ -269,8 +269,9 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     return removed
 
 
-def code_version(repo: Path = Path(".")) -> str:
-    """``git describe --always --dirty`` of ``repo``, or the package version outside a git checkout."""
+def git_describe(repo: Path = Path(".")) -> str:
+    """``git describe --always --dirty`` of ``repo`` (the commit, ``-dirty`` with uncommitted changes), or the
+    package version outside a git checkout: the ``code_version`` the warehouse records."""
     try:
         out = subprocess.run(
             ["git", "describe", "--always", "--dirty"], cwd=repo, capture_output=True, text=True, timeout=10
