@@ -128,7 +128,7 @@ def discover_inputs(
         configs = [Path(config_dir) / f"{name}.json" for name in sorted(declared)]
         for path in configs:
             if not path.exists():
-                raise WarehouseError(f"{path} not found; run `dvc repro config@{path.stem}` first")
+                raise WarehouseError(f"{path} not found; run `dvc repro config` first")
     losses = [
         Path(root) / "checkpoints.parquet" for root in feature_dirs if (Path(root) / "checkpoints.parquet").exists()
     ]
@@ -284,13 +284,13 @@ def git_describe(repo: Path = Path(".")) -> str:
 def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str | None) -> str:
     """Insert one trained run: its ``runs`` and ``rungs`` rows, per-step log and checkpoints table.
 
-    Returns the run's recipe variant (configs written before variants existed are ``base``)."""
+    Returns the run's recipe variant."""
     cfg = json.loads(Path(config_path).read_text())
-    missing = {"rung", "seed", "model", "recipe"} - set(cfg)
+    missing = {"rung", "variant", "seed", "model", "recipe"} - set(cfg)
     if missing:
         raise WarehouseError(f"{config_path} lacks {sorted(missing)}; regenerate it with the config stage")
     rung, seed, recipe, model = cfg["rung"], int(cfg["seed"]), cfg["recipe"], cfg["model"]
-    variant = cfg.get("variant", BASE_VARIANT)
+    variant = cfg["variant"]
     run = {"rung": rung, "variant": variant, "seed": seed, "kind": "ladder"}
     run |= {"config_json": json.dumps(cfg, sort_keys=True), "code_version": code} | _corpus_columns(corpus)
     run |= {k: recipe.get(k) for k in ("steps", "ckpt_every", "lr", "warmup", "min_lr_ratio")}
@@ -302,8 +302,7 @@ def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str |
     for table, columns in (("steps", ("train_loss", "grad_norm", "lr")), ("checkpoints", ("val_loss", "train_loss"))):
         csv = Path(run_dir) / f"{table}.csv"
         if not csv.exists():
-            run = Path(config_path).stem
-            raise WarehouseError(f"{csv} not found for {config_path}; run `dvc repro train@{run}` first")
+            raise WarehouseError(f"{csv} not found for {config_path}; run `dvc repro train` first")
         frame = pd.read_csv(csv)
         absent = {"step", *columns} - set(frame.columns)
         if absent:
