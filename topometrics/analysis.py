@@ -176,7 +176,7 @@ def _predictions_and_inputs(con, params: AnalysisParams, learned: bool = True):
             predictions += rows
             fits += fit_rows
             continue
-        schedule = Schedule(int(run.steps), int(run.warmup), float(run.lr), float(run.min_lr_ratio))
+        schedule = Schedule.from_recipe(run._asdict())  # the run's recipe columns
         for fraction in params.fractions:
             rows, fit_rows, features = _curve_predictions(run, schedule, fraction, series)
             predictions += rows
