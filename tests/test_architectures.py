@@ -17,7 +17,6 @@ from topometrics.architectures import (
     config_rules,
     match_tensors,
     module_layers,
-    module_weights,
     name_layers,
     oriented,
     rules_from_layers,
@@ -28,6 +27,15 @@ from topometrics.params import FeaturesParams
 from topometrics.series import SafetensorsFile
 
 D, FF, V = 32, 64, 128  # hidden, MLP width, vocabulary
+
+
+def module_weights(model) -> dict[str, np.ndarray]:
+    """``{block{i}.{part}: (out, in) float32 array}`` of an in-memory model, in layer order: the reference the
+    streamed weights and the monitor's snapshots are checked against."""
+    layers = module_layers(model)
+    return {layer.name: oriented(model.get_parameter(layer.tensor).detach(), layer.transposed) for layer in layers}
+
+
 COMMON = dict(hidden_size=D, num_hidden_layers=2, num_attention_heads=4, intermediate_size=FF, vocab_size=V)
 CONFIGS = {
     "gpt2": dict(n_embd=D, n_layer=2, n_head=4, n_inner=FF, vocab_size=V, n_positions=64),

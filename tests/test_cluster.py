@@ -26,9 +26,13 @@ from topometrics.cluster import (
     local_cluster,
     map_on_cluster,
     security,
-    worker_pids,
 )
 from topometrics.params import ComputeParams, ParamsError, SecurityParams, parse_params
+
+
+def worker_pids(client) -> dict[str, int]:
+    """Worker address -> process id (to kill one in a fault test, or read its memory)."""
+    return client.run(os.getpid)
 
 
 def free_port() -> int:

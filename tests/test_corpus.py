@@ -108,6 +108,10 @@ def test_unreachable_download_falls_back_loudly_and_is_cheap_when_cached(tmp_pat
     with pytest.warns(FallbackWarning):
         again = prepare("wikitext-2-raw-v1", (), 1, 0.1, out, 32)
     assert not again["changed"] and (out / "train.u8").stat().st_mtime_ns == mtime
+    line, record = corpus.summary(again, out).splitlines()
+    tokens = f"{source['train_tokens']:,} train / {source['val_tokens']:,} val tokens"
+    assert line == f"corpus: kept {out} ({corpus.FALLBACK}, {tokens}) FALLBACK: {source['reason']}"
+    assert json.loads(record) == source  # the stage prints the record as written, without 'changed'
 
 
 def test_wikitext_replaces_the_fallback_when_the_network_returns(tmp_path, server, monkeypatch):

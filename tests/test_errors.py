@@ -74,7 +74,7 @@ def test_stage_scripts_answer_mistakes_in_one_line(tmp_path):
         ("config.py", "--out", "config"): (
             "error: ladder.tiny: hidden=8 is not divisible by heads=3; set ladder.tiny.heads to a divisor of hidden"
         ),
-        ("report.py", "--warehouse", "nowhere.duckdb", "--out", "reports", "--params", str(REPO / "params.yaml")): (
+        ("report.py", "--warehouse", "nowhere.duckdb", "--series-status", "status.json", "--out", "reports"): (
             "error: nowhere.duckdb not found; build it with `dvc repro warehouse`"
         ),
     }

@@ -11,9 +11,10 @@ import duckdb
 import pandas as pd
 import pytest
 from distributed import Client
+from test_cluster import worker_pids
 from test_features import PARAMS, run_tables, write_run
 
-from topometrics.cluster import local_cluster, worker_pids
+from topometrics.cluster import local_cluster
 from topometrics.feature_shards import run_shards
 from topometrics.params import ComputeParams
 from topometrics.shards import ShardKey, params_digest, scan

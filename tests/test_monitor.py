@@ -13,10 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_architectures import module_weights
 from transformers import TrainerCallback
 
 from topometrics import features as feat
-from topometrics.architectures import config_rules, match_tensors, module_layers, module_weights, oriented
+from topometrics.architectures import config_rules, match_tensors, module_layers, oriented
 from topometrics.corpus import encode
 from topometrics.model import GPT, GPTConfig
 from topometrics.monitor import TopologyCallback, TopologyMonitor, read_log

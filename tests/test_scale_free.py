@@ -9,10 +9,11 @@ from test_neural_persistence import brute_force_tree  # the one brute-force Krus
 
 from topometrics import row_blocks
 from topometrics import scale_free as S
-from topometrics.layer_features import layer_features
+from topometrics.layer_features import aggregate_layers, layer_features
 from topometrics.neural_persistence import bipartite_max_spanning_tree, neural_persistence
 from topometrics.params import FeaturesParams
 from topometrics.persistence import vietoris_rips_diagrams
+from topometrics.vocabulary import SCALE_FREE, per_layer
 
 
 def trained_like(shape, seed):
@@ -52,7 +53,7 @@ def farthest_points(points: np.ndarray, count: int) -> np.ndarray:
 def every_scale_free_feature(w, params=None, index=0):
     """The scale-free values of a layer as the features stage computes them (np_excess included)."""
     values, _, _ = layer_features(np.array(w), float(np.abs(w).max()), params or FeaturesParams(), index)
-    return {name: values[name] for name in S.FEATURES}
+    return {name: values[name] for name in per_layer(SCALE_FREE)}
 
 
 def test_unit_row_h0_is_the_mst_of_chord_distances():
@@ -119,8 +120,8 @@ def test_scaling_and_row_permutation_leave_every_scale_free_feature_unchanged(c)
     base = every_scale_free_feature(w, params, 1)
     perm = np.random.default_rng(9).permutation(w.shape[0])
     moved = every_scale_free_feature(c * w[perm], params, 1)
-    assert set(base) == set(S.FEATURES)
-    for name in S.FEATURES:
+    assert set(base) == set(per_layer(SCALE_FREE))
+    for name in per_layer(SCALE_FREE):
         assert moved[name] == pytest.approx(base[name], abs=1e-9), name
 
 
@@ -134,10 +135,10 @@ def test_dead_rows_and_all_zero_layers():
     assert np.isnan(zero["np_excess"]) and np.isnan(zero["np_z"])
 
 
-def test_aggregate_sums_vr_takes_max_of_maxpers_and_means_np_over_finite_layers():
-    a = dict.fromkeys(S.FEATURES, 1.0) | {"vr_unit_maxpers1": 0.5, "np_excess": np.nan}
-    b = dict.fromkeys(S.FEATURES, 2.0) | {"vr_unit_maxpers1": 0.25}
-    out = S.aggregate({"x": a, "y": b})
+def test_aggregation_sums_vr_takes_max_of_maxpers_and_means_np_over_finite_layers():
+    a = dict.fromkeys(per_layer(SCALE_FREE), 1.0) | {"vr_unit_maxpers1": 0.5, "np_excess": np.nan}
+    b = dict.fromkeys(per_layer(SCALE_FREE), 2.0) | {"vr_unit_maxpers1": 0.25}
+    out = aggregate_layers({"x": a, "y": b})
     assert out["vr_unit_tp0"] == 3.0 and out["vr_unit_maxpers1"] == 0.5
     assert out["np_excess"] == 2.0 and out["np_z"] == 1.5
 

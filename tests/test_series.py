@@ -388,9 +388,8 @@ FAMILIES = {
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_family_streams_to_the_in_memory_features_with_its_forward_pass(local_series, tmp_path, family):
+    from test_architectures import module_weights
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from topometrics.architectures import module_weights
 
     root, _ = local_series
     common = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}

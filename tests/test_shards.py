@@ -23,10 +23,10 @@ from topometrics.shards import (
     ShardError,
     ShardKey,
     Task,
-    code_version,
     compute_shards,
     file_sha256,
     is_current,
+    module_source_hash,
     params_digest,
     prune,
     remove_temporaries,
@@ -88,7 +88,7 @@ def test_file_sha256_is_hashlib_of_the_bytes(tmp_path):
     assert file_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_code_version_follows_the_import_closure(tmp_path, monkeypatch):
+def test_module_source_hash_follows_the_import_closure(tmp_path, monkeypatch):
     pkg = tmp_path / "pkgcv"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -96,15 +96,15 @@ def test_code_version_follows_the_import_closure(tmp_path, monkeypatch):
     (pkg / "b.py").write_text("def g():\n    return 1\n")
     (pkg / "c.py").write_text("x = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    before = code_version("pkgcv.a")
+    before = module_source_hash("pkgcv.a")
     (pkg / "c.py").write_text("x = 2\n")  # not imported by a
-    assert code_version("pkgcv.a") == before
+    assert module_source_hash("pkgcv.a") == before
     (pkg / "b.py").write_text("def g():\n    return 2\n")  # imported by a
-    assert code_version("pkgcv.a") != before
+    assert module_source_hash("pkgcv.a") != before
 
 
-def test_code_version_of_features_covers_its_computing_modules():
-    assert code_version("topometrics.features") != code_version("topometrics.spectral")
+def test_module_source_hash_of_features_covers_its_computing_modules():
+    assert module_source_hash("topometrics.features") != module_source_hash("topometrics.spectral")
 
 
 # ---------------------------------------------------------------------------

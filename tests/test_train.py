@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_architectures import module_weights
 
-from topometrics.architectures import module_weights
 from topometrics.checkpoints import CheckpointError, list_checkpoints, load_model, load_state, safetensors_problem
 from topometrics.corpus import CorpusError, offline_text
 from topometrics.features import features_frame, weight_features

@@ -12,6 +12,7 @@ from scipy import stats as sps
 
 from topometrics import verdict, warehouse
 from topometrics.params import AnalysisParams
+from topometrics.vocabulary import verdict_families
 
 FRACTIONS = (0.1, 0.3, 0.5)
 
@@ -62,6 +63,24 @@ def warehouse_with(table: pd.DataFrame, errors: pd.DataFrame, alpha: float = 0.0
     for view in views:
         con.execute(view.read_text())
     return con
+
+
+def test_the_verdict_families_declared_in_the_vocabulary_in_report_order():
+    assert list(verdict_families().items()) == [
+        ("weights_np", ("np_norm", "np_sum", "np_shuffled_norm")),
+        ("weights_vr", ("vr_tp0", "vr_tp1", "vr_entropy0", "vr_entropy1", "vr_count1", "vr_maxpers1")),
+        (
+            "scale_free",
+            (
+                "vr_unit_tp0", "vr_unit_tp1", "vr_unit_entropy0", "vr_unit_entropy1", "vr_unit_count1",
+                "vr_unit_maxpers1", "vr_fnorm_tp0", "vr_fnorm_tp1", "vr_fnorm_entropy0", "vr_fnorm_entropy1",
+                "vr_fnorm_count1", "vr_fnorm_maxpers1", "np_excess", "np_z",
+            ),
+        ),
+        ("heavy_tail", ("w_alpha", "rep_alpha")),
+        ("representation", ("rep_tp0", "rep_tp1", "rep_entropy0", "rep_entropy1", "rep_count1", "rep_maxpers1")),
+    ]  # fmt: skip
+    assert [c[0] for c in verdict.comparisons()] == ["weight_norm", *verdict_families(), "everything"]
 
 
 @pytest.fixture(scope="module")

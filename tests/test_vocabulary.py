@@ -8,21 +8,33 @@ import numpy as np
 import pytest
 import torch
 
-from topometrics.features import checkpoint_features, distance_features, validation_batch
+from topometrics.features import (
+    NoForwardPass,
+    checkpoint_features,
+    distance_features,
+    forward_features,
+    representation_features,
+    validation_batch,
+    weight_features,
+)
 from topometrics.layer_features import aggregate_layers
-from topometrics.model import GPT, GPTConfig, linear_layer_names
+from topometrics.model import GPT, GPTConfig, linear_layer_names, linear_weights
 from topometrics.params import FeaturesParams
 from topometrics.vocabulary import (
     ALL,
     DISTANCE,
     FAMILIES,
+    FORWARD,
     GRADIENT,
     HEAVY_TAIL,
     NP,
     REPRESENTATION,
     SCALE_FREE,
     SPECTRAL,
+    STATES,
     VR,
+    WEIGHTS,
+    computed_from,
     kind,
     lookup,
     model_level,
@@ -62,6 +74,27 @@ def test_layer_all_gets_exactly_the_declared_model_level_features(two_checkpoint
     declared = sorted(n for family in FAMILIES for n in model_level(family, PARAMS.betti_scales))
     assert written == declared
     assert all(lookup(n) is not None for n in written)
+
+
+def test_the_rows_of_each_input_are_the_rows_null_when_it_is_unusable(two_checkpoints):
+    _, cur = two_checkpoints
+    layers = linear_layer_names(CONFIG.layers)
+    model = GPT(CONFIG)
+    model.init_weights(torch.Generator().manual_seed(1))
+    weights = {r[:2] for r in weight_features(linear_weights(model.state_dict(), CONFIG.layers), PARAMS).rows}
+    forward = {r[:2] for r in cur.rows} - weights  # a checkpoint's rows are its weight rows and its forward rows
+
+    def rows(*inputs):
+        declared = computed_from(*inputs, scales=PARAMS.betti_scales)
+        return {(layer, n) for layer in layers for n in declared.per_layer} | {(ALL, n) for n in declared.model_level}
+
+    def failed():
+        raise NoForwardPass("no forward pass")
+
+    assert weights == rows(WEIGHTS) and forward == rows(FORWARD, STATES)
+    assert {r[:2] for r in forward_features(failed, layers, PARAMS).rows} == forward
+    states = representation_features(np.full((4, 8), np.nan), PARAMS).rows
+    assert {r[:2] for r in states} == rows(STATES) and all(r[3] == "non-finite hidden states" for r in states)
 
 
 def test_aggregation_follows_the_declaration():

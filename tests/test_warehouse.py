@@ -44,7 +44,8 @@ def write_inputs(root: Path, rungs=RUNGS, seeds=(42,), steps=2000, ckpt_every=50
             recipe = {"steps": steps, "ckpt_every": ckpt_every, "batch_size": 8, "lr": 3e-3, "warmup": warmup}
             recipe |= {"min_lr_ratio": 0.0, "weight_decay": 0.01, "grad_clip": 1.0, "seed": seed, "val_windows": 4}
             model = {"vocab_size": 128, "context": 16, "hidden": 8, "layers": 1, "heads": 1}
-            cfg = {"rung": rung, "seed": seed, "n_params": n_params, "model": model, "recipe": recipe}
+            cfg = {"rung": rung, "variant": "base", "seed": seed, "n_params": n_params, "model": model}
+            cfg |= {"recipe": recipe}
             _write(root / "config" / f"{name}.json", json.dumps(cfg))
             t = np.arange(1, steps + 1)
             # a schedule-aware curve (the annealing bonus is what a plain power law in t misses)
@@ -203,10 +204,18 @@ warehouse.build_warehouse(Path({str(target)!r}), inputs, AnalysisParams().settin
 def test_missing_run_log_names_the_file_and_the_fix(tmp_path):
     inputs = write_inputs(tmp_path, rungs={"tiny": 2936})
     (tmp_path / "runs" / "tiny-42" / "steps.csv").unlink()
-    with pytest.raises(WarehouseError, match=r"runs/tiny-42/steps.csv not found .* `dvc repro train@tiny-42`"):
+    with pytest.raises(WarehouseError, match=r"runs/tiny-42/steps.csv not found .* run `dvc repro train` first$"):
         warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, AnalysisParams().settings(), {})
     assert not (tmp_path / "w.duckdb").exists()
     assert not list(tmp_path.glob(".w.duckdb*")), "a failed build removes its temporary file"
+
+
+def test_a_config_without_its_variant_names_the_fix(tmp_path):
+    inputs = write_inputs(tmp_path, rungs={"tiny": 2936})
+    config = tmp_path / "config" / "tiny-42.json"
+    config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "variant"}))
+    with pytest.raises(WarehouseError, match=r"tiny-42\.json lacks \['variant'\]; regenerate it with the config stage"):
+        warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, AnalysisParams().settings(), {})
 
 
 def test_only_declared_runs_are_loaded(tmp_path):
@@ -222,7 +231,7 @@ def test_only_declared_runs_are_loaded(tmp_path):
         "tiny-42/features.parquet",
     ]
     assert len(warehouse.discover_inputs(*args).configs) == 4  # without a declaration: every config found
-    with pytest.raises(WarehouseError, match=r"config/xl-42\.json not found; run `dvc repro config@xl-42` first"):
+    with pytest.raises(WarehouseError, match=r"config/xl-42\.json not found; run `dvc repro config` first"):
         warehouse.discover_inputs(*args, runs=["xl-42"])
 
 

@@ -18,7 +18,7 @@ from scipy.stats import spearmanr
 from topometrics import partial, predict, stats, verdict
 from topometrics.lr_schedule import Schedule
 from topometrics.params import AnalysisParams, ParamsError
-from topometrics.vocabulary import kind, lookup
+from topometrics.vocabulary import kind, lookup, verdict_families
 
 LOSS_ONLY = "loss_power_law"
 
@@ -176,7 +176,7 @@ def _predictions_and_inputs(con, params: AnalysisParams, learned: bool = True):
             predictions += rows
             fits += fit_rows
             continue
-        schedule = Schedule(int(run.steps), int(run.warmup), float(run.lr), float(run.min_lr_ratio))
+        schedule = Schedule.from_recipe(run._asdict())  # the run's recipe columns
         for fraction in params.fractions:
             rows, fit_rows, features = _curve_predictions(run, schedule, fraction, series)
             predictions += rows
@@ -245,7 +245,7 @@ def _fit_row(kind, target, fit: stats.Fit, *, layer=None, rung=None, seed=None, 
 
 def _run_series(con, params: AnalysisParams) -> dict[tuple, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Per (rung, variant, seed): name -> (steps, values) of val_loss, np, grad_norm, weight_norm, topology features."""
-    wanted = dict.fromkeys([*params.topology_features, *(f for fam in verdict.FAMILIES.values() for f in fam)])
+    wanted = dict.fromkeys([*params.topology_features, *(f for fam in verdict_families().values() for f in fam)])
     names = ", ".join(f"'{f}'" for f in wanted)
     frames = {
         "val_loss": "SELECT rung, variant, seed, step, val_loss AS value FROM checkpoints",

@@ -127,12 +127,6 @@ def module_layers(model: nn.Module) -> list[LinearLayer]:
     return _ordered(found)
 
 
-def module_weights(model: nn.Module, layers: list[LinearLayer] | None = None) -> dict[str, np.ndarray]:
-    """``{block{i}.{part}: (out, in) float32 array}``: copies of the weights, in layer order."""
-    layers = module_layers(model) if layers is None else layers
-    return {layer.name: oriented(model.get_parameter(layer.tensor).detach(), layer.transposed) for layer in layers}
-
-
 def oriented(weight: torch.Tensor | np.ndarray, transposed: bool) -> np.ndarray:
     """A stored weight as an ``(out, in)`` float32 array (a copy when it must convert or transpose)."""
     w = weight.cpu().float().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight, dtype=np.float32)

@@ -18,7 +18,6 @@ and neither is anything else secret.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -184,8 +183,3 @@ def local_cluster(workers: int, memory_limit: str | int | None = "auto", process
     host = {"host": "127.0.0.1"} if processes else {}
     return LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes, memory_limit=memory_limit,
                         dashboard_address=None, **host)  # fmt: skip
-
-
-def worker_pids(client) -> dict[str, int]:
-    """Worker address -> process id (to kill one in a fault test, or read its memory)."""
-    return client.run(os.getpid)

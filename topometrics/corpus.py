@@ -267,3 +267,13 @@ def prepare(
     write_text(out_dir / "vocab.json", json.dumps(vocabulary(), ensure_ascii=False))
     write_text(out_dir / "source.json", json.dumps(source, indent=1, sort_keys=True))
     return source | {"changed": True}
+
+
+def summary(source: dict, out_dir: Path) -> str:
+    """What the corpus stage prints for :func:`prepare`'s record: one line (written or kept, the corpus used, token
+    counts, FALLBACK with the reason), then the record as JSON."""
+    state = "wrote" if source["changed"] else "kept"
+    tokens = f"{source['train_tokens']:,} train / {source['val_tokens']:,} val tokens"
+    fallback = f" FALLBACK: {source['reason']}" if source["fallback"] else ""
+    record = {k: v for k, v in source.items() if k != "changed"}
+    return f"corpus: {state} {out_dir} ({source['used']}, {tokens}){fallback}\n{json.dumps(record, sort_keys=True)}"

@@ -45,10 +45,10 @@ from topometrics.shards import (
     ShardKey,
     ShardRun,
     Task,
-    code_version,
     compute_shards,
     file_sha256,
     is_current,
+    module_source_hash,
     params_digest,
     prune,
 )
@@ -99,7 +99,7 @@ def run_shards(
     if not ckpts:
         raise CheckpointError(f"{run_dir}: no complete checkpoints (step_*.safetensors + .json); run training first")
     tokens = load_tokens(corpus_dir, "val")
-    code, digest = code_version(__name__), params_digest(params)
+    code, digest = module_source_hash(__name__), params_digest(params)
     batch = hashlib.sha256(tokens.tobytes()).hexdigest()[:16]
     tasks = []
     for ckpt in ckpts:

@@ -43,11 +43,11 @@ from topometrics.spectral import covariance_spectrum
 from topometrics.vocabulary import (
     ALL,
     DISTANCE,
-    FAMILIES,
-    GRADIENT,
-    HEAVY_TAIL,
+    FORWARD,
     REPRESENTATION,
-    model_level,
+    STATES,
+    WEIGHTS,
+    computed_from,
     model_only,
     named,
     per_layer,
@@ -149,10 +149,10 @@ def forward_features(
     try:
         result = forward()
     except NoForwardPass as err:
+        rows = computed_from(FORWARD, STATES, scales=params.betti_scales)
         for name in layers:
-            out.add(name, dict.fromkeys(per_layer(GRADIENT), np.nan), str(err))
-        names = [*model_level(GRADIENT), *rep_feature_names(params), *model_only(HEAVY_TAIL)]
-        out.add(ALL, dict.fromkeys(names, np.nan), str(err))
+            out.add(name, dict.fromkeys(rows.per_layer, np.nan), str(err))
+        out.add(ALL, dict.fromkeys(rows.model_level, np.nan), str(err))
         return out
     for name, value in result.grad_norms.items():
         out.add(name, {"grad_norm": value})
@@ -171,7 +171,8 @@ def representation_features(states: np.ndarray, params: FeaturesParams) -> Check
     """
     out = CheckpointFeatures()
     if not np.isfinite(states).all():
-        out.add(ALL, dict.fromkeys((*rep_feature_names(params), "rep_alpha"), np.nan), "non-finite hidden states")
+        names = computed_from(STATES, scales=params.betti_scales).model_level
+        out.add(ALL, dict.fromkeys(names, np.nan), "non-finite hidden states")
         return out
     topo, dgms = representation_topology(
         states, params.rep_points, params.rep_dim, params.seed, params.significance, params.betti_scales
@@ -183,19 +184,13 @@ def representation_features(states: np.ndarray, params: FeaturesParams) -> Check
     return out
 
 
-def rep_feature_names(params: FeaturesParams) -> tuple[str, ...]:
-    """Names of the representation features, in the order they are written."""
-    return model_only(REPRESENTATION, params.betti_scales)
-
-
 def null_features(layers: list[str], params: FeaturesParams, reason: str) -> CheckpointFeatures:
     """The full set of feature rows of a checkpoint with linear layers ``layers``, all NULL with ``reason``."""
     out = CheckpointFeatures()
-    computed = [family for family in FAMILIES if family not in (REPRESENTATION, DISTANCE)]
+    rows = computed_from(WEIGHTS, FORWARD, STATES, scales=params.betti_scales)
     for name in layers:
-        out.add(name, dict.fromkeys([n for family in computed for n in per_layer(family)], np.nan), reason)
-    aggregate = [n for family in computed for n in model_level(family)]
-    out.add(ALL, dict.fromkeys(aggregate + list(rep_feature_names(params)), np.nan), reason)
+        out.add(name, dict.fromkeys(rows.per_layer, np.nan), reason)
+    out.add(ALL, dict.fromkeys(rows.model_level, np.nan), reason)
     return out
 
 

@@ -28,8 +28,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from topometrics.spectral import singular_values
-
 # At least this many positive eigenvalues to fit at all (WeightWatcher's default minimum is 10; the
 # 8- and 16-wide layers of the ladder's smallest rungs fall below this and get NULL).
 MIN_EIGENVALUES = 24
@@ -99,11 +97,6 @@ def fit_tail(values, min_values: int = MIN_EIGENVALUES, min_tail: int = MIN_TAIL
     best = int(np.argmin(ks))
     s = int(starts[best])
     return AlphaFit(float(alphas[best]), float(x[s]), int(n - s), float(ks[best]))
-
-
-def weight_alpha(weight: np.ndarray) -> AlphaFit:
-    """alpha of a weight matrix's empirical spectral density (eigenvalues of ``W^T W``)."""
-    return fit_tail(singular_values(weight) ** 2)
 
 
 def covariance_alpha(states: np.ndarray) -> AlphaFit:

@@ -1,14 +1,46 @@
-"""metrics.json: the small nested summary of the analysis tables that ``dvc metrics diff`` compares."""
+"""The analysis stage's outputs: its tables as Parquet for the warehouse stage, and metrics.json, the small
+nested summary of them that ``dvc metrics diff`` compares."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
+import duckdb
 import pandas as pd
 
-from topometrics import verdict
+from topometrics import analysis, verdict, warehouse
 from topometrics.analysis import DIVERGED, LOSS_ONLY, diverged_runs
-from topometrics.params import AnalysisParams
+from topometrics.atomic import write_parquet, write_text
+from topometrics.params import AnalysisParams, Params
+from topometrics.shards import params_digest
+
+
+def write_analysis(params: Params, configs, runs, corpus, features, out: Path, metrics: Path, log=print) -> str:
+    """The analysis stage: the runs of ``analysis.variant`` (the between-run verdict: every declared run) loaded
+    as the warehouse loads them, from the feature shards of the feature params only (a ``log`` line per folder of
+    others; diagrams are not read), analysed; ``<out>/<table>.parquet`` and ``metrics`` written. Returns a summary.
+
+    The metrics are computed from the tables as read back from their Parquet files: what the warehouse will hold.
+    """
+    digest, cons = params_digest(params.features), {}
+    for scope, names in (("all", params.run_names()), ("variant", params.run_names(params.analysis.variant))):
+        inputs = warehouse.discover_inputs(configs, runs, corpus, features, runs=names, feature_params=digest)
+        for line in inputs.not_read if scope == "variant" else []:
+            log(f"analysis: {line}")
+        cons[scope] = duckdb.connect()
+        warehouse.populate(cons[scope], dataclasses.replace(inputs, diagram_files=[]), params.analysis.settings(), {})
+    con = cons["variant"]  # the paper's analysis is of one recipe variant at a time
+    tables = analysis.run_analysis(con, params.analysis) | analysis.between_run_tables(cons["all"], params.analysis)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    for name, frame in tables.items():
+        write_parquet(Path(out) / f"{name}.parquet", frame)
+        warehouse.load_parquet(con, name, [Path(out) / f"{name}.parquet"])
+    Path(metrics).parent.mkdir(parents=True, exist_ok=True)
+    write_text(metrics, metrics_json(build_metrics(con, params.analysis)))
+    failed = tables["predictions"].query("status == 'failed'")
+    return f"{len(tables['predictions'])} predictions ({len(failed)} failed)"
 
 
 def build_metrics(con, params: AnalysisParams) -> dict:

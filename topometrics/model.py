@@ -137,8 +137,9 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-# Feature-facing layer names -> state-dict prefixes. Embeddings and the tied head are
-# not linear layers of the network graph and are excluded (features issue, item 1).
+# Feature-facing layer names -> state-dict prefixes. Embeddings (a lookup table) and the head
+# (tied to the token embedding: the same matrix) are not linear layers between neurons of the
+# network graph, so the weight features leave them out.
 _LINEAR_PARTS = {"attn.qkv": "attn.qkv", "attn.out": "attn.out", "mlp.in": "mlp.up", "mlp.out": "mlp.down"}
 
 

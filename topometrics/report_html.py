@@ -1,7 +1,8 @@
 """The report as one offline HTML page, and its figures as SVG/PNG files (vl-convert: no browser, no network).
 
 :func:`render_html` writes nothing but returns the HTML text, with the Vega/Vega-Lite/Vega-Embed
-bundle passed in (:func:`vega_bundle`), so the file opens with no network.
+bundle passed in (:func:`vega_bundle`), so the file opens with no network; :func:`write_report`
+writes the report stage's files.
 """
 
 from __future__ import annotations
@@ -9,17 +10,45 @@ from __future__ import annotations
 import html
 import json
 import re
+from pathlib import Path
 
 import altair as alt
 import numpy as np
 import pandas as pd
 import vl_convert as vlc
 
-from topometrics.report import Report
-from topometrics.report_frames import Missing
+from topometrics.atomic import write_bytes, write_text
+from topometrics.report import Report, build
+from topometrics.report_frames import Missing, load
+from topometrics.warehouse import connect_read_only
 
 # Vega-Lite version of altair's specs ("6.4"): vl-convert must render them with the same one.
 VL_VERSION = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+
+
+def write_report(warehouse: Path, series_status: Path, out: Path) -> str:
+    """The report stage: ``<out>/report.html``, ``figures/<name>.svg|png`` of every figure that can be drawn and
+    ``plots/<name>.csv`` (DVC plots), from the warehouse (opened read-only) and the series stage's status file
+    (absent: the banner says so). Returns a one-line summary."""
+    status = json.loads(Path(series_status).read_text()) if Path(series_status).exists() else None
+    with connect_read_only(warehouse) as con:
+        doc = build(load(con), status)
+    figures_dir, plots_dir = Path(out) / "figures", Path(out) / "plots"
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    shown = {**doc.verdict_figures, **doc.figures}
+    drawn = {name: chart for name, chart in shown.items() if not isinstance(chart, Missing)}
+    for name, chart in drawn.items():
+        svg, png = export_figure(chart)
+        write_text(figures_dir / f"{name}.svg", svg)
+        write_bytes(figures_dir / f"{name}.png", png)
+    for name, frame in doc.plots.items():
+        write_text(plots_dir / f"{name}.csv", frame.to_csv(index=False))
+    write_text(Path(out) / "report.html", render_html(doc, vega_bundle()))
+    corpus = f"{doc.corpus_used}{' (OFFLINE FALLBACK)' if doc.corpus_fallback else ''}"
+    missing = sum(isinstance(t, Missing) for t in [doc.verdict, *doc.tables.values(), *shown.values()])
+    tables = f"{len(doc.tables)} tables ({missing} pieces not available)"
+    return f"{len(drawn)}/{len(shown)} figures, {tables}, corpus {corpus}"
 
 
 def render_html(report: Report, vega_bundle: str) -> str:

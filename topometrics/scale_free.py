@@ -35,12 +35,6 @@ from topometrics.neural_persistence import neural_persistence, tree_persistence
 from topometrics.persistence import diagram_summary, rips_diagrams, row_distances, subsample_indices
 from topometrics.row_blocks import float64_row_blocks, row_block_bounds
 
-VR_SUMMARY = ("tp0", "tp1", "entropy0", "entropy1", "count1", "maxpers1")
-UNIT_FEATURES = tuple(f"vr_unit_{name}" for name in VR_SUMMARY)
-FNORM_FEATURES = tuple(f"vr_fnorm_{name}" for name in VR_SUMMARY)
-NP_FEATURES = ("np_excess", "np_z")
-FEATURES = UNIT_FEATURES + FNORM_FEATURES + NP_FEATURES
-
 
 def farthest_unit_rows(weight: np.ndarray, count: int) -> np.ndarray:
     """At most ``count`` of the layer's unit rows (``w_i / |w_i|``; all-zero rows, dead neurons
@@ -85,9 +79,7 @@ def cloud_summary(dist: np.ndarray, prefix: str) -> tuple[dict[str, float], list
     """``diagram_summary`` of the VR diagrams of a cloud given by its ``(n, n)`` distances
     (:func:`~topometrics.persistence.row_distances`), keys prefixed (``vr_unit_tp0``, ...); zeros
     for an empty cloud."""
-    if dist.shape[0] == 0:
-        return {f"{prefix}{name}": 0.0 for name in VR_SUMMARY}, [np.empty((0, 2)), np.empty((0, 2))]
-    dgms = rips_diagrams(dist)
+    dgms = rips_diagrams(dist) if dist.shape[0] else [np.empty((0, 2)), np.empty((0, 2))]
     return {f"{prefix}{name}": value for name, value in diagram_summary(dgms).items()}, dgms
 
 
@@ -154,16 +146,3 @@ def scale_free_features(
     rows = subsample_indices(weight.shape[0], max_points, row_seed)
     fnorm, _ = cloud_summary(row_distances(weight, rows, scale=norm if norm > 0 else 1.0), "vr_fnorm_")
     return {**unit, **fnorm, "np_z": np_zscored(weight, tree)}
-
-
-def aggregate(per_layer: dict[str, dict[str, float]]) -> dict[str, float]:
-    """The ``layer='all'`` values: VR sums (max for ``maxpers1``), NP means over the layers with a value."""
-    out = {}
-    for name in UNIT_FEATURES + FNORM_FEATURES:
-        col = np.array([v[name] for v in per_layer.values()], dtype=float)
-        out[name] = col.max() if name.endswith("maxpers1") else col.sum()
-    for name in NP_FEATURES:
-        col = np.array([v[name] for v in per_layer.values()], dtype=float)
-        col = col[np.isfinite(col)]
-        out[name] = col.mean() if col.size else np.nan
-    return out

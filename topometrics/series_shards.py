@@ -93,7 +93,7 @@ def series_shards(
     | 'reused' | 'skipped'), reason`` and, with a shard, ``seconds, files, weights_sha256, duplicate_of``.
     The tables: :func:`topometrics.feature_shards.read_tables` of ``out``.
     """
-    code, digest = shards.code_version(__name__), shards.params_digest(params)
+    code, digest = shards.module_source_hash(__name__), shards.params_digest(params)
     context = f"seq_len {series.seq_len} text {hashlib.sha256(text.encode()).hexdigest()[:16]}"
     status, keep, logged, losses = [], [], [], []
     for name, source in series.sources.items():

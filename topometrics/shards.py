@@ -68,7 +68,7 @@ class Fingerprint:
 
     inputs: str  # sha256 of the weights, or '<hub model>@<revision>' (+ anything else the input depends on)
     params: str  # params_digest of the feature params
-    code: str  # code_version of the computing modules
+    code: str  # module_source_hash of the computing module
 
     @property
     def digest(self) -> str:
@@ -100,7 +100,7 @@ def file_sha256(*paths: Path) -> str:
     return digest.hexdigest()
 
 
-def code_version(module: str) -> str:
+def module_source_hash(module: str) -> str:
     """A short hash of the source of ``module`` and every module of its package it imports, transitively.
 
     The same closure a DVC stage lists as deps: a change in any of those files changes the

@@ -13,7 +13,6 @@ import numpy as np
 
 from topometrics.errors import TopometricsError
 
-VOCAB_SIZE = 128
 UNKNOWN_ID = 127  # every non-ASCII character (and DEL) maps here
 SPLITS = ("train", "val")
 

@@ -11,7 +11,8 @@ the last observed one), fitted across runs with leave-one-group-out cross-valida
 1. ``loss``: the loss curve only: the extrapolations of the per-run laws fitted to the observed
    curve (power law in steps, multi-power law and LR-annealing law, both reading the LR schedule);
 2. ``norm``: (1) + the weight norm (level and rate of the network's Frobenius norm);
-3. ``<family>``: (2) + one family of topological features (level and rate of each);
+3. ``<family>``: (2) + one family of topological features (level and rate of each; the families
+   are declared in :mod:`topometrics.vocabulary`, :func:`~topometrics.vocabulary.verdict_families`);
 4. ``everything``: (2) + every family.
 
 Per run, the absolute errors of two nested models are paired: (3) vs (2) for each family, (4) vs (2),
@@ -36,18 +37,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from topometrics import predict, stats
+from topometrics.vocabulary import verdict_families
 
-# Families of layer-'all' features whose level and rate over the observed window enter model (3).
-FAMILIES: dict[str, tuple[str, ...]] = {
-    "weights_np": ("np_norm", "np_sum", "np_shuffled_norm"),
-    "weights_vr": ("vr_tp0", "vr_tp1", "vr_entropy0", "vr_entropy1", "vr_count1", "vr_maxpers1"),
-    "scale_free": tuple(
-        [f"vr_{k}_{s}" for k in ("unit", "fnorm") for s in ("tp0", "tp1", "entropy0", "entropy1", "count1", "maxpers1")]
-        + ["np_excess", "np_z"]
-    ),
-    "heavy_tail": ("w_alpha", "rep_alpha"),
-    "representation": ("rep_tp0", "rep_tp1", "rep_entropy0", "rep_entropy1", "rep_count1", "rep_maxpers1"),
-}
 LOSS_INPUTS = ("loss_drop", "mpl_drop", "tissue_drop")  # the per-run laws' predicted drop from the anchor
 NORM_INPUTS = ("weight_norm_level", "weight_norm_rate")
 SCHEMES = ("seed", "variant", "rung")  # leave-one-<scheme>-out; 'variant' only where runs have one
@@ -69,7 +60,7 @@ ERROR_COLUMNS = [
 
 def family_columns(families: dict[str, tuple[str, ...]] | None = None) -> dict[str, tuple[str, ...]]:
     """Input columns of every family: ``<feature>_level`` and ``<feature>_rate`` (see ``predict.window_summary``)."""
-    families = FAMILIES if families is None else families
+    families = verdict_families() if families is None else families
     return {name: tuple(f"{f}_{k}" for f in feats for k in ("level", "rate")) for name, feats in families.items()}
 
 
@@ -98,7 +89,7 @@ def incremental_validity(
         variants), ``fraction``, ``n_seen`` (checkpoints observed), ``actual`` (final val loss),
         ``anchor`` (last observed val loss) and the input columns (:data:`LOSS_INPUTS`,
         :data:`NORM_INPUTS`, :func:`family_columns`); a missing column counts as all-NaN.
-    families : family name -> feature names (default :data:`FAMILIES`)
+    families : family name -> layer-'all' feature names (default the vocabulary's, ``verdict_families()``)
     n_boot, seed : paired-bootstrap resamples and seed
 
     Returns

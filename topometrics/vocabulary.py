@@ -18,6 +18,15 @@ row only). Aggregations:
 ``kind`` is what the analysis compares: ``topological`` features against ``spectral`` ones
 (Steiger's test); ``other`` features are not compared.
 
+``input`` is what a feature is computed from, and so which features are NULL together when that
+input is unusable (:func:`computed_from`): ``weights`` (the linear layers), ``forward`` (the fixed
+batch's forward and backward pass: gradients, loss), ``states`` (its hidden states), ``previous``
+(the previous checkpoint's diagrams).
+
+``verdict`` names the family of inputs a family's features join in the between-run verdict
+(:mod:`topometrics.verdict`, :func:`verdict_families`); ``None`` leaves them out, and so does a
+feature's ``in_verdict = False``.
+
 To add a measure: compute it in its module (a pure function of arrays), add a :class:`Feature`
 to :data:`FEATURES` (in a new :class:`Family` added to :data:`FAMILIES` if it is computed by a new
 function), emit it where that family is computed (``topometrics.features``), and add a row to
@@ -28,10 +37,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 MODEL = "model"  # aggregate of a feature computed once per checkpoint (layer 'all' only)
 AGGREGATIONS = ("mean_std", "mean", "sum", "max", "norm", "mean_finite", MODEL)
 KINDS = ("topological", "spectral", "other")
+WEIGHTS, FORWARD, STATES, PREVIOUS = INPUTS = ("weights", "forward", "states", "previous")
 ALL = "all"  # the layer of model-level rows
 
 
@@ -42,6 +53,11 @@ class Family:
     name: str
     kind: str  # one of KINDS
     prefix: str  # the computing function's keys + prefix = the feature names
+    input: str  # one of INPUTS
+    verdict: str | None = None  # the verdict's family of these features (None: not in the verdict)
+
+    def __post_init__(self) -> None:
+        _check(self.name, kind=(self.kind, KINDS), input=(self.input, INPUTS))
 
     @property
     def features(self) -> tuple[Feature, ...]:
@@ -58,16 +74,29 @@ class Feature:
     definition: str
     kind: str | None = None  # overrides the family's kind
     per_scale: bool = False  # a curve: one feature per filtration scale, named <name>_00 ... (features.betti_scales)
+    input: str | None = None  # overrides the family's input
+    in_verdict: bool = True  # False: left out of the family's verdict inputs
+
+    def __post_init__(self) -> None:
+        _check(self.name, aggregate=(self.aggregate, AGGREGATIONS), kind=(self.kind or KINDS[0], KINDS))
+        _check(self.name, input=(self.input or INPUTS[0], INPUTS))
 
 
-NP = Family("np", "topological", "np_")
-VR = Family("vr", "topological", "vr_")
-SPECTRAL = Family("spectral", "spectral", "w_")
-GRADIENT = Family("gradient", "other", "")
-REPRESENTATION = Family("representation", "topological", "rep_")
-DISTANCE = Family("distance", "topological", "")
-SCALE_FREE = Family("scale_free", "topological", "")
-HEAVY_TAIL = Family("heavy_tail", "spectral", "")
+def _check(name: str, **fields: tuple[str, tuple[str, ...]]) -> None:
+    """A declaration with a value outside its field's choices fails at import, naming it."""
+    for field, (value, choices) in fields.items():
+        if value not in choices:
+            raise ValueError(f"{name}: {field} {value!r} is not one of {choices}")
+
+
+NP = Family("np", "topological", "np_", WEIGHTS, verdict="weights_np")
+VR = Family("vr", "topological", "vr_", WEIGHTS, verdict="weights_vr")
+SPECTRAL = Family("spectral", "spectral", "w_", WEIGHTS)
+GRADIENT = Family("gradient", "other", "", FORWARD)
+REPRESENTATION = Family("representation", "topological", "rep_", STATES, verdict="representation")
+DISTANCE = Family("distance", "topological", "", PREVIOUS)
+SCALE_FREE = Family("scale_free", "topological", "", WEIGHTS, verdict="scale_free")
+HEAVY_TAIL = Family("heavy_tail", "spectral", "", WEIGHTS, verdict="heavy_tail")
 FAMILIES = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, REPRESENTATION, DISTANCE)
 _VR_SUMMARY = (
     ("tp0", "sum", "total persistence of the finite H0 bars"),
@@ -106,7 +135,13 @@ FEATURES = (
         "np_z", SCALE_FREE, "mean_finite", "RMS spanning-tree persistence (max|w| - |w_e|) / std|w| of z-scored |W|"
     ),
     Feature("w_alpha", HEAVY_TAIL, "mean_finite", "power-law tail exponent of the eigenvalues of W^T W (CSN fit)"),
-    Feature("rep_alpha", HEAVY_TAIL, MODEL, "power-law tail exponent of the hidden-state covariance eigenvalues"),
+    Feature(
+        "rep_alpha",
+        HEAVY_TAIL,
+        MODEL,
+        "power-law tail exponent of the hidden-state covariance eigenvalues",
+        input=STATES,
+    ),
     Feature("grad_norm", GRADIENT, "norm", "Frobenius norm of d loss / d W (bias excluded) on the fixed batch"),
     Feature("batch_loss", GRADIENT, MODEL, "mean next-token cross-entropy (nats) on the fixed batch"),
     Feature("rep_tp0", REPRESENTATION, MODEL, "total persistence of the hidden-state cloud's finite H0 bars"),
@@ -115,13 +150,50 @@ FEATURES = (
     Feature("rep_entropy1", REPRESENTATION, MODEL, "persistence entropy of the cloud's H1 bars"),
     Feature("rep_count1", REPRESENTATION, MODEL, "number of H1 bars of the hidden-state cloud"),
     Feature("rep_maxpers1", REPRESENTATION, MODEL, "largest H1 lifetime of the hidden-state cloud"),
-    Feature("rep_significant0", REPRESENTATION, MODEL, "finite H0 bars longer than significance x the longest"),
-    Feature("rep_significant1", REPRESENTATION, MODEL, "H1 bars longer than significance x the longest"),
-    Feature("rep_diameter", REPRESENTATION, MODEL, "diameter of the subsampled, projected cloud (Betti scale unit)"),
-    Feature("rep_betti0", REPRESENTATION, MODEL, "H0 Betti curve: bars alive at scale XX / (S - 1)", per_scale=True),
-    Feature("rep_betti1", REPRESENTATION, MODEL, "H1 Betti curve: bars alive at scale XX / (S - 1)", per_scale=True),
-    Feature("rep_rankme", REPRESENTATION, MODEL, "RankMe of the centred hidden states", kind="spectral"),
-    Feature("rep_pr", REPRESENTATION, MODEL, "participation ratio of the hidden-state covariance", kind="spectral"),
+    Feature(
+        "rep_significant0",
+        REPRESENTATION,
+        MODEL,
+        "finite H0 bars longer than significance x the longest",
+        in_verdict=False,
+    ),
+    Feature(
+        "rep_significant1", REPRESENTATION, MODEL, "H1 bars longer than significance x the longest", in_verdict=False
+    ),
+    Feature(
+        "rep_diameter",
+        REPRESENTATION,
+        MODEL,
+        "diameter of the subsampled, projected cloud (Betti scale unit)",
+        in_verdict=False,
+    ),
+    Feature(
+        "rep_betti0",
+        REPRESENTATION,
+        MODEL,
+        "H0 Betti curve: bars alive at scale XX / (S - 1)",
+        per_scale=True,
+        in_verdict=False,
+    ),
+    Feature(
+        "rep_betti1",
+        REPRESENTATION,
+        MODEL,
+        "H1 Betti curve: bars alive at scale XX / (S - 1)",
+        per_scale=True,
+        in_verdict=False,
+    ),
+    Feature(
+        "rep_rankme", REPRESENTATION, MODEL, "RankMe of the centred hidden states", kind="spectral", in_verdict=False
+    ),
+    Feature(
+        "rep_pr",
+        REPRESENTATION,
+        MODEL,
+        "participation ratio of the hidden-state covariance",
+        kind="spectral",
+        in_verdict=False,
+    ),
     Feature("vr_w1_prev", DISTANCE, "sum", "1-Wasserstein distance of the layer's diagram to the previous one"),
     Feature("vr_bneck_prev", DISTANCE, "sum", "bottleneck distance of the layer's diagram to the previous one"),
     Feature("rep_w1_prev", DISTANCE, MODEL, "1-Wasserstein distance of the representation diagram to the previous"),
@@ -147,8 +219,12 @@ def model_level(family: Family, scales: int = 0) -> tuple[str, ...]:
     """Names of the family's ``layer='all'`` rows, in order: each per-layer feature's aggregate
     (and ``<name>_std`` right after a ``mean_std`` one), then the model-level features, curves
     expanded to ``scales`` names each."""
+    return _layer_all_names(family.features, scales)
+
+
+def _layer_all_names(features: tuple[Feature, ...], scales: int) -> tuple[str, ...]:
     names = []
-    for feature in family.features:
+    for feature in features:
         if feature.per_scale:
             names += [f"{feature.name}_{i:02d}" for i in range(scales)]
             continue
@@ -161,6 +237,35 @@ def model_level(family: Family, scales: int = 0) -> tuple[str, ...]:
 def model_only(family: Family, scales: int = 0) -> tuple[str, ...]:
     """Names of the family's features computed once per checkpoint (``layer='all'`` only), in order."""
     return tuple(n for n in model_level(family, scales) if lookup(n).aggregate == MODEL)
+
+
+class Rows(NamedTuple):
+    """Names of feature rows: those of every linear layer, and those of ``layer='all'``."""
+
+    per_layer: tuple[str, ...]
+    model_level: tuple[str, ...]
+
+
+def computed_from(*inputs: str, scales: int = 0) -> Rows:
+    """The rows of the features computed from ``inputs`` (:data:`INPUTS`), in :data:`FEATURES` order:
+    the rows that are NULL together when those inputs are unusable (e.g. ``computed_from(FORWARD, STATES)``
+    when the forward pass fails). ``scales``: names per curve (``features.betti_scales``)."""
+    unknown = [i for i in inputs if i not in INPUTS]
+    if unknown:
+        raise ValueError(f"unknown inputs {unknown}; one of {INPUTS}")
+    features = tuple(f for f in FEATURES if (f.input or f.family.input) in inputs)
+    return Rows(tuple(f.name for f in features if f.aggregate != MODEL), _layer_all_names(features, scales))
+
+
+def verdict_families() -> dict[str, tuple[str, ...]]:
+    """The between-run verdict's families (:mod:`topometrics.verdict`): family name -> the ``layer='all'``
+    features whose level and rate it adds, in :data:`FEATURES` order (families with a ``verdict`` name,
+    less the features declared ``in_verdict=False``)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for feature in FEATURES:
+        if feature.family.verdict is not None and feature.in_verdict:
+            out[feature.family.verdict] = (*out.get(feature.family.verdict, ()), feature.name)
+    return out
 
 
 def lookup(name: str) -> Feature | None:

@@ -28,8 +28,8 @@ import psutil
 import topometrics
 from topometrics.atomic import replacing
 from topometrics.errors import TopometricsError
-from topometrics.params import BASE_VARIANT, ViewSettings
-from topometrics.shards import split_by_params
+from topometrics.params import BASE_VARIANT, Params, ViewSettings, as_dict
+from topometrics.shards import params_digest, split_by_params
 
 SCHEMA_VERSION = 3  # 2: runs lost the always-NULL fingerprint column; 3: a variant column keys every run
 SQL_DIR = Path(__file__).parent / "sql"
@@ -45,32 +45,16 @@ class WarehouseError(TopometricsError, ValueError):
 
 @dataclass(frozen=True)
 class Inputs:
-    """Every file the warehouse is built from.
+    """Every file the warehouse is built from."""
 
-    Attributes
-    ----------
-    configs : list of Path
-        ``data/config/<name>.json``; the run directory is ``runs_dir / <name>``.
-    runs_dir : Path
-        Holds ``<name>/steps.csv`` and ``<name>/checkpoints.csv`` per config.
-    corpus_source : Path or None
-        ``data/corpus/source.json`` (requested, used, sha256, reason, fallback).
-    feature_files, diagram_files : list of Path
-        ``features.parquet`` / ``diagrams.parquet`` of every rung and external series.
-    analysis_files : dict
-        Table name (``predictions``, ``fits``, ``tests``) -> Parquet file; empty for the analysis stage.
-    checkpoint_files : list of Path
-        ``checkpoints.parquet`` directly in a feature directory: the losses of external series
-        (``data/series/checkpoints.parquet``), rows of the ``checkpoints`` table.
-    """
-
-    configs: list[Path]
-    runs_dir: Path
-    corpus_source: Path | None = None
-    feature_files: list[Path] = field(default_factory=list)
-    diagram_files: list[Path] = field(default_factory=list)
-    analysis_files: dict[str, Path] = field(default_factory=dict)
+    configs: list[Path]  # data/config/<name>.json; the run directory is runs_dir / <name>
+    runs_dir: Path  # holds <name>/steps.csv and <name>/checkpoints.csv per config
+    corpus_source: Path | None = None  # data/corpus/source.json (requested, used, sha256, reason, fallback)
+    feature_files: list[Path] = field(default_factory=list)  # features/distances.parquet of every rung and series
+    diagram_files: list[Path] = field(default_factory=list)  # diagrams.parquet of every rung and series
+    analysis_files: dict[str, Path] = field(default_factory=dict)  # table name -> Parquet; none for the analysis
     not_read: list[str] = field(default_factory=list)  # one line per folder of shards from other feature params
+    # checkpoints.parquet directly in a feature directory: losses of external series (data/series/checkpoints.parquet)
     checkpoint_files: list[Path] = field(default_factory=list)
 
 
@@ -128,7 +112,7 @@ def discover_inputs(
         configs = [Path(config_dir) / f"{name}.json" for name in sorted(declared)]
         for path in configs:
             if not path.exists():
-                raise WarehouseError(f"{path} not found; run `dvc repro config@{path.stem}` first")
+                raise WarehouseError(f"{path} not found; run `dvc repro config` first")
     losses = [
         Path(root) / "checkpoints.parquet" for root in feature_dirs if (Path(root) / "checkpoints.parquet").exists()
     ]
@@ -145,7 +129,7 @@ def populate(con: duckdb.DuckDBPyConnection, inputs: Inputs, settings: ViewSetti
     schema, *views = sql_files()
     con.execute(schema.read_text())
     _insert(con, "settings", pd.DataFrame([asdict(settings)]))
-    corpus = _read_corpus(inputs.corpus_source)
+    corpus = json.loads(Path(inputs.corpus_source).read_text()) if inputs.corpus_source is not None else {}
     code = meta.get("code_version")
     variant_of = {}  # run name -> recipe variant; a run's feature files sit under a folder named after it
     for config_path in inputs.configs:
@@ -166,6 +150,19 @@ def populate(con: duckdb.DuckDBPyConnection, inputs: Inputs, settings: ViewSetti
     sql_hashes = {f"sql:{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in sql_files()}
     rows = {"schema_version": str(SCHEMA_VERSION), "duckdb_version": duckdb.__version__} | sql_hashes | dict(meta)
     _insert(con, "meta", pd.DataFrame({"key": list(rows), "value": [str(v) for v in rows.values()]}))
+
+
+def build_declared(params: Params, configs, runs, corpus, features, analysis, out: Path, log=print) -> Inputs:
+    """The warehouse stage: :func:`build_warehouse` of the runs ``params`` declares from the feature shards of its
+    feature params (a ``log`` line per folder of others); ``meta`` holds the git version and the params."""
+    digest = params_digest(params.features)
+    inputs = discover_inputs(configs, runs, corpus, features, analysis, params.run_names(), digest)
+    for line in inputs.not_read:
+        log(f"warehouse: {line}")
+    declared = {k: v for k, v in as_dict(params).items() if k != "compute"}  # where it ran is not a result
+    meta = {"code_version": git_describe(), "params": json.dumps(declared, sort_keys=True)}
+    build_warehouse(out, inputs, params.analysis.settings(), meta)
+    return inputs
 
 
 def build_warehouse(path: Path, inputs: Inputs, settings: ViewSettings, meta: Mapping[str, str]) -> Path:
@@ -269,8 +266,9 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     return removed
 
 
-def code_version(repo: Path = Path(".")) -> str:
-    """``git describe --always --dirty`` of ``repo``, or the package version outside a git checkout."""
+def git_describe(repo: Path = Path(".")) -> str:
+    """``git describe --always --dirty`` of ``repo`` (the commit, ``-dirty`` with uncommitted changes), or the
+    package version outside a git checkout: the ``code_version`` the warehouse records."""
     try:
         out = subprocess.run(
             ["git", "describe", "--always", "--dirty"], cwd=repo, capture_output=True, text=True, timeout=10
@@ -283,13 +281,13 @@ def code_version(repo: Path = Path(".")) -> str:
 def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str | None) -> str:
     """Insert one trained run: its ``runs`` and ``rungs`` rows, per-step log and checkpoints table.
 
-    Returns the run's recipe variant (configs written before variants existed are ``base``)."""
+    Returns the run's recipe variant."""
     cfg = json.loads(Path(config_path).read_text())
-    missing = {"rung", "seed", "model", "recipe"} - set(cfg)
+    missing = {"rung", "variant", "seed", "model", "recipe"} - set(cfg)
     if missing:
         raise WarehouseError(f"{config_path} lacks {sorted(missing)}; regenerate it with the config stage")
     rung, seed, recipe, model = cfg["rung"], int(cfg["seed"]), cfg["recipe"], cfg["model"]
-    variant = cfg.get("variant", BASE_VARIANT)
+    variant = cfg["variant"]
     run = {"rung": rung, "variant": variant, "seed": seed, "kind": "ladder"}
     run |= {"config_json": json.dumps(cfg, sort_keys=True), "code_version": code} | _corpus_columns(corpus)
     run |= {k: recipe.get(k) for k in ("steps", "ckpt_every", "lr", "warmup", "min_lr_ratio")}
@@ -301,8 +299,7 @@ def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str |
     for table, columns in (("steps", ("train_loss", "grad_norm", "lr")), ("checkpoints", ("val_loss", "train_loss"))):
         csv = Path(run_dir) / f"{table}.csv"
         if not csv.exists():
-            run = Path(config_path).stem
-            raise WarehouseError(f"{csv} not found for {config_path}; run `dvc repro train@{run}` first")
+            raise WarehouseError(f"{csv} not found for {config_path}; run `dvc repro train` first")
         frame = pd.read_csv(csv)
         absent = {"step", *columns} - set(frame.columns)
         if absent:
@@ -371,12 +368,6 @@ def _add_series_runs(con, corpus: Mapping, code: str | None) -> None:
     new = series[["rung"]].drop_duplicates()
     new = new[~new["rung"].isin(con.execute("SELECT rung FROM rungs").df()["rung"])]
     _insert(con, "rungs", new.assign(kind="series"))
-
-
-def _read_corpus(path: Path | None) -> dict:
-    if path is None:
-        return {}
-    return json.loads(Path(path).read_text())
 
 
 def _corpus_columns(corpus: Mapping) -> dict:
