@@ -17,7 +17,7 @@ from pathlib import Path
 from topometrics.errors import TopometricsError, run_stage, stage_parser
 from topometrics.params import ParamsError, load_params
 from topometrics.run_queue import RunFiles, plan_pool, train_runs
-from topometrics.train import load_rung_config
+from topometrics.train import load_run_config
 
 
 def main(argv: list[str]) -> None:
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
     if unknown := [n for n in args.run if n not in names]:
         raise ParamsError(f"--run {unknown[0]} is not declared in params.yaml; runs are {', '.join(names)}")
     runs = [
-        RunFiles(load_rung_config(args.configs / f"{n}.json"), args.runs / n, args.metrics / f"{n}.json",
+        RunFiles(load_run_config(args.configs / f"{n}.json"), args.runs / n, args.metrics / f"{n}.json",
                  args.curves / f"{n}.csv")
         for n in args.run or names
     ]  # fmt: skip

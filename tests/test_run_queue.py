@@ -30,12 +30,12 @@ from topometrics.run_queue import (
     usable_cores,
 )
 from topometrics.tokens import encode, load_tokens
-from topometrics.train import Recipe, RungConfig, recipe_fingerprint, train_rung
+from topometrics.train import Recipe, RunConfig, recipe_fingerprint, train_run
 
 
-def config(rung="t", seed=7, steps=40, lr=3e-3, hidden=8, layers=1, variant="base") -> RungConfig:
+def config(rung="t", seed=7, steps=40, lr=3e-3, hidden=8, layers=1, variant="base") -> RunConfig:
     recipe = Recipe(steps, 10 if steps % 20 else 20, 8, lr, 5, 0.0, 0.01, 1.0, seed, 8)
-    return RungConfig(rung, GPTConfig(hidden=hidden, layers=layers, heads=1, context=32), recipe, variant)
+    return RunConfig(rung, GPTConfig(hidden=hidden, layers=layers, heads=1, context=32), recipe, variant)
 
 
 def corpus(root: Path) -> Path:
@@ -48,7 +48,7 @@ def corpus(root: Path) -> Path:
     return root
 
 
-def files(root: Path, cfg: RungConfig) -> RunFiles:
+def files(root: Path, cfg: RunConfig) -> RunFiles:
     name = cfg.name
     return RunFiles(cfg, root / "runs" / name, root / "metrics" / f"{name}.json", root / "curves" / f"{name}.csv")
 
@@ -220,7 +220,7 @@ def test_kill_9_of_the_whole_queue_resumes_every_run_bit_identically(tmp_path):
     torch.set_num_threads(1)  # as in the pool's processes
     for r in runs:
         reference = clean / r.config.name
-        train_rung(r.config, load_tokens(data, "train"), load_tokens(data, "val"), reference, "test", "cpu", quiet)
+        train_run(r.config, load_tokens(data, "train"), load_tokens(data, "val"), reference, "test", "cpu", quiet)
         wa, wb = (load_file(str(d / "step_000200.safetensors")) for d in (r.run_dir, reference))
         assert all(torch.equal(wa[k], wb[k]) for k in wb)
         assert (r.run_dir / "steps.csv").read_text() == (reference / "steps.csv").read_text()

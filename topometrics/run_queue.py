@@ -6,7 +6,7 @@ the longest runs first (longest-processing-time order keeps the last core from i
 long run finishes alone). On CUDA several processes share each GPU, because one tiny model
 leaves it mostly idle.
 
-Every run keeps :func:`topometrics.train.train_rung`'s guarantees: a run directory whose
+Every run keeps :func:`topometrics.train.train_run`'s guarantees: a run directory whose
 recipe fingerprint matches and whose last checkpoint is the final step is *complete* and is
 skipped without touching a file; an unfinished one resumes from its last checkpoint, bit-identical
 to an uninterrupted run (one thread per process, whatever the number of processes). A run that
@@ -44,7 +44,7 @@ from topometrics.model import GPT, count_parameters
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.run_dir import MONITOR_DIR
 from topometrics.tokens import load_tokens
-from topometrics.train import RungConfig, recipe_fingerprint, train_rung, write_checkpoint_table
+from topometrics.train import RunConfig, recipe_fingerprint, train_run, write_checkpoint_table
 
 GPU_RUNS_PER_DEVICE = 4  # concurrent runs per GPU when train.workers is 0 (tiny models are launch-bound)
 
@@ -53,7 +53,7 @@ GPU_RUNS_PER_DEVICE = 4  # concurrent runs per GPU when train.workers is 0 (tiny
 class RunFiles:
     """Where one run's outputs go: its run directory, its metrics JSON and its loss-curve CSV."""
 
-    config: RungConfig
+    config: RunConfig
     run_dir: Path
     metrics: Path
     curve: Path
@@ -93,7 +93,7 @@ def plan_pool(device: str, workers: int, threads: int, n_runs: int) -> Pool:
     return Pool(max(1, min(workers or auto, n_runs)), threads or 1, devices)
 
 
-def estimated_flops(cfg: RungConfig, from_step: int = 0) -> float:
+def estimated_flops(cfg: RunConfig, from_step: int = 0) -> float:
     """Training FLOPs left after ``from_step``: 6 per parameter per token plus attention's
     6 * layers * context * hidden per token (Kaplan et al. 2020, C = 6N + attention). Used only to
     order the queue, longest first."""
@@ -102,7 +102,7 @@ def estimated_flops(cfg: RungConfig, from_step: int = 0) -> float:
     return per_token * r.batch_size * m.context * max(0, r.steps - from_step)
 
 
-def run_progress(cfg: RungConfig, run_dir: Path, corpus_sha256: str) -> int:
+def run_progress(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> int:
     """The last checkpoint step of a run directory made with this recipe and corpus (0: new or stale).
 
     Read from the checkpoints' sidecars (cheap: names, then one small JSON file); training itself
@@ -118,7 +118,7 @@ def run_progress(cfg: RungConfig, run_dir: Path, corpus_sha256: str) -> int:
     return steps[0] if meta.get("recipe_fingerprint") == recipe_fingerprint(cfg, corpus_sha256) else 0
 
 
-def is_complete(cfg: RungConfig, run_dir: Path, corpus_sha256: str) -> bool:
+def is_complete(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> bool:
     """The run reached its last step with this recipe and corpus, its checkpoint table (written
     last) says so, and every checkpoint is whole (header and size: a cheap check): nothing to do,
     no file to touch. A damaged or missing checkpoint sends the run to training, which recomputes it."""
@@ -131,7 +131,7 @@ def is_complete(cfg: RungConfig, run_dir: Path, corpus_sha256: str) -> bool:
     return table.read_text().rstrip("\n").rsplit("\n", 1)[-1].startswith(f"{r.steps},")
 
 
-def summary_of(run_dir: Path, cfg: RungConfig) -> dict:
+def summary_of(run_dir: Path, cfg: RunConfig) -> dict:
     """The summary a finished run wrote (``summary.json``), or one rebuilt from its checkpoints."""
     path = Path(run_dir) / "summary.json"
     if path.exists():
@@ -156,7 +156,7 @@ def write_reports(run: RunFiles, summary: dict, corpus_used: str) -> None:
     write_text(run.metrics, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
-def live_series_name(cfg: RungConfig) -> str:
+def live_series_name(cfg: RunConfig) -> str:
     """The ``rung`` column of a run's monitor log: ``<rung>-live`` (``<rung>-<variant>-live`` for a
     variant), a series name beside the run's own rows in the warehouse."""
     return f"{cfg.rung}-live" if cfg.variant == BASE_VARIANT else f"{cfg.rung}-{cfg.variant}-live"
@@ -172,7 +172,7 @@ def latest_monitored(run_dir: Path) -> dict | None:
     return latest_measurement(folder)
 
 
-def open_monitor(cfg: RungConfig, run_dir: Path, every: int, features: FeaturesParams):
+def open_monitor(cfg: RunConfig, run_dir: Path, every: int, features: FeaturesParams):
     """The :class:`topometrics.monitor.TopologyMonitor` of one run (its folder is created at the first
     measurement, so a run directory that training refuses is left untouched).
 
@@ -203,7 +203,7 @@ def _train_one(
     measurement written, however training ends), then write its checkpoint table and summary into its run directory."""
     monitor = open_monitor(run.config, run.run_dir, monitor_every, features) if monitor_every else None
     try:
-        summary = train_rung(
+        summary = train_run(
             run.config,
             load_tokens(corpus_dir, "train"),
             load_tokens(corpus_dir, "val"),

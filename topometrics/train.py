@@ -1,4 +1,4 @@
-"""Train one rung with checkpoints, resumably and bit-exactly.
+"""Train one run (rung x variant x seed) with checkpoints, resumably and bit-exactly.
 
 The recipe is the paper's (section 3.1): AdamW, linear warm-up then cosine decay,
 gradient clipping, a fixed seed, a checkpoint every ``ckpt_every`` steps including
@@ -56,8 +56,8 @@ class Recipe:
 
 
 @dataclass(frozen=True)
-class RungConfig:
-    """Everything that determines a rung's training, written by the config stage."""
+class RunConfig:
+    """Everything that determines a run's training (rung x variant x seed), written by the config stage."""
 
     rung: str
     model: GPTConfig
@@ -79,11 +79,11 @@ class RungConfig:
         return run_name(self.rung, self.recipe.seed, self.variant)
 
     @classmethod
-    def from_dict(cls, d: dict) -> RungConfig:
+    def from_dict(cls, d: dict) -> RunConfig:
         return cls(d["rung"], GPTConfig(**d["model"]), Recipe(**d["recipe"]), d.get("variant", BASE_VARIANT))
 
 
-def recipe_fingerprint(cfg: RungConfig, corpus_sha256: str) -> str:
+def recipe_fingerprint(cfg: RunConfig, corpus_sha256: str) -> str:
     """Hash of model shape, recipe and corpus: what a checkpoint must match to be resumed."""
     body = json.dumps(
         {"model": cfg.model.to_dict(), "recipe": asdict(cfg.recipe), "corpus": corpus_sha256}, sort_keys=True
@@ -198,7 +198,7 @@ def load_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torc
 class Run:
     """A run being trained: the model, optimizer, sampler and fixed validation windows on its device."""
 
-    cfg: RungConfig
+    cfg: RunConfig
     run_dir: Path
     fingerprint: str  # recipe_fingerprint(cfg, corpus): what a checkpoint must match to be resumed
     device: torch.device
@@ -226,8 +226,8 @@ class Run:
         return val_loss
 
 
-def train_rung(
-    cfg: RungConfig,
+def train_run(
+    cfg: RunConfig,
     train_ids: np.ndarray,
     val_ids: np.ndarray,
     run_dir: Path,
@@ -237,7 +237,7 @@ def train_rung(
     progress_bar: bool | None = None,
     monitor=None,
 ) -> dict:
-    """Train (or resume) one rung, writing checkpoints and logs into ``run_dir``.
+    """Train (or resume) one run, writing checkpoints and logs into ``run_dir``.
 
     ``progress_bar``: a progress bar on stderr (None: when it is a terminal); without one, a ``log`` line
     per checkpoint. Concurrent runs pass False, so their lines interleave instead of their bars.
@@ -257,7 +257,7 @@ def train_rung(
 
 
 def setup_run(
-    cfg: RungConfig,
+    cfg: RunConfig,
     train_ids: np.ndarray,
     val_ids: np.ndarray,
     run_dir: Path,
@@ -377,10 +377,10 @@ def write_checkpoint_table(run_dir: Path, path: Path) -> None:
     write_text(path, "step,val_loss,train_loss\n" + "".join(rows))
 
 
-def load_rung_config(path: Path) -> RungConfig:
+def load_run_config(path: Path) -> RunConfig:
     """A run's config file as written by the config stage."""
     try:
-        return RungConfig.from_dict(json.loads(Path(path).read_text()))
+        return RunConfig.from_dict(json.loads(Path(path).read_text()))
     except FileNotFoundError as err:
         raise ParamsError(f"{path} not found; run `dvc repro config` first") from err
     except (json.JSONDecodeError, KeyError, TypeError) as err:
@@ -388,7 +388,7 @@ def load_rung_config(path: Path) -> RungConfig:
         raise ParamsError(f"{path} is not a run config ({why}); regenerate it: dvc repro config") from err
 
 
-def build_rung_config(params, rung: str, seed: int, variant: str = BASE_VARIANT) -> RungConfig:
+def build_run_config(params, rung: str, seed: int, variant: str = BASE_VARIANT) -> RunConfig:
     """Merge ``train`` (with ``variants.<variant>``'s overrides) and ``ladder.<rung>``
     (topometrics.params.Params) into the config of one run.
 
@@ -399,4 +399,4 @@ def build_rung_config(params, rung: str, seed: int, variant: str = BASE_VARIANT)
         raise ParamsError(f"seed {seed} is not in train.seeds={list(t.seeds)}; add it there")
     model = GPTConfig(context=params.data.seq_len, **params.rung_shape(rung))
     recipe = Recipe(**{k: getattr(t, k) for k in RECIPE_KEYS}, seed=seed, val_windows=params.data.val_windows)
-    return RungConfig(rung, model, recipe, variant)
+    return RunConfig(rung, model, recipe, variant)
