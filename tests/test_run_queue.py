@@ -18,7 +18,7 @@ from topometrics.checkpoints import list_checkpoints
 from topometrics.corpus import offline_text
 from topometrics.live_relay import LiveRelay
 from topometrics.model import GPTConfig
-from topometrics.monitor import read_log
+from topometrics.monitor_log import read_log
 from topometrics.params import FeaturesParams
 from topometrics.run_queue import (
     Pool,

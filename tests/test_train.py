@@ -20,7 +20,8 @@ from topometrics.checkpoints import CheckpointError, list_checkpoints, load_mode
 from topometrics.corpus import CorpusError, offline_text
 from topometrics.features import features_frame, weight_features
 from topometrics.model import GPTConfig
-from topometrics.monitor import TopologyMonitor, read_log
+from topometrics.monitor import TopologyMonitor
+from topometrics.monitor_log import read_log
 from topometrics.params import FeaturesParams
 from topometrics.run_dir import resume_info, truncate_steps_log
 from topometrics.tokens import encode

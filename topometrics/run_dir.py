@@ -4,7 +4,7 @@ A run directory (``data/runs/<rung>-<seed>``) holds the run's checkpoints and si
 (topometrics.checkpoints), ``resume.safetensors`` (the training state after the last checkpoint;
 its metadata names the step, rung, seed and recipe fingerprint), ``steps.csv``, ``checkpoints.csv``,
 ``run.json`` (how the run ended) and, when ``train.monitor_every`` > 0, ``monitor/`` (the log of a
-:class:`topometrics.monitor.TopologyMonitor`). Before training touches it:
+live monitor, whose files :mod:`topometrics.monitor_log` names). Before training touches it:
 
 - :func:`claim_run_dir` refuses a directory whose own records name another rung or seed, and
   empties (of the run's own files only) one of this rung and seed made with another recipe;
@@ -23,13 +23,13 @@ from safetensors import safe_open
 
 from topometrics.atomic import write_text
 from topometrics.checkpoints import CheckpointError, checkpoint_problem, safetensors_problem
+from topometrics.monitor_log import RUN_DIR_FILES
 from topometrics.params import BASE_VARIANT, run_name
 
 STEPS_HEADER = "step,train_loss,grad_norm,lr\n"
 # Files a run directory holds; only these are ever deleted (never the directory itself).
-MONITOR_DIR = "monitor"  # a run's TopologyMonitor log folder inside its run directory
 RUN_FILES = ("step_*", "resume.*", "steps.csv", "checkpoints.csv", "run.json", "summary.json", "*.tmp",
-             *(f"{MONITOR_DIR}/{part}" for part in ("features-*", "losses-*", "stop.json", "*.tmp")))  # fmt: skip
+             *RUN_DIR_FILES)  # fmt: skip
 _STEP_NAME = re.compile(r"^step_(\d{6,})\.(?:safetensors|json)$")
 
 

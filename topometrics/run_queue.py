@@ -41,8 +41,8 @@ from topometrics.checkpoints import checkpoint_problem, list_checkpoints
 from topometrics.errors import TopometricsError
 from topometrics.live_relay import LiveRelay
 from topometrics.model import GPT, count_parameters
+from topometrics.monitor_log import MONITOR_DIR, latest_measurement
 from topometrics.params import BASE_VARIANT, FeaturesParams
-from topometrics.run_dir import MONITOR_DIR
 from topometrics.tokens import load_tokens
 from topometrics.train import RunConfig, recipe_fingerprint, train_run, write_checkpoint_table
 
@@ -163,13 +163,10 @@ def live_series_name(cfg: RunConfig) -> str:
 
 
 def latest_monitored(run_dir: Path) -> dict | None:
-    """The last measurement of the run's monitor log (:func:`topometrics.monitor.latest_measurement`), if any."""
+    """The last measurement of the run's monitor log (:func:`topometrics.monitor_log.latest_measurement`),
+    if it has one (also when this queue did not monitor the run: the log stays with the run)."""
     folder = Path(run_dir) / MONITOR_DIR
-    if not folder.is_dir():
-        return None
-    from topometrics.monitor import latest_measurement  # only where a log exists: the monitor imports transformers
-
-    return latest_measurement(folder)
+    return latest_measurement(folder) if folder.is_dir() else None
 
 
 def open_monitor(cfg: RunConfig, run_dir: Path, every: int, features: FeaturesParams):

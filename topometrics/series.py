@@ -26,13 +26,12 @@ Linear layers of any decoder family are found by ``topometrics.architectures`` (
 derived from the family's ``transformers`` module tree, or a ``layers:`` option), under canonical
 names (``block{i}.attn.qkv``, ``block{i}.mlp.gate``, ...); run folders (Trainer output, plain
 safetensors files) resolve through ``topometrics.run_folders``, with their losses; a live
-monitor's log folder (``topometrics.monitor``) is read as computed.
+monitor's log folder (``topometrics.monitor_log``) is read as computed.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -68,7 +67,7 @@ from topometrics.features import (
     null_features,
     validation_batch,
 )
-from topometrics.monitor import read_log
+from topometrics.monitor_log import read_log, read_stop
 from topometrics.params import FeaturesParams, SeriesParams, SeriesSource
 from topometrics.run_folders import RunCheckpoint, RunFolderError, scan_run_folder
 from topometrics.safetensors_reader import SafetensorsFile
@@ -317,7 +316,7 @@ def log_series(name: str, source: SeriesSource, progress: Callable[[str], None] 
         reason = f"{folder}: no features-<step>.parquet files (is it a TopologyMonitor log folder?)"
         progress(f"{name}: skipped: {reason}")
         return SeriesResult(status=[skip_record(folder.name, None, reason)])
-    stop = json.loads((folder / "stop.json").read_text()) if (folder / "stop.json").is_file() else {}
+    stop = read_stop(folder)
     extra = {"series": str(folder), "revision": "live"}
     result = SeriesResult(features=[features.assign(rung=name, seed=source.seed, **extra)])
     for step in sorted(features["step"].unique()):
