@@ -28,12 +28,20 @@ import torch
 from tqdm import tqdm
 
 from topometrics.atomic import write_text
-from topometrics.checkpoints import list_checkpoints, load_state, save_checkpoint, save_tensors
+from topometrics.checkpoints import list_checkpoints, save_checkpoint
 from topometrics.corpus import CorpusError, check_split_sizes
 from topometrics.lr_schedule import Schedule
 from topometrics.model import GPT, GPTConfig, count_parameters
 from topometrics.params import BASE_VARIANT, RECIPE_KEYS, ParamsError, run_name
-from topometrics.run_dir import claim_run_dir, record_outcome, resume_info, resume_step, truncate_steps_log
+from topometrics.run_dir import (
+    claim_run_dir,
+    load_resume,
+    record_outcome,
+    resume_info,
+    resume_step,
+    save_resume,
+    truncate_steps_log,
+)
 
 
 @dataclass(frozen=True)
@@ -151,44 +159,6 @@ def forward_backward(
     clip = grad_clip if grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     return loss.item(), grad_norm.item()
-
-
-# ---------------------------------------------------------------- resume state
-
-
-def _optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    flat = {}
-    for i, state in opt.state_dict()["state"].items():
-        for key, value in state.items():
-            flat[f"opt.{i}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
-    return flat
-
-
-def save_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.Generator, info: dict) -> None:
-    """Full training state after a checkpoint; weights and the sampler state as tensors, no pickles.
-
-    ``info`` (step, rung, seed, recipe fingerprint) is the same file's metadata, so the state and
-    the step it belongs to are replaced by one rename: a kill cannot pair one checkpoint's state
-    with another's step (they were two files, and a kill between the renames resumed wrongly).
-    """
-    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
-    tensors |= _optimizer_tensors(opt) | {"rng.data": gen.get_state()}
-    save_tensors(run_dir / "resume.safetensors", tensors, {k: json.dumps(v) for k, v in info.items()})
-    (run_dir / "resume.json").unlink(missing_ok=True)  # the previous layout's separate record
-
-
-def load_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.Generator) -> dict:
-    tensors = load_state(run_dir / "resume.safetensors")
-    info = resume_info(run_dir)
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    state = opt.state_dict()
-    for name, value in tensors.items():
-        if name.startswith("opt."):
-            _, i, key = name.split(".", 2)
-            state["state"].setdefault(int(i), {})[key] = value
-    opt.load_state_dict(state)
-    gen.set_state(tensors["rng.data"])
-    return info
 
 
 # ---------------------------------------------------------------- the loop

@@ -51,6 +51,7 @@ from topometrics.bench.schedule import best_makespan, gemm_seconds_per_step, poo
 from topometrics.checkpoints import save_checkpoint
 from topometrics.model import GPT
 from topometrics.params import load_params
+from topometrics.run_dir import save_resume
 from topometrics.run_queue import estimated_flops, usable_cores
 from topometrics.train import (
     RunConfig,
@@ -59,7 +60,6 @@ from topometrics.train import (
     forward_backward,
     make_optimizer,
     sample_batch,
-    save_resume,
     validation_windows,
 )
 
