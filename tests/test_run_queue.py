@@ -18,6 +18,7 @@ from topometrics.checkpoints import list_checkpoints
 from topometrics.corpus import offline_text
 from topometrics.live_relay import LiveRelay
 from topometrics.model import GPTConfig
+from topometrics.monitor import RunMonitors
 from topometrics.monitor_log import read_log
 from topometrics.params import FeaturesParams
 from topometrics.run_queue import (
@@ -109,7 +110,7 @@ def test_monitored_runs_log_in_their_run_directories_from_pool_processes_and_the
     runs.append(files(tmp_path, config(seed=3, steps=20, variant="wd0")))
     lines = []
     watch = FeaturesParams(max_points=20, workers=1)
-    summaries = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=lines.append, monitor_every=10, features=watch)
+    summaries = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=lines.append, observers=[RunMonitors(10, watch)])
     assert summaries["t-2"]["status"].startswith("diverged: loss is nan at step")
     for run, name, steps in zip(runs, ("t-live", "t-live", "t-wd0-live"), ([0, 10, 20], [0], [0, 10, 20]), strict=True):
         features, losses = read_log(run.run_dir / "monitor")  # written by the monitor of a pool process
@@ -143,7 +144,7 @@ def test_a_live_folder_shows_every_run_while_the_queue_trains_and_holds_every_va
     runs = [files(tmp_path, config(seed=1, steps=200)), files(tmp_path, config(seed=2, steps=20, lr=float("inf")))]
     live = tmp_path / "live"
     watch = FeaturesParams(max_points=20, workers=1)
-    args = (runs, data, Pool(2, 1, ("cpu",)), 30.0, quiet, 50, watch, live, 0.05)  # relayed every 50 ms
+    args = (runs, data, Pool(2, 1, ("cpu",)), 30.0, quiet, [RunMonitors(50, watch)], live, 0.05)  # relayed every 50 ms
     queue = threading.Thread(target=train_runs, args=args)
     queue.start()
     seen_while_training = []
@@ -178,11 +179,11 @@ KILLED = """
 import sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
-from test_run_queue import FeaturesParams, Pool, config, files, quiet, train_runs
+from test_run_queue import FeaturesParams, Pool, RunMonitors, config, files, quiet, train_runs
 root = Path({root!r})
 runs = [files(root, config(seed=s, steps=200)) for s in (1, 2)]
 watch = FeaturesParams(max_points=20)
-train_runs(runs, root / "corpus", Pool(2, 1, ("cpu",)), log=quiet, monitor_every=20, features=watch)
+train_runs(runs, root / "corpus", Pool(2, 1, ("cpu",)), log=quiet, observers=[RunMonitors(20, watch)])
 """
 
 
@@ -207,7 +208,7 @@ def test_kill_9_of_the_whole_queue_resumes_every_run_bit_identically(tmp_path):
     assert not any(log.duplicated(["step", "layer", "feature"]).any() for log in killed_logs)
 
     watch = FeaturesParams(max_points=20)
-    resumed = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=quiet, monitor_every=20, features=watch)
+    resumed = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=quiet, observers=[RunMonitors(20, watch)])
     assert {s["status"] for s in resumed.values()} == {"complete"}
     # every measurement in every log, before and after the resume, is a whole layer x feature grid; the
     # resume step is measured again (steps in flight at the kill, or skipped under load, may be missing)

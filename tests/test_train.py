@@ -131,7 +131,7 @@ def test_a_run_directory_of_another_run_is_refused_and_left_untouched(tmp_path):
 
 
 def monitored(run_dir: Path, every: int = 5) -> TopologyMonitor:
-    return TopologyMonitor(run_dir / "monitor", every, MONITOR_PARAMS, "t-live", 7, live=False, log=quiet)
+    return TopologyMonitor(run_dir / "monitor", every, MONITOR_PARAMS, "t-live", 7, log=quiet)
 
 
 def test_a_monitored_run_writes_the_same_bytes_and_the_monitor_sees_the_checkpoints_weights(tmp_path):
@@ -139,7 +139,7 @@ def test_a_monitored_run_writes_the_same_bytes_and_the_monitor_sees_the_checkpoi
     plain, watched = tmp_path / "plain", tmp_path / "watched"
     train_run(config(steps=20), TRAIN, VAL, plain, "sha", "cpu", quiet)
     with monitored(watched) as monitor:
-        summary = train_run(config(steps=20), TRAIN, VAL, watched, "sha", "cpu", quiet, monitor=monitor)
+        summary = train_run(config(steps=20), TRAIN, VAL, watched, "sha", "cpu", quiet, observers=[monitor])
     assert summary["status"] == "complete" and monitor.skipped == []
     written = sorted(p.name for p in plain.iterdir() if p.is_file() and p.name != "resume.safetensors")
     assert "step_000020.safetensors" in written and "steps.csv" in written
@@ -168,10 +168,10 @@ def test_a_monitored_run_writes_the_same_bytes_and_the_monitor_sees_the_checkpoi
 def test_a_changed_recipe_discards_the_monitor_log_and_another_runs_directory_gets_none(tmp_path):
     torch.set_num_threads(1)
     with monitored(tmp_path, every=10) as monitor:
-        train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet, monitor=monitor)
+        train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet, observers=[monitor])
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     with pytest.raises(CheckpointError, match="holds the checkpoints of run t-7, not t-8"), monitored(tmp_path) as m:
-        train_run(config(steps=20, seed=8), TRAIN, VAL, tmp_path, "sha", "cpu", quiet, monitor=m)
+        train_run(config(steps=20, seed=8), TRAIN, VAL, tmp_path, "sha", "cpu", quiet, observers=[m])
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # its log included
     (tmp_path / "monitor" / "notes.txt").write_text("a file the run did not write")
     train_run(config(steps=40, lr=1e-3), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)  # unmonitored, new recipe

@@ -1,7 +1,9 @@
 """Topology while training runs: weight features every ``every`` steps, computed in the background.
 
-:class:`TopologyMonitor` serves any PyTorch loop (``monitor.step(model, step, loss=...)``) and
-:class:`TopologyCallback` the Hugging Face ``Trainer``. At a measured step the linear weights
+:class:`TopologyMonitor` serves any PyTorch loop (``monitor.step(model, step, loss=...)``), our own
+trainer as one of its observers (``on_step``/``on_checkpoint``, :class:`topometrics.train.Observer`;
+the train stage opens one per run through :class:`RunMonitors`) and, through
+:class:`TopologyCallback`, the Hugging Face ``Trainer``. At a measured step the linear weights
 (:mod:`topometrics.architectures`) are copied to CPU float32 arrays; that copy is all the training
 loop waits for. A worker process (:func:`topometrics.compute.background_pool`) computes the weight
 features of the copy and writes them (:func:`topometrics.monitor_measure.measure`) into the log
@@ -32,9 +34,9 @@ from transformers import TrainerCallback
 
 from topometrics.architectures import LinearLayer, module_layers
 from topometrics.compute import background_pool
-from topometrics.monitor_log import SHOWN, LiveLog, write_losses, write_stop
+from topometrics.monitor_log import MONITOR_DIR, SHOWN, LiveLog, write_losses, write_stop
 from topometrics.monitor_measure import Snapshot, measure
-from topometrics.params import FeaturesParams
+from topometrics.params import BASE_VARIANT, FeaturesParams
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,17 @@ class TopologyMonitor:
     def should_stop(self) -> bool:
         return self.stop_reason is not None
 
+    # -- as an observer of topometrics.train (the train stage's runs) --------------------------
+
+    def on_step(self, model: nn.Module, step: int, loss: float | None) -> None:
+        """The weights after ``step``'s update (at step 0 the initial ones, at a resume step the resumed
+        ones, whose loss is not known: None) and that step's batch loss."""
+        self.step(model, step, loss=loss)
+
+    def on_checkpoint(self, step: int, val_loss: float) -> None:
+        """The validation loss of the checkpoint just written at ``step``."""
+        self.record_losses(step, val_loss=val_loss)
+
     # -- results -------------------------------------------------------------------------------
 
     def collect(self, wait: bool = False) -> None:
@@ -250,6 +263,36 @@ class TopologyCallback(TrainerCallback):
         self.monitor.close()
         if self.monitor.stop_reason:
             state.log_history.append({"step": state.global_step, "topology_stop": self.monitor.stop_reason})
+
+
+@dataclass(frozen=True)
+class RunMonitors:
+    """The train stage's monitors: called with a run's config (a :class:`topometrics.train.RunConfig`)
+    and run directory, opens that run's :class:`TopologyMonitor`.
+
+    The observer factory :func:`topometrics.run_queue.train_runs` calls in each run's own process, so it
+    holds settings only (it is pickled). A run's monitor measures every ``every`` steps with the features
+    params ``params`` (as the features stage does for checkpoints), logs into ``<run_dir>/monitor/`` with
+    the series name ``<rung>[-<variant>]-live`` and the run's seed, and prints a console line per
+    measurement named by its run. No dvclive of its own: its folder would sit inside ``data/runs``, an
+    output DVC cannot declare a second time; the stage's relay (topometrics.live_relay) relays the log.
+    """
+
+    every: int
+    params: FeaturesParams
+
+    def __call__(self, cfg, run_dir: Path) -> TopologyMonitor:
+        def log(line: str) -> None:
+            print(f"[{cfg.name}] {line}", flush=True)
+
+        folder = Path(run_dir) / MONITOR_DIR
+        return TopologyMonitor(folder, self.every, self.params, live_series_name(cfg), cfg.recipe.seed, log=log)
+
+
+def live_series_name(cfg) -> str:
+    """The ``rung`` column of a run's monitor log: ``<rung>-live`` (``<rung>-<variant>-live`` for a
+    variant), a series name beside the run's own rows in the warehouse."""
+    return f"{cfg.rung}-live" if cfg.variant == BASE_VARIANT else f"{cfg.rung}-{cfg.variant}-live"
 
 
 def _start_worker(pool: ProcessPoolExecutor) -> None:

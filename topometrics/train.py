@@ -11,6 +11,9 @@ checkpoint and, because the learning rate is a pure function of the step and no 
 randomness exists, ends with weights bit-identical to an uninterrupted run on the same device
 and thread count. Everything is checked before the run directory is touched, and the directory
 itself by topometrics.run_dir (whose run it is, whether its checkpoints are whole).
+
+Observers (:class:`Observer`, e.g. a live monitor) watch a run train: they see the weights after
+every update and the validation loss of every checkpoint, and nothing they do reaches the run.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -164,6 +169,20 @@ def forward_backward(
 # ---------------------------------------------------------------- the loop
 
 
+class Observer(Protocol):
+    """What watches a run train (a live monitor, say): called by the training loop, which ignores what
+    it does. It must not change the model nor draw from torch's random generators, so a run's files are
+    the same, byte for byte, with or without it."""
+
+    def on_step(self, model: GPT, step: int, loss: float | None) -> None:
+        """The weights after ``step``'s update (what a checkpoint at ``step`` holds) and that batch's loss
+        (nats); also at step 0 (the initial weights, the first batch's loss) and at the step a run resumes
+        from (the resumed weights, loss None: a kill may have cut what the observer made of it short)."""
+
+    def on_checkpoint(self, step: int, val_loss: float) -> None:
+        """The checkpoint of ``step`` is written; its validation loss (nats)."""
+
+
 @dataclass
 class Run:
     """A run being trained: the model, optimizer, sampler and fixed validation windows on its device."""
@@ -178,7 +197,12 @@ class Run:
     data_gen: torch.Generator  # the batch sampler's generator (seed + 1)
     val_x: torch.Tensor  # (windows, context) fixed validation inputs
     val_y: torch.Tensor  # ... and their targets
-    monitor: object | None = None  # a topometrics.monitor.TopologyMonitor (step, record_losses) or None
+    observers: Sequence[Observer] = ()
+
+    def observe_step(self, step: int, loss: float | None) -> None:
+        """Every observer's :meth:`Observer.on_step` with the model's weights now."""
+        for observer in self.observers:
+            observer.on_step(self.model, step, loss)
 
     def checkpoint(self, step: int, train_loss: float) -> float:
         """Evaluate, save the checkpoint and the resume state; returns the validation loss."""
@@ -191,8 +215,8 @@ class Run:
         info = {"step": step, "rung": self.cfg.rung, "variant": self.cfg.variant, "seed": r.seed}
         info |= {"recipe_fingerprint": self.fingerprint}
         save_resume(self.run_dir, self.model, self.opt, self.data_gen, info)
-        if self.monitor is not None:
-            self.monitor.record_losses(step, val_loss=val_loss)
+        for observer in self.observers:
+            observer.on_checkpoint(step, val_loss)
         return val_loss
 
 
@@ -205,19 +229,19 @@ def train_run(
     device: str = "auto",
     log=print,
     progress_bar: bool | None = None,
-    monitor=None,
+    observers: Sequence[Observer] = (),
 ) -> dict:
     """Train (or resume) one run, writing checkpoints and logs into ``run_dir``.
 
     ``progress_bar``: a progress bar on stderr (None: when it is a terminal); without one, a ``log`` line
     per checkpoint. Concurrent runs pass False, so their lines interleave instead of their bars.
-    ``monitor``: a :class:`topometrics.monitor.TopologyMonitor` fed every step and val loss; the caller closes it.
+    ``observers``: each sees every step's weights and every checkpoint's validation loss (:class:`Observer`).
 
     Returns a summary: final val/train loss, steps run, tokens/s, status
     ('complete' or 'diverged' with the step and reason).
     """
     run, start = setup_run(cfg, train_ids, val_ids, Path(run_dir), corpus_sha256, device, log)
-    run.monitor = monitor
+    run.observers = observers
     resume_run(run, start, log)
     t0 = time.perf_counter()
     status, reason, tokens = training_loop(run, start, log, progress_bar)
@@ -267,8 +291,7 @@ def resume_run(run: Run, start: int, log) -> None:
     elif start > 0:
         load_resume(run.run_dir, run.model, run.opt, run.data_gen)
         log(f"[{run.cfg.name}] resuming from step {start} ({run.run_dir})")
-        if run.monitor is not None:  # a kill may have cut the resume step's measurement short: measured again
-            run.monitor.step(run.model, start)
+        run.observe_step(start, None)  # observed again: a kill may have cut what an observer made of it short
     elif resume_info(run.run_dir) is not None:  # killed before its first checkpoint after step 0
         log(f"[{run.cfg.name}] resuming from step 0 ({run.run_dir})")
     truncate_steps_log(run.run_dir / "steps.csv", start)
@@ -277,8 +300,7 @@ def resume_run(run: Run, start: int, log) -> None:
         x0, y0 = (t.to(run.device) for t in sample_batch(run.data, r.batch_size, run.cfg.model.context, probe))
         with torch.no_grad():
             loss0 = run.model.loss(x0, y0).item()
-        if run.monitor is not None:
-            run.monitor.step(run.model, 0, loss=loss0)
+        run.observe_step(0, loss0)
         run.checkpoint(0, loss0)
 
 
@@ -303,8 +325,7 @@ def training_loop(run: Run, start: int, log, progress_bar: bool | None = None) -
                 status, reason = "diverged", f"loss is {loss_value} at step {step}; kept checkpoints up to step {kept}"
                 break
             opt.step()
-            if run.monitor is not None:  # after the update: the weights a checkpoint at this step holds
-                run.monitor.step(model, step, loss=loss_value)
+            run.observe_step(step, loss_value)  # after the update: the weights a checkpoint at this step holds
             loss_sum += loss_value
             tokens += x.numel()
             steps_file.write(f"{step},{loss_value:.6f},{grad_norm:.6f},{lr:.8g}\n")
