@@ -14,7 +14,7 @@ from pathlib import Path
 from topometrics.atomic import write_text
 from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params
-from topometrics.train import build_rung_config
+from topometrics.train import build_run_config
 
 
 def main(argv: list[str]) -> None:
@@ -24,7 +24,7 @@ def main(argv: list[str]) -> None:
     params = load_params(args.params)
     args.out.mkdir(parents=True, exist_ok=True)
     for rung, variant, seed in params.runs():
-        cfg = build_rung_config(params, rung, seed, variant)
+        cfg = build_run_config(params, rung, seed, variant)
         path = args.out / f"{cfg.name}.json"
         text = json.dumps(cfg.to_dict(), indent=1, sort_keys=True) + "\n"
         if not path.exists() or path.read_text() != text:

@@ -5,8 +5,9 @@
 
 Runs already complete (every checkpoint verified) are skipped untouched; unfinished ones resume
 (topometrics.run_queue). With `train.monitor_every` > 0 every run trained is watched by a
-TopologyMonitor logging into `data/runs/<run>/monitor/`. While the runs train, their checkpoint
-losses and measurements are relayed into the dvclive folder `--live` (dvc exp show, dvc plots).
+TopologyMonitor logging into `data/runs/<run>/monitor/` (the measures it computes are not this
+stage's deps: tests/test_dvc_deps.py says why). While the runs train, their checkpoint losses and
+measurements are relayed into the dvclive folder `--live` (dvc exp show, dvc plots).
 `--run NAME` trains only the named runs (their config files must exist: `dvc repro config`).
 A run directory that holds another run is refused, untouched.
 """
@@ -15,9 +16,9 @@ import sys
 from pathlib import Path
 
 from topometrics.errors import TopometricsError, run_stage, stage_parser
-from topometrics.params import ParamsError, load_params
-from topometrics.run_queue import RunFiles, plan_pool, train_runs
-from topometrics.train import load_rung_config
+from topometrics.params import FeaturesParams, ParamsError, load_params
+from topometrics.run_queue import ObserverFactory, RunFiles, plan_pool, train_runs
+from topometrics.train import load_run_config
 
 
 def main(argv: list[str]) -> None:
@@ -35,15 +36,14 @@ def main(argv: list[str]) -> None:
     if unknown := [n for n in args.run if n not in names]:
         raise ParamsError(f"--run {unknown[0]} is not declared in params.yaml; runs are {', '.join(names)}")
     runs = [
-        RunFiles(load_rung_config(args.configs / f"{n}.json"), args.runs / n, args.metrics / f"{n}.json",
+        RunFiles(load_run_config(args.configs / f"{n}.json"), args.runs / n, args.metrics / f"{n}.json",
                  args.curves / f"{n}.csv")
         for n in args.run or names
     ]  # fmt: skip
     t = params.train
     pool = plan_pool(t.device, t.workers, t.threads, len(runs))
-    summaries = train_runs(
-        runs, args.corpus, pool, monitor_every=t.monitor_every, features=params.features, live=args.live
-    )
+    watch = observers(t.monitor_every, params.features)
+    summaries = train_runs(runs, args.corpus, pool, observers=watch, live=args.live)
     bad = {n: s["status"] for n, s in summaries.items() if s["status"] != "complete"}
     print(f"train: {len(summaries) - len(bad)}/{len(summaries)} runs complete" + "".join(
         f"; {n}: {status}" for n, status in bad.items()))  # fmt: skip
@@ -51,6 +51,15 @@ def main(argv: list[str]) -> None:
         raise TopometricsError("; ".join(mistakes))
     if any(status.startswith("failed") for status in bad.values()):
         sys.exit(1)
+
+
+def observers(monitor_every: int, features: FeaturesParams) -> list[ObserverFactory]:
+    """The observer factories of every run: a live monitor's when ``train.monitor_every`` > 0."""
+    if monitor_every <= 0:
+        return []
+    from topometrics.monitor import RunMonitors  # only when monitoring: it imports the measures and transformers
+
+    return [RunMonitors(monitor_every, features)]
 
 
 if __name__ == "__main__":

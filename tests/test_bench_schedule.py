@@ -4,7 +4,7 @@ import pytest
 
 from topometrics.bench.schedule import best_makespan, gemm_seconds_per_step, gemm_shapes, queue_makespan
 from topometrics.model import GPTConfig
-from topometrics.train import Recipe, RungConfig
+from topometrics.train import Recipe, RunConfig
 
 
 def test_the_queue_starts_runs_in_order_on_the_first_free_process():
@@ -20,7 +20,7 @@ def test_the_best_hand_schedule_is_the_optimal_partition():
 
 def test_the_gemm_floor_times_six_flops_per_weight_per_token_plus_attention():
     recipe = Recipe(10, 10, 8, 1e-3, 1, 0.0, 0.0, 1.0, 0, 8)
-    cfg = RungConfig("t", GPTConfig(hidden=16, layers=2, heads=2, context=32), recipe)
+    cfg = RunConfig("t", GPTConfig(hidden=16, layers=2, heads=2, context=32), recipe)
     tokens, h, t, layers = 8 * 32, 16, 32, 2
     weights = layers * 12 * h * h + h * 128  # qkv 3h^2, out h^2, up and down 4h^2 each; the tied head
     attention = layers * 12 * 8 * t * t * h  # Q K^T and A V, forward and two gradients each, 2 flops per MAC

@@ -4,13 +4,22 @@ import os
 
 import pytest
 import torch
+from threadpoolctl import threadpool_info
 
-from topometrics.compute import map_jobs
+from topometrics.compute import background_pool, map_jobs
 
 
 def square_and_where(x):
     """A job (module level, so it pickles): x^2, the pid that computed it and its torch threads."""
     return x * x, os.getpid(), torch.get_num_threads()
+
+
+def blas_threads(_=None) -> int:
+    """A job: the most threads any BLAS or OpenMP pool of this process may use (1 when none is loaded)."""
+    import numpy as np
+
+    np.ones((2, 2)) @ np.ones((2, 2))  # BLAS is loaded
+    return max((pool["num_threads"] for pool in threadpool_info()), default=1)
 
 
 def fail_on_three(x):
@@ -24,6 +33,16 @@ def test_map_keeps_the_order_and_runs_in_one_thread_workers():
     assert [value for value, _, _ in out] == [x * x for x in range(24)]
     assert os.getpid() not in {pid for _, pid, _ in out}
     assert {threads for _, _, threads in out} == {1}
+
+
+def test_a_background_pool_is_one_worker_of_one_torch_and_one_blas_thread():
+    with background_pool(square_and_where) as pool:
+        results = [pool.submit(square_and_where, x).result() for x in range(3)]
+        blas = pool.submit(blas_threads).result()
+    assert [value for value, _, _ in results] == [0, 1, 4]
+    pids = {pid for _, pid, _ in results}
+    assert len(pids) == 1 and os.getpid() not in pids  # one worker, another process
+    assert {threads for _, _, threads in results} == {1} and blas == 1
 
 
 def test_few_jobs_run_here_in_one_thread_and_the_thread_count_is_restored():

@@ -17,13 +17,16 @@ from test_architectures import module_weights
 from transformers import TrainerCallback
 
 from topometrics import features as feat
+from topometrics import monitor_log, vocabulary
 from topometrics.architectures import config_rules, match_tensors, module_layers, oriented
 from topometrics.corpus import encode
 from topometrics.model import GPT, GPTConfig
-from topometrics.monitor import TopologyCallback, TopologyMonitor, read_log
+from topometrics.monitor import NPPatience, TopologyCallback, TopologyMonitor
+from topometrics.monitor_log import measured_with, measurement_parts, read_log
 from topometrics.params import FeaturesParams
 from topometrics.run_folders import scan_run_folder
 from topometrics.series import SafetensorsFile
+from topometrics.shards import module_source_hash, params_digest
 
 PARAMS = FeaturesParams(max_points=20, workers=1)
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
@@ -62,6 +65,20 @@ def test_monitor_rows_equal_the_features_of_the_weights_at_each_measured_step(tm
     assert losses["step"].tolist() == [3, 6, 9] and losses["val_loss"].isna().all()
     assert [line.split(" ")[2] for line in lines] == ["3", "6", "9"]  # one console line per measurement
     assert lines[0].startswith("monitor: step 3 np_norm ")
+
+
+def test_each_measurement_records_the_code_and_params_that_made_it(tmp_path):
+    with TopologyMonitor(tmp_path, every=1, params=PARAMS, log=lambda _: None) as monitor:
+        monitor.step(GPT(GPTConfig(hidden=16, layers=1, heads=2)), 0)
+    (part,) = measurement_parts(tmp_path)
+    made = {"code": module_source_hash("topometrics.monitor_measure"), "params": params_digest(PARAMS)}
+    assert measured_with(part) == made  # a log measured by other code or params is told apart
+
+
+def test_the_log_spells_the_features_schema_as_the_features_do():
+    # monitor_log imports no measure (training imports it), so it spells these two facts itself
+    assert monitor_log.ROW_COLUMNS == feat.FEATURE_COLUMNS and monitor_log.MODEL_LAYER == vocabulary.ALL
+    assert all(vocabulary.lookup(name) is not None for name in monitor_log.SHOWN)
 
 
 def test_training_waits_only_for_the_copy(tmp_path):
@@ -113,7 +130,15 @@ def test_np_early_stopping_stops_when_np_stops_rising_and_records_why(tmp_path):
     assert monitor.should_stop
 
 
-def test_inside_dvc_it_logs_through_dvclive_and_never_touches_dvc_yaml(tmp_path, monkeypatch):
+def test_np_patience_counts_the_measurements_that_do_not_beat_the_best_by_min_delta():
+    state = NPPatience().after(0, 0.5, 0.1)
+    assert state == NPPatience(0.5, 0, 0)  # above the starting best, 0
+    state = state.after(1, 0.55, 0.1).after(2, float("nan"), 0.1)  # not above 0.5 + 0.1; a NULL NP
+    assert state == NPPatience(0.5, 0, 2)
+    assert state.after(3, 0.7, 0.1) == NPPatience(0.7, 3, 0)
+
+
+def test_with_live_it_logs_through_dvclive_and_never_touches_dvc_yaml(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     dvc_yaml = "stages:\n  train:\n    cmd: python train.py\n"
     Path("dvc.yaml").write_text(dvc_yaml)
@@ -121,7 +146,10 @@ def test_inside_dvc_it_logs_through_dvclive_and_never_touches_dvc_yaml(tmp_path,
         subprocess.run(cmd, check=True, env=os.environ | GIT_ID)
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # what dvc repro / dvc exp run set for a stage's command
     model = GPT(GPTConfig(hidden=16, layers=1, heads=2))
-    with TopologyMonitor(tmp_path / "log", every=1, params=PARAMS, log=lambda _: None) as monitor:
+    with TopologyMonitor(tmp_path / "plain", every=1, params=PARAMS, log=lambda _: None) as monitor:
+        monitor.step(model, 0)
+    assert not (tmp_path / "plain" / "dvclive").exists()  # only when asked: the environment is not read
+    with TopologyMonitor(tmp_path / "log", every=1, params=PARAMS, live=True, log=lambda _: None) as monitor:
         for step, loss in train_steps(model, 2):
             monitor.step(model, step, loss=loss)
     assert Path("dvc.yaml").read_text() == dvc_yaml
@@ -357,7 +385,7 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     model = GPT(GPTConfig(hidden=16, layers=1, heads=1, context=16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    with TopologyMonitor(Path("monitor"), every=10, params=FeaturesParams(max_points=20)) as monitor:
+    with TopologyMonitor(Path("monitor"), every=10, params=FeaturesParams(max_points=20), live=True) as monitor:
         for step in range(1, 31):
             x = torch.randint(0, 128, (4, 16))
             loss = model.loss(x, x)

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from topometrics.params import ParamsError, load_params, parse_params, run_name
-from topometrics.train import build_rung_config, recipe_fingerprint
+from topometrics.train import build_run_config, recipe_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,12 +98,12 @@ def test_run_configs_are_one_per_rung_and_seed():
     raw = default_raw()
     raw["train"]["seeds"] = [42, 7]
     params = parse_params(raw)
-    a, b = (build_rung_config(params, "tiny", seed) for seed in (42, 7))
+    a, b = (build_run_config(params, "tiny", seed) for seed in (42, 7))
     assert (a.recipe.seed, b.recipe.seed) == (42, 7)
     assert a.model == b.model and a.recipe == dataclasses.replace(b.recipe, seed=42)
     assert run_name("tiny", 7) == "tiny-7"
     with pytest.raises(ParamsError, match=r"seed 3 is not in train\.seeds=\[42, 7\]"):
-        build_rung_config(params, "tiny", 3)
+        build_run_config(params, "tiny", 3)
 
 
 def test_variants_override_the_recipe_and_name_their_runs():
@@ -115,9 +115,9 @@ def test_variants_override_the_recipe_and_name_their_runs():
     names = params.run_names()
     assert len(names) == 5 * 3 * 2 and names[:2] == ["tiny-42", "tiny-7"] and "xl-lr_hi-7" in names
     assert run_name("tiny", 7) == "tiny-7" and run_name("tiny", 7, "lr_hi") == "tiny-lr_hi-7"
-    cfg = build_rung_config(params, "xl", 7, "lr_hi")
+    cfg = build_run_config(params, "xl", 7, "lr_hi")
     assert (cfg.name, cfg.variant, cfg.recipe.lr, cfg.recipe.seed) == ("xl-lr_hi-7", "lr_hi", 0.006, 7)
-    assert build_rung_config(params, "xl", 7).model == cfg.model  # a variant never changes the shape
+    assert build_run_config(params, "xl", 7).model == cfg.model  # a variant never changes the shape
 
 
 def test_monitoring_is_off_by_default_and_never_changes_a_runs_config_or_recipe_fingerprint():
@@ -127,7 +127,7 @@ def test_monitoring_is_off_by_default_and_never_changes_a_runs_config_or_recipe_
     monitored, plain = parse_params(raw), load_params(REPO / "params.yaml")
     assert monitored.train.monitor_every == 50
     for rung in plain.ladder:
-        a, b = build_rung_config(monitored, rung, 42), build_rung_config(plain, rung, 42)
+        a, b = build_run_config(monitored, rung, 42), build_run_config(plain, rung, 42)
         assert a.to_dict() == b.to_dict()  # the config file the train stage depends on is the same text
         assert recipe_fingerprint(a, "corpus") == recipe_fingerprint(b, "corpus")  # existing runs are complete
 

@@ -18,7 +18,8 @@ from topometrics.checkpoints import list_checkpoints
 from topometrics.corpus import offline_text
 from topometrics.live_relay import LiveRelay
 from topometrics.model import GPTConfig
-from topometrics.monitor import read_log
+from topometrics.monitor import RunMonitors
+from topometrics.monitor_log import read_log
 from topometrics.params import FeaturesParams
 from topometrics.run_queue import (
     Pool,
@@ -30,12 +31,12 @@ from topometrics.run_queue import (
     usable_cores,
 )
 from topometrics.tokens import encode, load_tokens
-from topometrics.train import Recipe, RungConfig, recipe_fingerprint, train_rung
+from topometrics.train import Recipe, RunConfig, recipe_fingerprint, train_run
 
 
-def config(rung="t", seed=7, steps=40, lr=3e-3, hidden=8, layers=1, variant="base") -> RungConfig:
+def config(rung="t", seed=7, steps=40, lr=3e-3, hidden=8, layers=1, variant="base") -> RunConfig:
     recipe = Recipe(steps, 10 if steps % 20 else 20, 8, lr, 5, 0.0, 0.01, 1.0, seed, 8)
-    return RungConfig(rung, GPTConfig(hidden=hidden, layers=layers, heads=1, context=32), recipe, variant)
+    return RunConfig(rung, GPTConfig(hidden=hidden, layers=layers, heads=1, context=32), recipe, variant)
 
 
 def corpus(root: Path) -> Path:
@@ -48,7 +49,7 @@ def corpus(root: Path) -> Path:
     return root
 
 
-def files(root: Path, cfg: RungConfig) -> RunFiles:
+def files(root: Path, cfg: RunConfig) -> RunFiles:
     name = cfg.name
     return RunFiles(cfg, root / "runs" / name, root / "metrics" / f"{name}.json", root / "curves" / f"{name}.csv")
 
@@ -109,7 +110,7 @@ def test_monitored_runs_log_in_their_run_directories_from_pool_processes_and_the
     runs.append(files(tmp_path, config(seed=3, steps=20, variant="wd0")))
     lines = []
     watch = FeaturesParams(max_points=20, workers=1)
-    summaries = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=lines.append, monitor_every=10, features=watch)
+    summaries = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=lines.append, observers=[RunMonitors(10, watch)])
     assert summaries["t-2"]["status"].startswith("diverged: loss is nan at step")
     for run, name, steps in zip(runs, ("t-live", "t-live", "t-wd0-live"), ([0, 10, 20], [0], [0, 10, 20]), strict=True):
         features, losses = read_log(run.run_dir / "monitor")  # written by the monitor of a pool process
@@ -143,7 +144,7 @@ def test_a_live_folder_shows_every_run_while_the_queue_trains_and_holds_every_va
     runs = [files(tmp_path, config(seed=1, steps=200)), files(tmp_path, config(seed=2, steps=20, lr=float("inf")))]
     live = tmp_path / "live"
     watch = FeaturesParams(max_points=20, workers=1)
-    args = (runs, data, Pool(2, 1, ("cpu",)), 30.0, quiet, 50, watch, live, 0.05)  # relayed every 50 ms
+    args = (runs, data, Pool(2, 1, ("cpu",)), 30.0, quiet, [RunMonitors(50, watch)], live, 0.05)  # relayed every 50 ms
     queue = threading.Thread(target=train_runs, args=args)
     queue.start()
     seen_while_training = []
@@ -178,11 +179,11 @@ KILLED = """
 import sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
-from test_run_queue import FeaturesParams, Pool, config, files, quiet, train_runs
+from test_run_queue import FeaturesParams, Pool, RunMonitors, config, files, quiet, train_runs
 root = Path({root!r})
 runs = [files(root, config(seed=s, steps=200)) for s in (1, 2)]
 watch = FeaturesParams(max_points=20)
-train_runs(runs, root / "corpus", Pool(2, 1, ("cpu",)), log=quiet, monitor_every=20, features=watch)
+train_runs(runs, root / "corpus", Pool(2, 1, ("cpu",)), log=quiet, observers=[RunMonitors(20, watch)])
 """
 
 
@@ -207,7 +208,7 @@ def test_kill_9_of_the_whole_queue_resumes_every_run_bit_identically(tmp_path):
     assert not any(log.duplicated(["step", "layer", "feature"]).any() for log in killed_logs)
 
     watch = FeaturesParams(max_points=20)
-    resumed = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=quiet, monitor_every=20, features=watch)
+    resumed = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=quiet, observers=[RunMonitors(20, watch)])
     assert {s["status"] for s in resumed.values()} == {"complete"}
     # every measurement in every log, before and after the resume, is a whole layer x feature grid; the
     # resume step is measured again (steps in flight at the kill, or skipped under load, may be missing)
@@ -220,7 +221,7 @@ def test_kill_9_of_the_whole_queue_resumes_every_run_bit_identically(tmp_path):
     torch.set_num_threads(1)  # as in the pool's processes
     for r in runs:
         reference = clean / r.config.name
-        train_rung(r.config, load_tokens(data, "train"), load_tokens(data, "val"), reference, "test", "cpu", quiet)
+        train_run(r.config, load_tokens(data, "train"), load_tokens(data, "val"), reference, "test", "cpu", quiet)
         wa, wb = (load_file(str(d / "step_000200.safetensors")) for d in (r.run_dir, reference))
         assert all(torch.equal(wa[k], wb[k]) for k in wb)
         assert (r.run_dir / "steps.csv").read_text() == (reference / "steps.csv").read_text()

@@ -20,20 +20,21 @@ from topometrics.checkpoints import CheckpointError, list_checkpoints, load_mode
 from topometrics.corpus import CorpusError, offline_text
 from topometrics.features import features_frame, weight_features
 from topometrics.model import GPTConfig
-from topometrics.monitor import TopologyMonitor, read_log
+from topometrics.monitor import TopologyMonitor
+from topometrics.monitor_log import read_log
 from topometrics.params import FeaturesParams
 from topometrics.run_dir import resume_info, truncate_steps_log
 from topometrics.tokens import encode
-from topometrics.train import Recipe, RungConfig, train_rung, validation_windows
+from topometrics.train import Recipe, RunConfig, train_run, validation_windows
 
 TEXT = encode(offline_text()[:200_000])
 TRAIN, VAL = TEXT[:180_000], TEXT[180_000:]
 MONITOR_PARAMS = FeaturesParams(max_points=20, workers=1)
 
 
-def config(steps=40, ckpt_every=10, lr=3e-3, seed=7) -> RungConfig:
+def config(steps=40, ckpt_every=10, lr=3e-3, seed=7) -> RunConfig:
     recipe = Recipe(steps, ckpt_every, 8, lr, 5, 0.0, 0.01, 1.0, seed, 8)
-    return RungConfig("t", GPTConfig(hidden=8, layers=1, heads=1, context=32), recipe)
+    return RunConfig("t", GPTConfig(hidden=8, layers=1, heads=1, context=32), recipe)
 
 
 def quiet(*_):
@@ -50,7 +51,7 @@ def test_validation_windows_are_fixed_and_cover_the_split():
 
 def test_checkpoints_describe_themselves_and_loss_falls(tmp_path):
     torch.set_num_threads(1)
-    summary = train_rung(config(), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    summary = train_run(config(), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     ckpts = list_checkpoints(tmp_path)
     assert [c.step for c in ckpts] == [0, 10, 20, 30, 40] and summary["checkpoints"] == 5
     assert summary["status"] == "complete" and summary["n_params"] == 2_936 - 96 * 8  # context 32, not 128
@@ -67,8 +68,8 @@ import sys, torch
 sys.path.insert(0, {tests!r})
 torch.set_num_threads(1)
 from test_train import TRAIN, VAL, config, quiet
-from topometrics.train import train_rung
-train_rung(config(steps=400, ckpt_every=20), TRAIN, VAL, __import__('pathlib').Path({out!r}), "sha", "cpu", quiet)
+from topometrics.train import train_run
+train_run(config(steps=400, ckpt_every=20), TRAIN, VAL, __import__('pathlib').Path({out!r}), "sha", "cpu", quiet)
 """
 
 
@@ -85,8 +86,8 @@ def test_kill_9_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     done = [c.step for c in list_checkpoints(killed)]
     assert 60 <= max(done) < 400, f"the run was not interrupted mid-way: {done}"
 
-    train_rung(config(steps=400, ckpt_every=20), TRAIN, VAL, killed, "sha", "cpu", quiet)
-    train_rung(config(steps=400, ckpt_every=20), TRAIN, VAL, clean, "sha", "cpu", quiet)
+    train_run(config(steps=400, ckpt_every=20), TRAIN, VAL, killed, "sha", "cpu", quiet)
+    train_run(config(steps=400, ckpt_every=20), TRAIN, VAL, clean, "sha", "cpu", quiet)
     a, b = load_file(str(killed / "step_000400.safetensors")), load_file(str(clean / "step_000400.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in b)
     assert (killed / "steps.csv").read_text() == (clean / "steps.csv").read_text()
@@ -97,7 +98,7 @@ def test_a_kill_between_resume_weights_and_their_step_cannot_pair_them_wrongly(t
     resume.json); a kill between the two renames resumed step-40 state as step 20, so the killed
     run under `pytest -n 2` sometimes ended with other weights. Now the step is the file's metadata."""
     torch.set_num_threads(1)
-    train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     info = resume_info(tmp_path)
     fingerprint = info["recipe_fingerprint"]
     assert info == {"step": 20, "rung": "t", "variant": "base", "seed": 7, "recipe_fingerprint": fingerprint}
@@ -108,7 +109,7 @@ def test_a_kill_between_resume_weights_and_their_step_cannot_pair_them_wrongly(t
 def test_a_half_written_row_of_the_step_log_is_dropped_on_resume(tmp_path):
     """Regression: a kill mid-write left `6` of `61,...` as the log's last line, kept as step 6."""
     torch.set_num_threads(1)
-    train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     whole = (tmp_path / "steps.csv").read_text()
     with (tmp_path / "steps.csv").open("a") as f:
         f.write("2")
@@ -118,10 +119,10 @@ def test_a_half_written_row_of_the_step_log_is_dropped_on_resume(tmp_path):
 
 def test_a_run_directory_of_another_run_is_refused_and_left_untouched(tmp_path):
     torch.set_num_threads(1)
-    train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     with pytest.raises(CheckpointError) as err:
-        train_rung(config(steps=20, seed=8), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+        train_run(config(steps=20, seed=8), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     assert str(err.value) == (
         f"{tmp_path} holds the checkpoints of run t-7, not t-8; train t-8 into its own directory data/runs/t-8 "
         "(nothing was changed)"
@@ -130,15 +131,15 @@ def test_a_run_directory_of_another_run_is_refused_and_left_untouched(tmp_path):
 
 
 def monitored(run_dir: Path, every: int = 5) -> TopologyMonitor:
-    return TopologyMonitor(run_dir / "monitor", every, MONITOR_PARAMS, "t-live", 7, live=False, log=quiet)
+    return TopologyMonitor(run_dir / "monitor", every, MONITOR_PARAMS, "t-live", 7, log=quiet)
 
 
 def test_a_monitored_run_writes_the_same_bytes_and_the_monitor_sees_the_checkpoints_weights(tmp_path):
     torch.set_num_threads(1)
     plain, watched = tmp_path / "plain", tmp_path / "watched"
-    train_rung(config(steps=20), TRAIN, VAL, plain, "sha", "cpu", quiet)
+    train_run(config(steps=20), TRAIN, VAL, plain, "sha", "cpu", quiet)
     with monitored(watched) as monitor:
-        summary = train_rung(config(steps=20), TRAIN, VAL, watched, "sha", "cpu", quiet, monitor=monitor)
+        summary = train_run(config(steps=20), TRAIN, VAL, watched, "sha", "cpu", quiet, observers=[monitor])
     assert summary["status"] == "complete" and monitor.skipped == []
     written = sorted(p.name for p in plain.iterdir() if p.is_file() and p.name != "resume.safetensors")
     assert "step_000020.safetensors" in written and "steps.csv" in written
@@ -167,29 +168,29 @@ def test_a_monitored_run_writes_the_same_bytes_and_the_monitor_sees_the_checkpoi
 def test_a_changed_recipe_discards_the_monitor_log_and_another_runs_directory_gets_none(tmp_path):
     torch.set_num_threads(1)
     with monitored(tmp_path, every=10) as monitor:
-        train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet, monitor=monitor)
+        train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet, observers=[monitor])
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     with pytest.raises(CheckpointError, match="holds the checkpoints of run t-7, not t-8"), monitored(tmp_path) as m:
-        train_rung(config(steps=20, seed=8), TRAIN, VAL, tmp_path, "sha", "cpu", quiet, monitor=m)
+        train_run(config(steps=20, seed=8), TRAIN, VAL, tmp_path, "sha", "cpu", quiet, observers=[m])
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # its log included
     (tmp_path / "monitor" / "notes.txt").write_text("a file the run did not write")
-    train_rung(config(steps=40, lr=1e-3), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)  # unmonitored, new recipe
+    train_run(config(steps=40, lr=1e-3), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)  # unmonitored, new recipe
     assert sorted(p.name for p in (tmp_path / "monitor").iterdir()) == ["notes.txt"]  # no stale measurement
 
 
 def test_a_corpus_shorter_than_a_window_is_refused_before_the_run_directory_is_touched(tmp_path):
     torch.set_num_threads(1)
-    train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     with pytest.raises(CorpusError, match=r"gives 180,000 training and 20 validation characters; each split"):
-        train_rung(config(steps=20), TRAIN, VAL[:20], tmp_path, "other-corpus", "cpu", quiet)
+        train_run(config(steps=20), TRAIN, VAL[:20], tmp_path, "other-corpus", "cpu", quiet)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete", "sidecar"])
 def test_a_damaged_checkpoint_of_a_finished_run_is_recomputed_identically(tmp_path, damage):
     torch.set_num_threads(1)
-    train_rung(config(steps=30), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    train_run(config(steps=30), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     good = {p.name: p.read_bytes() for p in tmp_path.glob("step_*")}
     target = tmp_path / "step_000010.safetensors"
     if damage == "truncate":
@@ -199,7 +200,7 @@ def test_a_damaged_checkpoint_of_a_finished_run_is_recomputed_identically(tmp_pa
     else:
         target.with_suffix(".json").write_text("{")
     lines = []
-    summary = train_rung(config(steps=30), TRAIN, VAL, tmp_path, "sha", "cpu", lines.append)
+    summary = train_run(config(steps=30), TRAIN, VAL, tmp_path, "sha", "cpu", lines.append)
     assert summary["status"] == "complete" and summary["checkpoints"] == 4
     assert {p.name: p.read_bytes() for p in tmp_path.glob("step_*")} == good
     named = {"truncate": "step_000010.safetensors: truncated", "delete": "step_000010.safetensors: missing",
@@ -209,10 +210,10 @@ def test_a_damaged_checkpoint_of_a_finished_run_is_recomputed_identically(tmp_pa
 
 def test_a_complete_run_is_skipped_after_its_checkpoints_are_verified(tmp_path):
     torch.set_num_threads(1)
-    train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     (tmp_path / "resume.safetensors").write_bytes(b"")  # not needed to skip a complete run
     lines = []
-    summary = train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", lines.append)
+    summary = train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", lines.append)
     assert summary["status"] == "complete" and summary["tokens_per_s"] is None
     assert lines == [f"[t-7] complete: all 3 checkpoints whole ({tmp_path})"]
     extended = tmp_path / "step_000020.safetensors"
@@ -222,21 +223,21 @@ def test_a_complete_run_is_skipped_after_its_checkpoints_are_verified(tmp_path):
 
 def test_a_changed_recipe_never_resumes_from_stale_checkpoints(tmp_path):
     torch.set_num_threads(1)
-    train_rung(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     old = list_checkpoints(tmp_path)[0].meta["recipe_fingerprint"]
     (tmp_path / "notes.txt").write_text("a file the run did not write")
-    train_rung(config(steps=20, lr=1e-3), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    train_run(config(steps=20, lr=1e-3), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     assert (tmp_path / "notes.txt").exists()  # only the run's own files are discarded
     ckpts = list_checkpoints(tmp_path)
     assert {c.meta["recipe_fingerprint"] for c in ckpts} != {old}
     assert len({c.meta["recipe_fingerprint"] for c in ckpts}) == 1 and len(ckpts) == 3
-    train_rung(config(steps=20, lr=1e-3), TRAIN, VAL, tmp_path, "another-corpus", "cpu", quiet)
+    train_run(config(steps=20, lr=1e-3), TRAIN, VAL, tmp_path, "another-corpus", "cpu", quiet)
     assert len({c.meta["recipe_fingerprint"] for c in list_checkpoints(tmp_path)}) == 1
 
 
 def test_a_nan_loss_stops_the_rung_and_keeps_its_checkpoints(tmp_path):
     torch.set_num_threads(1)
-    summary = train_rung(config(steps=40, ckpt_every=1, lr=float("inf")), TRAIN, VAL, tmp_path, "s", "cpu", quiet)
+    summary = train_run(config(steps=40, ckpt_every=1, lr=float("inf")), TRAIN, VAL, tmp_path, "s", "cpu", quiet)
     assert summary["status"].startswith("diverged: loss is nan at step")
     assert 1 <= len(list_checkpoints(tmp_path)) < 41
     record = json.loads((tmp_path / "run.json").read_text())
@@ -245,7 +246,7 @@ def test_a_nan_loss_stops_the_rung_and_keeps_its_checkpoints(tmp_path):
 
 def test_a_truncated_checkpoint_gives_an_error_naming_the_file(tmp_path):
     torch.set_num_threads(1)
-    train_rung(config(steps=10), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    train_run(config(steps=10), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     path = tmp_path / "step_000010.safetensors"
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="step_000010.safetensors: not a readable safetensors file"):
@@ -254,7 +255,7 @@ def test_a_truncated_checkpoint_gives_an_error_naming_the_file(tmp_path):
 
 def test_sidecar_matches_the_metrics_the_stage_reports(tmp_path):
     torch.set_num_threads(1)
-    summary = train_rung(config(steps=10), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    summary = train_run(config(steps=10), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
     meta = json.loads((tmp_path / "step_000010.json").read_text())
     assert meta["val_loss"] == summary["final_val_loss"] and meta["step"] == 10
 

@@ -1,8 +1,10 @@
 """The execution seam: map a function over jobs (checkpoints), on this machine or on a Dask cluster.
 
 :func:`map_jobs` (results in order) and :func:`each_result` (results as they complete, a failed job
-as its exception) are the only way the project runs work in parallel; callers pass the ``compute``
-params through and never see a pool or a cluster. ``compute.cluster: local`` (the default) runs a
+as its exception) are the way the project runs work in parallel; callers pass the ``compute``
+params through and never see a pool or a cluster. The one other pool, :func:`background_pool`, is
+for work beside a loop that keeps running (the live monitor's measurements) and is made here too,
+with the same workers. ``compute.cluster: local`` (the default) runs a
 process pool here; an address or scheduler file runs the jobs on that Dask cluster
 (``topometrics.cluster``, ``docs/scaling.md``). Jobs and results must pickle, and ``fn`` must be a
 module-level function.
@@ -126,6 +128,19 @@ def _executor(fn: Callable, workers: int, jobs: int) -> Iterator[ProcessPoolExec
     context = _pool_context(fn.__module__)
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
         yield pool
+
+
+def background_pool(fn: Callable) -> ProcessPoolExecutor:
+    """One worker process for ``fn``'s jobs, submitted while the caller's own loop runs on (the live
+    monitor's measurements while training).
+
+    The worker is :func:`each_result`'s: forked from a fork server that preloads ``fn``'s module (spawn
+    where there is none), one torch and one BLAS thread (it shares the machine with the loop it must not
+    slow down; not a lower priority either: on a machine the loop fills, the worker would then fall
+    behind), and it dies with this process. The caller submits to it and shuts it down.
+    """
+    context = _pool_context(fn.__module__)
+    return ProcessPoolExecutor(1, mp_context=context, initializer=_worker_init, initargs=(os.getpid(),))
 
 
 def _worker_init(caller: int) -> None:

@@ -1,8 +1,8 @@
 """What the train stage's runs show while they train, relayed into one dvclive folder.
 
 Each run of the train stage writes its own files in its own process: a checkpoint sidecar per
-checkpoint (:mod:`topometrics.checkpoints`) and, with ``train.monitor_every`` > 0, its
-:class:`topometrics.monitor.TopologyMonitor` log. The stage's parent process relays what is new
+checkpoint (:mod:`topometrics.checkpoints`) and, with ``train.monitor_every`` > 0, its live
+monitor's log (:mod:`topometrics.monitor_log`). The stage's parent process relays what is new
 every few seconds into one dvclive folder (``reports/live``), which ``dvc.yaml`` declares as the
 train stage's metrics (``metrics.json``) and plots (``plots/metrics``). ``dvc exp show`` and
 ``dvc plots show`` read the workspace, so they (and the DVC editor integrations built on them) show
@@ -32,7 +32,7 @@ import math
 import sys
 from pathlib import Path
 
-from topometrics.run_dir import MONITOR_DIR
+from topometrics.monitor_log import MONITOR_DIR, measurement_parts, shown_values
 
 LOSSES = ("val_loss", "train_loss")  # relayed from every checkpoint sidecar
 
@@ -91,19 +91,10 @@ class LiveRelay:
                 yield int(meta["step"]), {k: meta.get(k) for k in LOSSES}
 
     def _new_measurements(self, folder: Path):
-        parts = [p for p in sorted(folder.glob("features-*.parquet")) if p not in self.seen]
-        if not parts:
-            return
-        import pandas as pd  # only once a run is monitored
-
-        from topometrics.monitor import SHOWN
-        from topometrics.vocabulary import ALL
-
-        for part in parts:
-            self.seen.add(part)
-            rows = pd.read_parquet(part)
-            shown = rows[(rows["layer"] == ALL) & rows["feature"].isin(SHOWN)]
-            yield int(rows["step"].iloc[0]), dict(zip(shown["feature"], shown["value"], strict=True))
+        for part in measurement_parts(folder):
+            if part not in self.seen:
+                self.seen.add(part)
+                yield shown_values(part)
 
     def _log(self, run: str, step: int, values: dict) -> int:
         finite = {k: float(v) for k, v in values.items() if isinstance(v, int | float) and math.isfinite(v)}

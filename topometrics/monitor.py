@@ -1,27 +1,17 @@
 """Topology while training runs: weight features every ``every`` steps, computed in the background.
 
-:class:`TopologyMonitor` serves any PyTorch loop (``monitor.step(model, step, loss=...)``) and
-:class:`TopologyCallback` the Hugging Face ``Trainer``. At a measured step the linear weights
+:class:`TopologyMonitor` serves any PyTorch loop (``monitor.step(model, step, loss=...)``), our own
+trainer as one of its observers (``on_step``/``on_checkpoint``, :class:`topometrics.train.Observer`;
+the train stage opens one per run through :class:`RunMonitors`) and, through
+:class:`TopologyCallback`, the Hugging Face ``Trainer``. At a measured step the linear weights
 (:mod:`topometrics.architectures`) are copied to CPU float32 arrays; that copy is all the training
-loop waits for. A worker process computes the weight features of the copy
-(:func:`topometrics.features.weight_features`: NP, shuffled NP, Vietoris-Rips of rows, spectral
-baselines; no forward pass, no distances) and writes them as one Parquet file per measurement in
-the features schema. Files are written to a temporary name and renamed, so a killed run leaves
-only complete files (and temporaries that readers never match).
-
-Log folder::
-
-    features-<step>.parquet   (rung, seed, step, layer, feature, value, reason) of one measurement
-    losses-<step>.parquet     (step, val_loss, train_loss) logged at measured steps (several files may
-                              hold one step: the train loss at the step, the eval loss when it arrives)
-    stop.json                 why early stopping asked the run to stop (only when it did)
-    dvclive/                  the same values through dvclive, when running inside ``dvc repro``/``dvc exp run``
+loop waits for. A worker process (:func:`topometrics.compute.background_pool`) computes the weight
+features of the copy and writes them (:func:`topometrics.monitor_measure.measure`) into the log
+folder (:mod:`topometrics.monitor_log`, which names its files and reads them).
 
 Optional early stopping follows Rieck et al. (2019), Algorithm 2, on NP (layer ``all``'s
-``np_norm``, the mean over layers): the best value starts at 0; a measurement above best +
-``min_delta`` is an improvement, anything else adds one to a counter; the run is asked to stop when
-the counter reaches ``patience`` measurements. As results arrive in the background, the decision
-comes one measurement or so after the step it is about.
+``np_norm``, the mean over layers): :class:`NPPatience`. As results arrive in the background, the
+decision comes one measurement or so after the step it is about.
 
 The worker is started with the ``forkserver`` method (``spawn`` where there is none), so a script
 that uses the monitor must guard its entry point with ``if __name__ == "__main__":`` as for any
@@ -31,31 +21,39 @@ that uses the monitor must guard its entry point with ``if __name__ == "__main__
 from __future__ import annotations
 
 import contextlib
-import json
-import multiprocessing
-import os
-import sys
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
-from threadpoolctl import threadpool_limits
 from torch import nn
 from transformers import TrainerCallback
 
-from topometrics.architectures import LinearLayer, module_layers, oriented
-from topometrics.atomic import write_parquet, write_text
-from topometrics.features import FEATURE_COLUMNS, CheckpointFeatures, features_frame, weight_features
-from topometrics.params import FeaturesParams
-from topometrics.vocabulary import ALL, HEAVY_TAIL, MODEL, NP, SCALE_FREE, SPECTRAL, VR, lookup, model_level, per_layer
+from topometrics.architectures import LinearLayer, module_layers
+from topometrics.compute import background_pool
+from topometrics.monitor_log import MONITOR_DIR, SHOWN, LiveLog, write_losses, write_stop
+from topometrics.monitor_measure import Snapshot, measure
+from topometrics.params import BASE_VARIANT, FeaturesParams
 
-SHOWN = ("np_norm", "vr_tp0", "vr_tp1", "w_rankme", "w_fro")  # layer-'all' features on the console line
-LOSS_COLUMNS = ["step", "val_loss", "train_loss"]
-WEIGHT_FAMILIES = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL)  # what weight_features computes (per layer)
+
+@dataclass(frozen=True)
+class NPPatience:
+    """NP early stopping (Rieck et al. 2019, Algorithm 2) after some measurements: the best NP so far
+    (starting at 0), the step it was measured at, and the measurements since that did not improve on it."""
+
+    best: float = 0.0
+    best_step: int | None = None
+    waited: int = 0
+
+    def after(self, step: int, np_value: float, min_delta: float) -> NPPatience:
+        """The state after one more measurement: a finite ``np_value`` above ``best + min_delta`` is an
+        improvement; anything else (a NULL NP included) waits one more."""
+        if np.isfinite(np_value) and np_value > self.best + min_delta:
+            return NPPatience(float(np_value), step, 0)
+        return replace(self, waited=self.waited + 1)
 
 
 class TopologyMonitor:
@@ -82,8 +80,10 @@ class TopologyMonitor:
         is done with it); a measured step whose snapshot would exceed it is skipped (and said so),
         so a slow measurement never makes training wait. One snapshot is always allowed. The
         default, 1 GiB, holds thousands of snapshots of a small model and one of a 1B model.
-    live : bool, optional
-        Also log through dvclive; default: when running under ``dvc repro``/``dvc exp run``.
+    live : bool
+        Also log the layer-'all' values and the losses through dvclive into ``<out_dir>/dvclive``
+        (:class:`topometrics.monitor_log.LiveLog`), e.g. inside ``dvc exp run`` with that folder
+        declared in your ``dvc.yaml`` (docs/series.md).
     log : callable
         Receives one line per measurement.
     """
@@ -98,7 +98,7 @@ class TopologyMonitor:
         patience: int | None = None,
         min_delta: float = 0.0,
         max_pending_bytes: int = 1 << 30,
-        live: bool | None = None,
+        live: bool = False,
         log=print,
     ) -> None:
         if every <= 0:
@@ -110,15 +110,15 @@ class TopologyMonitor:
         self.max_pending_bytes, self.log = max_pending_bytes, log
         self.layers: list[LinearLayer] | None = None
         self.pending: dict[int, tuple[Future, float]] = {}
-        self.best, self.wait, self.best_step = 0.0, 0, None
+        self.np_patience = NPPatience()
         self.stop_reason: str | None = None
         self.measured: list[int] = []
         self.skipped: list[int] = []
-        self._pool = ProcessPoolExecutor(1, mp_context=_context(), initializer=_worker_init)
+        self._pool = background_pool(measure)
         # Start the worker now, beside the caller's own setup: the first start (the fork server
         # importing torch and the features) takes seconds the first measured step would otherwise wait.
         threading.Thread(target=_start_worker, args=(self._pool,), daemon=True).start()
-        self._live = _open_live(self.out_dir / "dvclive") if (_under_dvc() if live is None else live) else None
+        self._live = LiveLog(self.out_dir) if live else None
 
     # -- the training loop's side -------------------------------------------------------------
 
@@ -135,7 +135,7 @@ class TopologyMonitor:
         start = time.perf_counter()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         snapshot = self.snapshot(model)
-        future = self._pool.submit(_measure, self.out_dir, snapshot, self.params, self.rung, self.seed, step)
+        future = self._pool.submit(measure, self.out_dir, snapshot, self.params, self.rung, self.seed, step)
         self.pending[step] = (future, time.perf_counter() - start)
         if loss is not None:
             self.record_losses(step, train_loss=loss)
@@ -151,7 +151,7 @@ class TopologyMonitor:
         """Bytes of one :meth:`snapshot` (float32 copies of the linear weights)."""
         return sum(4 * model.get_parameter(layer.tensor).numel() for layer in self.linear_layers(model))
 
-    def snapshot(self, model: nn.Module) -> dict[str, tuple[np.ndarray, bool]]:
+    def snapshot(self, model: nn.Module) -> Snapshot:
         """CPU float32 copies of the linear weights as stored, with their orientation flag."""
         with torch.no_grad():
             return {
@@ -163,24 +163,27 @@ class TopologyMonitor:
             }
 
     def record_losses(self, step: int, val_loss: float | None = None, train_loss: float | None = None) -> None:
-        """Append the losses logged at a measured step (ignored at other steps)."""
+        """Append the losses (nats) logged at a measured step (ignored at other steps)."""
         if step % self.every:
             return
-        frame = pd.DataFrame([(step, val_loss, train_loss)], columns=LOSS_COLUMNS).astype(
-            {"val_loss": "float64", "train_loss": "float64"}
-        )
-        kind = "eval" if val_loss is not None else "train"
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        write_parquet(self.out_dir / f"losses-{step:09d}-{kind}.parquet", frame)
+        write_losses(self.out_dir, step, val_loss=val_loss, train_loss=train_loss)
         if self._live is not None:
-            self._live.step = step
-            for name, value in (("val_loss", val_loss), ("train_loss", train_loss)):
-                if value is not None:
-                    self._live.log_metric(f"monitor/{name}", value, plot=True)
+            self._live.log(step, {"val_loss": val_loss, "train_loss": train_loss})
 
     @property
     def should_stop(self) -> bool:
         return self.stop_reason is not None
+
+    # -- as an observer of topometrics.train (the train stage's runs) --------------------------
+
+    def on_step(self, model: nn.Module, step: int, loss: float | None) -> None:
+        """The weights after ``step``'s update (at step 0 the initial ones, at a resume step the resumed
+        ones, whose loss is not known: None) and that step's batch loss."""
+        self.step(model, step, loss=loss)
+
+    def on_checkpoint(self, step: int, val_loss: float) -> None:
+        """The validation loss of the checkpoint just written at ``step``."""
+        self.record_losses(step, val_loss=val_loss)
 
     # -- results -------------------------------------------------------------------------------
 
@@ -197,7 +200,8 @@ class TopologyMonitor:
             self.log(
                 f"monitor: step {step} {shown} (copy {copy_s * 1000:.0f} ms, features {summary['_seconds']:.1f} s)"
             )
-            self._live_step(step, summary)
+            if self._live is not None:
+                self._live.log(step, {name: summary[name] for name in SHOWN if name in summary}, summary=True)
             self._early_stopping(step, summary.get("np_norm", np.nan))
 
     def close(self) -> None:
@@ -218,28 +222,17 @@ class TopologyMonitor:
     def _early_stopping(self, step: int, np_value: float) -> None:
         if self.patience is None or self.should_stop:
             return
-        if np.isfinite(np_value) and np_value > self.best + self.min_delta:
-            self.best, self.wait, self.best_step = np_value, 0, step
+        self.np_patience = state = self.np_patience.after(step, np_value, self.min_delta)
+        if state.waited < self.patience:
             return
-        self.wait += 1
-        if self.wait >= self.patience:
-            best = f"{self.best:.4f} (step {self.best_step})" if self.best_step is not None else "0"
-            self.stop_reason = (
-                f"NP early stopping at step {step}: NP has not risen above {best} by more than "
-                f"{self.min_delta} for {self.patience} measurements (Rieck et al. 2019, Algorithm 2)"
-            )
-            record = {"step": step, "reason": self.stop_reason, "best_np": self.best, "best_step": self.best_step}
-            write_text(self.out_dir / "stop.json", json.dumps(record, indent=1))
-            self.log(f"monitor: {self.stop_reason}")
-
-    def _live_step(self, step: int, summary: dict) -> None:
-        if self._live is None:
-            return
-        self._live.step = step
-        for name in SHOWN:
-            if name in summary and np.isfinite(summary[name]):
-                self._live.log_metric(f"monitor/{name}", float(summary[name]))
-        self._live.make_summary()
+        best = f"{state.best:.4f} (step {state.best_step})" if state.best_step is not None else "0"
+        self.stop_reason = (
+            f"NP early stopping at step {step}: NP has not risen above {best} by more than "
+            f"{self.min_delta} for {self.patience} measurements (Rieck et al. 2019, Algorithm 2)"
+        )
+        record = {"step": step, "reason": self.stop_reason, "best_np": state.best, "best_step": state.best_step}
+        write_stop(self.out_dir, record)
+        self.log(f"monitor: {self.stop_reason}")
 
 
 class TopologyCallback(TrainerCallback):
@@ -272,92 +265,36 @@ class TopologyCallback(TrainerCallback):
             state.log_history.append({"step": state.global_step, "topology_stop": self.monitor.stop_reason})
 
 
-# ---------------------------------------------------------------------------
-# The log folder
-# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunMonitors:
+    """The train stage's monitors: called with a run's config (a :class:`topometrics.train.RunConfig`)
+    and run directory, opens that run's :class:`TopologyMonitor`.
 
-
-def read_log(out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The complete parts of a log folder: features rows and one losses row per step.
-
-    Only ``features-*.parquet`` / ``losses-*.parquet`` are read (never the temporaries of an
-    interrupted write). Losses of one step from several files are merged (first value of each).
+    The observer factory :func:`topometrics.run_queue.train_runs` calls in each run's own process, so it
+    holds settings only (it is pickled). A run's monitor measures every ``every`` steps with the features
+    params ``params`` (as the features stage does for checkpoints), logs into ``<run_dir>/monitor/`` with
+    the series name ``<rung>[-<variant>]-live`` and the run's seed, and prints a console line per
+    measurement named by its run. No dvclive of its own: its folder would sit inside ``data/runs``, an
+    output DVC cannot declare a second time; the stage's relay (topometrics.live_relay) relays the log.
     """
-    out_dir = Path(out_dir)
-    parts = [pd.read_parquet(p) for p in sorted(out_dir.glob("features-*.parquet"))]
-    features = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=FEATURE_COLUMNS)
-    loss_parts = [pd.read_parquet(p) for p in sorted(out_dir.glob("losses-*.parquet"))]
-    losses = pd.concat(loss_parts, ignore_index=True) if loss_parts else pd.DataFrame(columns=LOSS_COLUMNS)
-    losses = losses.astype({"step": "int64", "val_loss": "float64", "train_loss": "float64"})
-    return features, losses.groupby("step", as_index=False).first()
+
+    every: int
+    params: FeaturesParams
+
+    def __call__(self, cfg, run_dir: Path) -> TopologyMonitor:
+        def log(line: str) -> None:
+            print(f"[{cfg.name}] {line}", flush=True)
+
+        folder = Path(run_dir) / MONITOR_DIR
+        return TopologyMonitor(folder, self.every, self.params, live_series_name(cfg), cfg.recipe.seed, log=log)
 
 
-def latest_measurement(out_dir: Path) -> dict | None:
-    """The last complete measurement of a log folder: ``step``, the number of ``measurements``
-    and the layer-'all' values shown on the console (:data:`SHOWN`); None when there is none."""
-    parts = sorted(Path(out_dir).glob("features-*.parquet"))
-    if not parts:
-        return None
-    rows = pd.read_parquet(parts[-1])  # names hold the step zero-padded: the last name is the last step
-    shown = rows[(rows["layer"] == ALL) & rows["feature"].isin(SHOWN)]
-    values = {f: (float(v) if np.isfinite(v) else None) for f, v in zip(shown["feature"], shown["value"], strict=True)}
-    return {"step": int(rows["step"].iloc[0]), "measurements": len(parts)} | values
-
-
-# ---------------------------------------------------------------------------
-# The worker
-# ---------------------------------------------------------------------------
-
-
-def _measure(out_dir: Path, snapshot: dict, params: FeaturesParams, rung: str, seed: int, step: int) -> dict:
-    """Weight features of one snapshot, written as ``features-<step>.parquet``; returns layer 'all'."""
-    start = time.perf_counter()
-    weights = {name: oriented(w, transposed) for name, (w, transposed) in snapshot.items()}
-    if all(np.isfinite(w).all() for w in weights.values()):
-        result = weight_features(weights, params)
-    else:  # every weight feature NULL with the reason, as for a diverged checkpoint
-        result, reason = CheckpointFeatures(), "diverged: non-finite weights in a linear layer"
-        for name in weights:
-            result.add(name, dict.fromkeys([n for f in WEIGHT_FAMILIES for n in per_layer(f)], np.nan), reason)
-        aggregates = [n for f in WEIGHT_FAMILIES for n in model_level(f) if lookup(n).aggregate != MODEL]
-        result.add(ALL, dict.fromkeys(aggregates, np.nan), reason)
-    write_parquet(Path(out_dir) / f"features-{step:09d}.parquet", features_frame(result, rung, seed, step))
-    summary = {feature: value for layer, feature, value, _ in result.rows if layer == ALL}
-    return summary | {"_seconds": time.perf_counter() - start}
+def live_series_name(cfg) -> str:
+    """The ``rung`` column of a run's monitor log: ``<rung>-live`` (``<rung>-<variant>-live`` for a
+    variant), a series name beside the run's own rows in the warehouse."""
+    return f"{cfg.rung}-live" if cfg.variant == BASE_VARIANT else f"{cfg.rung}-{cfg.variant}-live"
 
 
 def _start_worker(pool: ProcessPoolExecutor) -> None:
     with contextlib.suppress(RuntimeError):  # the monitor was closed first: nothing to start
         pool.submit(int)  # a no-op task: submitting starts the worker process
-
-
-def _worker_init() -> None:
-    # One thread: the worker shares the machine with the training loop it must not slow down. (Not a
-    # lower priority: on a machine training fills, the worker would then fall behind and skip steps.)
-    torch.set_num_threads(1)
-    threadpool_limits(1)
-
-
-def _context() -> multiprocessing.context.BaseContext:
-    # Not fork: forking a process whose torch threads are running can deadlock.
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    # The server imports torch and the features once per process (read only when it starts); each
-    # monitor's worker is then forked from it ready, instead of paying seconds of imports.
-    context.set_forkserver_preload(["topometrics.monitor"])
-    return context
-
-
-def _under_dvc() -> bool:
-    """Inside ``dvc repro`` or ``dvc exp run`` (DVC sets these for the stage's command)."""
-    return bool(os.environ.get("DVC_ROOT") or os.environ.get("DVC_EXP_BASELINE_REV"))
-
-
-def _open_live(path: Path):
-    """dvclive's logger that never writes or rewrites dvc.yaml and never saves an experiment itself
-    (``dvc exp run`` does that); resumed when the folder exists (a resumed training run)."""
-    from dvclive import Live  # imported only when used: it imports dvc
-
-    sys.stdout.flush()
-    return Live(dir=str(path), resume=path.exists(), dvcyaml=None, save_dvc_exp=False, report=None)

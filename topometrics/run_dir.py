@@ -4,13 +4,15 @@ A run directory (``data/runs/<rung>-<seed>``) holds the run's checkpoints and si
 (topometrics.checkpoints), ``resume.safetensors`` (the training state after the last checkpoint;
 its metadata names the step, rung, seed and recipe fingerprint), ``steps.csv``, ``checkpoints.csv``,
 ``run.json`` (how the run ended) and, when ``train.monitor_every`` > 0, ``monitor/`` (the log of a
-:class:`topometrics.monitor.TopologyMonitor`). Before training touches it:
+live monitor, whose files :mod:`topometrics.monitor_log` names). Before training touches it:
 
 - :func:`claim_run_dir` refuses a directory whose own records name another rung or seed, and
   empties (of the run's own files only) one of this rung and seed made with another recipe;
 - :func:`resume_step` verifies every checkpoint the run lists (sidecar, safetensors header and
   size) and says where to continue: the end of a complete run, the resume point, or step 0 when
   a checkpoint is damaged or missing (training is deterministic, so it is recomputed identically).
+
+:func:`save_resume` and :func:`load_resume` write and read the training state itself.
 """
 
 from __future__ import annotations
@@ -19,17 +21,18 @@ import json
 import re
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 
 from topometrics.atomic import write_text
-from topometrics.checkpoints import CheckpointError, checkpoint_problem, safetensors_problem
+from topometrics.checkpoints import CheckpointError, checkpoint_problem, load_state, safetensors_problem, save_tensors
+from topometrics.monitor_log import RUN_DIR_FILES
 from topometrics.params import BASE_VARIANT, run_name
 
 STEPS_HEADER = "step,train_loss,grad_norm,lr\n"
 # Files a run directory holds; only these are ever deleted (never the directory itself).
-MONITOR_DIR = "monitor"  # a run's TopologyMonitor log folder inside its run directory
 RUN_FILES = ("step_*", "resume.*", "steps.csv", "checkpoints.csv", "run.json", "summary.json", "*.tmp",
-             *(f"{MONITOR_DIR}/{part}" for part in ("features-*", "losses-*", "stop.json", "*.tmp")))  # fmt: skip
+             *RUN_DIR_FILES)  # fmt: skip
 _STEP_NAME = re.compile(r"^step_(\d{6,})\.(?:safetensors|json)$")
 
 
@@ -46,6 +49,44 @@ def resume_info(run_dir: Path) -> dict | None:
         return json.loads((Path(run_dir) / "resume.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    flat = {}
+    for i, state in opt.state_dict()["state"].items():
+        for key, value in state.items():
+            flat[f"opt.{i}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    return flat
+
+
+def save_resume(
+    run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, info: dict
+) -> None:
+    """Full training state after a checkpoint; weights and the sampler state as tensors, no pickles.
+
+    ``info`` (step, rung, seed, recipe fingerprint) is the same file's metadata, so the state and
+    the step it belongs to are replaced by one rename: a kill cannot pair one checkpoint's state
+    with another's step (they were two files, and a kill between the renames resumed wrongly).
+    """
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    tensors |= _optimizer_tensors(opt) | {"rng.data": gen.get_state()}
+    save_tensors(run_dir / "resume.safetensors", tensors, {k: json.dumps(v) for k, v in info.items()})
+    (run_dir / "resume.json").unlink(missing_ok=True)  # the previous layout's separate record
+
+
+def load_resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator) -> dict:
+    """Load the state :func:`save_resume` wrote into ``model``, ``opt`` and ``gen``; returns its metadata."""
+    tensors = load_state(run_dir / "resume.safetensors")
+    info = resume_info(run_dir)
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    state = opt.state_dict()
+    for name, value in tensors.items():
+        if name.startswith("opt."):
+            _, i, key = name.split(".", 2)
+            state["state"].setdefault(int(i), {})[key] = value
+    opt.load_state_dict(state)
+    gen.set_state(tensors["rng.data"])
+    return info
 
 
 def claim_run_dir(run_dir: Path, name: str, fingerprint: str, log=print) -> None:

@@ -6,33 +6,36 @@ the longest runs first (longest-processing-time order keeps the last core from i
 long run finishes alone). On CUDA several processes share each GPU, because one tiny model
 leaves it mostly idle.
 
-Every run keeps :func:`topometrics.train.train_rung`'s guarantees: a run directory whose
+Every run keeps :func:`topometrics.train.train_run`'s guarantees: a run directory whose
 recipe fingerprint matches and whose last checkpoint is the final step is *complete* and is
 skipped without touching a file; an unfinished one resumes from its last checkpoint, bit-identical
 to an uninterrupted run (one thread per process, whatever the number of processes). A run that
 diverges stops alone with its message; the others go on. Progress: a line per checkpoint of
 every run (``[<run>] step ...``) and an overall line per finished run and every ``progress_s``.
 
-With ``monitor_every`` > 0 (params ``train.monitor_every``) every run trained here is watched by a
-:class:`topometrics.monitor.TopologyMonitor` (weight features every ``monitor_every`` steps, in a
-background process of the run's process) logging into ``<run_dir>/monitor/`` with the series name
-``<rung>[-<variant>]-live`` and the run's seed; the monitor only copies weights, so the checkpoints
-are bit-identical to an unmonitored run. The latest measurement of a run's log goes into its metrics
-JSON (``monitor``) at the end. With a ``live`` folder, every run's checkpoint losses and monitor
+Observers: the factories in ``observers`` (:data:`ObserverFactory`, picklable) open, in each run's
+own process, the observers that watch it train (:class:`topometrics.train.Observer`); the train stage
+passes :class:`topometrics.monitor.RunMonitors` when ``train.monitor_every`` > 0. The queue knows
+nothing of what they compute. What it does read is a live monitor's log in a run directory, through
+:mod:`topometrics.monitor_log` (no measure): its latest measurement goes into the run's metrics JSON
+(``monitor``) at the end, and with a ``live`` folder every run's checkpoint losses and monitor
 measurements are relayed into it through dvclive while the runs train
 (:class:`topometrics.live_relay.LiveRelay`), so ``dvc exp show`` and ``dvc plots show`` show them live.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -41,19 +44,30 @@ from topometrics.checkpoints import checkpoint_problem, list_checkpoints
 from topometrics.errors import TopometricsError
 from topometrics.live_relay import LiveRelay
 from topometrics.model import GPT, count_parameters
-from topometrics.params import BASE_VARIANT, FeaturesParams
-from topometrics.run_dir import MONITOR_DIR
+from topometrics.monitor_log import MONITOR_DIR, latest_measurement
 from topometrics.tokens import load_tokens
-from topometrics.train import RungConfig, recipe_fingerprint, train_rung, write_checkpoint_table
+from topometrics.train import Observer, RunConfig, recipe_fingerprint, train_run, write_checkpoint_table
 
 GPU_RUNS_PER_DEVICE = 4  # concurrent runs per GPU when train.workers is 0 (tiny models are launch-bound)
+
+
+class RunObserver(Observer, Protocol):
+    """An observer of one run the queue trains, closed when the run ends."""
+
+    def close(self) -> None:
+        """Finish (e.g. wait for work still in flight); called however training ends."""
+
+
+# Opens the observer of one run from its config and run directory, in that run's process: it is pickled
+# (settings only, e.g. a frozen dataclass with __call__ such as topometrics.monitor.RunMonitors).
+ObserverFactory = Callable[[RunConfig, Path], RunObserver]
 
 
 @dataclass(frozen=True)
 class RunFiles:
     """Where one run's outputs go: its run directory, its metrics JSON and its loss-curve CSV."""
 
-    config: RungConfig
+    config: RunConfig
     run_dir: Path
     metrics: Path
     curve: Path
@@ -93,7 +107,7 @@ def plan_pool(device: str, workers: int, threads: int, n_runs: int) -> Pool:
     return Pool(max(1, min(workers or auto, n_runs)), threads or 1, devices)
 
 
-def estimated_flops(cfg: RungConfig, from_step: int = 0) -> float:
+def estimated_flops(cfg: RunConfig, from_step: int = 0) -> float:
     """Training FLOPs left after ``from_step``: 6 per parameter per token plus attention's
     6 * layers * context * hidden per token (Kaplan et al. 2020, C = 6N + attention). Used only to
     order the queue, longest first."""
@@ -102,7 +116,7 @@ def estimated_flops(cfg: RungConfig, from_step: int = 0) -> float:
     return per_token * r.batch_size * m.context * max(0, r.steps - from_step)
 
 
-def run_progress(cfg: RungConfig, run_dir: Path, corpus_sha256: str) -> int:
+def run_progress(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> int:
     """The last checkpoint step of a run directory made with this recipe and corpus (0: new or stale).
 
     Read from the checkpoints' sidecars (cheap: names, then one small JSON file); training itself
@@ -118,7 +132,7 @@ def run_progress(cfg: RungConfig, run_dir: Path, corpus_sha256: str) -> int:
     return steps[0] if meta.get("recipe_fingerprint") == recipe_fingerprint(cfg, corpus_sha256) else 0
 
 
-def is_complete(cfg: RungConfig, run_dir: Path, corpus_sha256: str) -> bool:
+def is_complete(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> bool:
     """The run reached its last step with this recipe and corpus, its checkpoint table (written
     last) says so, and every checkpoint is whole (header and size: a cheap check): nothing to do,
     no file to touch. A damaged or missing checkpoint sends the run to training, which recomputes it."""
@@ -131,7 +145,7 @@ def is_complete(cfg: RungConfig, run_dir: Path, corpus_sha256: str) -> bool:
     return table.read_text().rstrip("\n").rsplit("\n", 1)[-1].startswith(f"{r.steps},")
 
 
-def summary_of(run_dir: Path, cfg: RungConfig) -> dict:
+def summary_of(run_dir: Path, cfg: RunConfig) -> dict:
     """The summary a finished run wrote (``summary.json``), or one rebuilt from its checkpoints."""
     path = Path(run_dir) / "summary.json"
     if path.exists():
@@ -156,36 +170,11 @@ def write_reports(run: RunFiles, summary: dict, corpus_used: str) -> None:
     write_text(run.metrics, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
-def live_series_name(cfg: RungConfig) -> str:
-    """The ``rung`` column of a run's monitor log: ``<rung>-live`` (``<rung>-<variant>-live`` for a
-    variant), a series name beside the run's own rows in the warehouse."""
-    return f"{cfg.rung}-live" if cfg.variant == BASE_VARIANT else f"{cfg.rung}-{cfg.variant}-live"
-
-
 def latest_monitored(run_dir: Path) -> dict | None:
-    """The last measurement of the run's monitor log (:func:`topometrics.monitor.latest_measurement`), if any."""
+    """The last measurement of the run's monitor log (:func:`topometrics.monitor_log.latest_measurement`),
+    if it has one (also when this queue did not monitor the run: the log stays with the run)."""
     folder = Path(run_dir) / MONITOR_DIR
-    if not folder.is_dir():
-        return None
-    from topometrics.monitor import latest_measurement  # only where a log exists: the monitor imports transformers
-
-    return latest_measurement(folder)
-
-
-def open_monitor(cfg: RungConfig, run_dir: Path, every: int, features: FeaturesParams):
-    """The :class:`topometrics.monitor.TopologyMonitor` of one run (its folder is created at the first
-    measurement, so a run directory that training refuses is left untouched).
-
-    No dvclive of its own: its folder would sit inside ``data/runs``, an output DVC cannot declare a
-    second time; the queue's :class:`topometrics.live_relay.LiveRelay` relays the log instead.
-    """
-    from topometrics.monitor import TopologyMonitor  # only when monitoring: it imports transformers
-
-    def log(line: str) -> None:  # a console line per measurement, named by its run
-        _print(f"[{cfg.name}] {line}")
-
-    folder = Path(run_dir) / MONITOR_DIR
-    return TopologyMonitor(folder, every, features, live_series_name(cfg), cfg.recipe.seed, live=False, log=log)
+    return latest_measurement(folder) if folder.is_dir() else None
 
 
 def _init_worker(threads: int) -> None:
@@ -197,13 +186,16 @@ def _print(line: str) -> None:
 
 
 def _train_one(
-    run: RunFiles, corpus_dir: Path, corpus_sha256: str, device: str, monitor_every: int, features: FeaturesParams
+    run: RunFiles, corpus_dir: Path, corpus_sha256: str, device: str, observe: Sequence[ObserverFactory]
 ) -> dict:
-    """Worker: train or resume one run (monitored when ``monitor_every`` > 0; the monitor is closed, every
-    measurement written, however training ends), then write its checkpoint table and summary into its run directory."""
-    monitor = open_monitor(run.config, run.run_dir, monitor_every, features) if monitor_every else None
-    try:
-        summary = train_rung(
+    """Worker: train or resume one run watched by the observers ``observe`` opens (each closed however
+    training ends), then write its checkpoint table and summary into its run directory."""
+    with contextlib.ExitStack() as opened:
+        observers = []
+        for factory in observe:
+            observers.append(observer := factory(run.config, run.run_dir))
+            opened.callback(observer.close)
+        summary = train_run(
             run.config,
             load_tokens(corpus_dir, "train"),
             load_tokens(corpus_dir, "val"),
@@ -212,11 +204,8 @@ def _train_one(
             device,
             log=_print,
             progress_bar=False,
-            monitor=monitor,
+            observers=observers,
         )
-    finally:
-        if monitor is not None:
-            monitor.close()
     write_text(run.run_dir / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
     write_checkpoint_table(run.run_dir, run.run_dir / "checkpoints.csv")  # last (atomic): marks the run complete
     return summary
@@ -228,15 +217,14 @@ def train_runs(
     pool: Pool,
     progress_s: float = 30.0,
     log=print,
-    monitor_every: int = 0,
-    features: FeaturesParams | None = None,
+    observers: Sequence[ObserverFactory] = (),
     live: Path | None = None,
     live_s: float = 5.0,
 ) -> dict:
     """Train every run not yet complete over ``pool``, then write every run's metrics and curve.
 
-    ``monitor_every`` > 0 watches every run trained here with a TopologyMonitor computing the weight
-    features with ``features`` (as for checkpoints); complete runs are not retrained to be monitored.
+    ``observers`` open, in each run's process, the observers of every run trained here (complete runs
+    are not retrained to be observed).
     ``live``: a dvclive folder every run's losses and measurements are relayed into every ``live_s``
     seconds while training (complete runs' at the start), for ``dvc exp show`` and ``dvc plots``.
 
@@ -262,11 +250,11 @@ def train_runs(
         relay.poll()  # complete runs show at once
     if todo:
         context = mp.get_context("spawn")  # CUDA-safe, and no torch state inherited from this process
-        watch = (monitor_every, features or FeaturesParams())
+        observe = tuple(observers)
         workers = min(pool.workers, len(todo))
         with ProcessPoolExecutor(workers, context, _init_worker, (pool.threads,)) as executor:
             futures: dict[Future, RunFiles] = {
-                executor.submit(_train_one, r, corpus_dir, sha, pool.devices[i % len(pool.devices)], *watch): r
+                executor.submit(_train_one, r, corpus_dir, sha, pool.devices[i % len(pool.devices)], observe): r
                 for i, r in enumerate(todo)
             }
             pending = set(futures)

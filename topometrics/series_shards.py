@@ -11,7 +11,6 @@ monitor's log folder is read as computed (its rows are the monitor's, not shards
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from topometrics import shards
 from topometrics.checkpoints import CheckpointError
 from topometrics.feature_shards import TABLES, distance_shards, frames, mapper, read_table
 from topometrics.features import FEATURE_COLUMNS
-from topometrics.monitor import read_log
+from topometrics.monitor_log import read_log, read_stop
 from topometrics.params import BASE_VARIANT, ComputeParams, FeaturesParams, SeriesParams, SeriesSource
 from topometrics.run_folders import RunCheckpoint, RunFolderError, scan_run_folder
 from topometrics.series import series_checkpoint_features
@@ -140,7 +139,7 @@ def series_shards(
 
 
 def log_series(name: str, source: SeriesSource, progress: Callable[[str], None] = lambda line: None) -> LogSeries:
-    """A live monitor's log folder as a series: its complete files, as computed (``topometrics.monitor``).
+    """A live monitor's log folder as a series: its complete files, as computed (``topometrics.monitor_log``).
 
     The rows keep their values; ``rung``/``seed`` become the series name and seed. Every measured
     step is a computed checkpoint; a folder with no complete file is one skip; an early stop
@@ -152,7 +151,7 @@ def log_series(name: str, source: SeriesSource, progress: Callable[[str], None] 
         reason = f"{folder}: no features-<step>.parquet files (is it a TopologyMonitor log folder?)"
         progress(f"{name}: skipped: {reason}")
         return LogSeries(status=[skip_record(folder.name, None, reason)])
-    stop = json.loads((folder / "stop.json").read_text()) if (folder / "stop.json").is_file() else {}
+    stop = read_stop(folder)
     extra = {"series": str(folder), "revision": "live"}
     result = LogSeries(features=[features.assign(rung=name, seed=source.seed, **extra)])
     for step in sorted(features["step"].unique()):

@@ -1,4 +1,4 @@
-"""Train one rung with checkpoints, resumably and bit-exactly.
+"""Train one run (rung x variant x seed) with checkpoints, resumably and bit-exactly.
 
 The recipe is the paper's (section 3.1): AdamW, linear warm-up then cosine decay,
 gradient clipping, a fixed seed, a checkpoint every ``ckpt_every`` steps including
@@ -11,6 +11,9 @@ checkpoint and, because the learning rate is a pure function of the step and no 
 randomness exists, ends with weights bit-identical to an uninterrupted run on the same device
 and thread count. Everything is checked before the run directory is touched, and the directory
 itself by topometrics.run_dir (whose run it is, whether its checkpoints are whole).
+
+Observers (:class:`Observer`, e.g. a live monitor) watch a run train: they see the weights after
+every update and the validation loss of every checkpoint, and nothing they do reaches the run.
 """
 
 from __future__ import annotations
@@ -20,20 +23,30 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from topometrics.atomic import write_text
-from topometrics.checkpoints import list_checkpoints, load_state, save_checkpoint, save_tensors
+from topometrics.checkpoints import list_checkpoints, save_checkpoint
 from topometrics.corpus import CorpusError, check_split_sizes
 from topometrics.lr_schedule import Schedule
 from topometrics.model import GPT, GPTConfig, count_parameters
 from topometrics.params import BASE_VARIANT, RECIPE_KEYS, ParamsError, run_name
-from topometrics.run_dir import claim_run_dir, record_outcome, resume_info, resume_step, truncate_steps_log
+from topometrics.run_dir import (
+    claim_run_dir,
+    load_resume,
+    record_outcome,
+    resume_info,
+    resume_step,
+    save_resume,
+    truncate_steps_log,
+)
 
 
 @dataclass(frozen=True)
@@ -56,8 +69,8 @@ class Recipe:
 
 
 @dataclass(frozen=True)
-class RungConfig:
-    """Everything that determines a rung's training, written by the config stage."""
+class RunConfig:
+    """Everything that determines a run's training (rung x variant x seed), written by the config stage."""
 
     rung: str
     model: GPTConfig
@@ -79,11 +92,11 @@ class RungConfig:
         return run_name(self.rung, self.recipe.seed, self.variant)
 
     @classmethod
-    def from_dict(cls, d: dict) -> RungConfig:
+    def from_dict(cls, d: dict) -> RunConfig:
         return cls(d["rung"], GPTConfig(**d["model"]), Recipe(**d["recipe"]), d.get("variant", BASE_VARIANT))
 
 
-def recipe_fingerprint(cfg: RungConfig, corpus_sha256: str) -> str:
+def recipe_fingerprint(cfg: RunConfig, corpus_sha256: str) -> str:
     """Hash of model shape, recipe and corpus: what a checkpoint must match to be resumed."""
     body = json.dumps(
         {"model": cfg.model.to_dict(), "recipe": asdict(cfg.recipe), "corpus": corpus_sha256}, sort_keys=True
@@ -153,52 +166,28 @@ def forward_backward(
     return loss.item(), grad_norm.item()
 
 
-# ---------------------------------------------------------------- resume state
-
-
-def _optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    flat = {}
-    for i, state in opt.state_dict()["state"].items():
-        for key, value in state.items():
-            flat[f"opt.{i}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
-    return flat
-
-
-def save_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.Generator, info: dict) -> None:
-    """Full training state after a checkpoint; weights and the sampler state as tensors, no pickles.
-
-    ``info`` (step, rung, seed, recipe fingerprint) is the same file's metadata, so the state and
-    the step it belongs to are replaced by one rename: a kill cannot pair one checkpoint's state
-    with another's step (they were two files, and a kill between the renames resumed wrongly).
-    """
-    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
-    tensors |= _optimizer_tensors(opt) | {"rng.data": gen.get_state()}
-    save_tensors(run_dir / "resume.safetensors", tensors, {k: json.dumps(v) for k, v in info.items()})
-    (run_dir / "resume.json").unlink(missing_ok=True)  # the previous layout's separate record
-
-
-def load_resume(run_dir: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.Generator) -> dict:
-    tensors = load_state(run_dir / "resume.safetensors")
-    info = resume_info(run_dir)
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    state = opt.state_dict()
-    for name, value in tensors.items():
-        if name.startswith("opt."):
-            _, i, key = name.split(".", 2)
-            state["state"].setdefault(int(i), {})[key] = value
-    opt.load_state_dict(state)
-    gen.set_state(tensors["rng.data"])
-    return info
-
-
 # ---------------------------------------------------------------- the loop
+
+
+class Observer(Protocol):
+    """What watches a run train (a live monitor, say): called by the training loop, which ignores what
+    it does. It must not change the model nor draw from torch's random generators, so a run's files are
+    the same, byte for byte, with or without it."""
+
+    def on_step(self, model: GPT, step: int, loss: float | None) -> None:
+        """The weights after ``step``'s update (what a checkpoint at ``step`` holds) and that batch's loss
+        (nats); also at step 0 (the initial weights, the first batch's loss) and at the step a run resumes
+        from (the resumed weights, loss None: a kill may have cut what the observer made of it short)."""
+
+    def on_checkpoint(self, step: int, val_loss: float) -> None:
+        """The checkpoint of ``step`` is written; its validation loss (nats)."""
 
 
 @dataclass
 class Run:
     """A run being trained: the model, optimizer, sampler and fixed validation windows on its device."""
 
-    cfg: RungConfig
+    cfg: RunConfig
     run_dir: Path
     fingerprint: str  # recipe_fingerprint(cfg, corpus): what a checkpoint must match to be resumed
     device: torch.device
@@ -208,7 +197,12 @@ class Run:
     data_gen: torch.Generator  # the batch sampler's generator (seed + 1)
     val_x: torch.Tensor  # (windows, context) fixed validation inputs
     val_y: torch.Tensor  # ... and their targets
-    monitor: object | None = None  # a topometrics.monitor.TopologyMonitor (step, record_losses) or None
+    observers: Sequence[Observer] = ()
+
+    def observe_step(self, step: int, loss: float | None) -> None:
+        """Every observer's :meth:`Observer.on_step` with the model's weights now."""
+        for observer in self.observers:
+            observer.on_step(self.model, step, loss)
 
     def checkpoint(self, step: int, train_loss: float) -> float:
         """Evaluate, save the checkpoint and the resume state; returns the validation loss."""
@@ -221,13 +215,13 @@ class Run:
         info = {"step": step, "rung": self.cfg.rung, "variant": self.cfg.variant, "seed": r.seed}
         info |= {"recipe_fingerprint": self.fingerprint}
         save_resume(self.run_dir, self.model, self.opt, self.data_gen, info)
-        if self.monitor is not None:
-            self.monitor.record_losses(step, val_loss=val_loss)
+        for observer in self.observers:
+            observer.on_checkpoint(step, val_loss)
         return val_loss
 
 
-def train_rung(
-    cfg: RungConfig,
+def train_run(
+    cfg: RunConfig,
     train_ids: np.ndarray,
     val_ids: np.ndarray,
     run_dir: Path,
@@ -235,19 +229,19 @@ def train_rung(
     device: str = "auto",
     log=print,
     progress_bar: bool | None = None,
-    monitor=None,
+    observers: Sequence[Observer] = (),
 ) -> dict:
-    """Train (or resume) one rung, writing checkpoints and logs into ``run_dir``.
+    """Train (or resume) one run, writing checkpoints and logs into ``run_dir``.
 
     ``progress_bar``: a progress bar on stderr (None: when it is a terminal); without one, a ``log`` line
     per checkpoint. Concurrent runs pass False, so their lines interleave instead of their bars.
-    ``monitor``: a :class:`topometrics.monitor.TopologyMonitor` fed every step and val loss; the caller closes it.
+    ``observers``: each sees every step's weights and every checkpoint's validation loss (:class:`Observer`).
 
     Returns a summary: final val/train loss, steps run, tokens/s, status
     ('complete' or 'diverged' with the step and reason).
     """
     run, start = setup_run(cfg, train_ids, val_ids, Path(run_dir), corpus_sha256, device, log)
-    run.monitor = monitor
+    run.observers = observers
     resume_run(run, start, log)
     t0 = time.perf_counter()
     status, reason, tokens = training_loop(run, start, log, progress_bar)
@@ -257,7 +251,7 @@ def train_rung(
 
 
 def setup_run(
-    cfg: RungConfig,
+    cfg: RunConfig,
     train_ids: np.ndarray,
     val_ids: np.ndarray,
     run_dir: Path,
@@ -297,8 +291,7 @@ def resume_run(run: Run, start: int, log) -> None:
     elif start > 0:
         load_resume(run.run_dir, run.model, run.opt, run.data_gen)
         log(f"[{run.cfg.name}] resuming from step {start} ({run.run_dir})")
-        if run.monitor is not None:  # a kill may have cut the resume step's measurement short: measured again
-            run.monitor.step(run.model, start)
+        run.observe_step(start, None)  # observed again: a kill may have cut what an observer made of it short
     elif resume_info(run.run_dir) is not None:  # killed before its first checkpoint after step 0
         log(f"[{run.cfg.name}] resuming from step 0 ({run.run_dir})")
     truncate_steps_log(run.run_dir / "steps.csv", start)
@@ -307,8 +300,7 @@ def resume_run(run: Run, start: int, log) -> None:
         x0, y0 = (t.to(run.device) for t in sample_batch(run.data, r.batch_size, run.cfg.model.context, probe))
         with torch.no_grad():
             loss0 = run.model.loss(x0, y0).item()
-        if run.monitor is not None:
-            run.monitor.step(run.model, 0, loss=loss0)
+        run.observe_step(0, loss0)
         run.checkpoint(0, loss0)
 
 
@@ -333,8 +325,7 @@ def training_loop(run: Run, start: int, log, progress_bar: bool | None = None) -
                 status, reason = "diverged", f"loss is {loss_value} at step {step}; kept checkpoints up to step {kept}"
                 break
             opt.step()
-            if run.monitor is not None:  # after the update: the weights a checkpoint at this step holds
-                run.monitor.step(model, step, loss=loss_value)
+            run.observe_step(step, loss_value)  # after the update: the weights a checkpoint at this step holds
             loss_sum += loss_value
             tokens += x.numel()
             steps_file.write(f"{step},{loss_value:.6f},{grad_norm:.6f},{lr:.8g}\n")
@@ -377,10 +368,10 @@ def write_checkpoint_table(run_dir: Path, path: Path) -> None:
     write_text(path, "step,val_loss,train_loss\n" + "".join(rows))
 
 
-def load_rung_config(path: Path) -> RungConfig:
+def load_run_config(path: Path) -> RunConfig:
     """A run's config file as written by the config stage."""
     try:
-        return RungConfig.from_dict(json.loads(Path(path).read_text()))
+        return RunConfig.from_dict(json.loads(Path(path).read_text()))
     except FileNotFoundError as err:
         raise ParamsError(f"{path} not found; run `dvc repro config` first") from err
     except (json.JSONDecodeError, KeyError, TypeError) as err:
@@ -388,7 +379,7 @@ def load_rung_config(path: Path) -> RungConfig:
         raise ParamsError(f"{path} is not a run config ({why}); regenerate it: dvc repro config") from err
 
 
-def build_rung_config(params, rung: str, seed: int, variant: str = BASE_VARIANT) -> RungConfig:
+def build_run_config(params, rung: str, seed: int, variant: str = BASE_VARIANT) -> RunConfig:
     """Merge ``train`` (with ``variants.<variant>``'s overrides) and ``ladder.<rung>``
     (topometrics.params.Params) into the config of one run.
 
@@ -399,4 +390,4 @@ def build_rung_config(params, rung: str, seed: int, variant: str = BASE_VARIANT)
         raise ParamsError(f"seed {seed} is not in train.seeds={list(t.seeds)}; add it there")
     model = GPTConfig(context=params.data.seq_len, **params.rung_shape(rung))
     recipe = Recipe(**{k: getattr(t, k) for k in RECIPE_KEYS}, seed=seed, val_windows=params.data.val_windows)
-    return RungConfig(rung, model, recipe, variant)
+    return RunConfig(rung, model, recipe, variant)

@@ -34,7 +34,7 @@ import torch
 from topometrics.model import GPT
 from topometrics.monitor import TopologyMonitor
 from topometrics.params import load_params
-from topometrics.train import build_rung_config
+from topometrics.train import build_run_config
 
 PYTHIA_70M = {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8, "intermediate_size": 2048,
               "vocab_size": 50304, "max_position_embeddings": 2048, "rotary_pct": 0.25}  # fmt: skip
@@ -45,7 +45,7 @@ def build(name: str, batch: int, context: int, device: torch.device):
     gen = torch.Generator().manual_seed(0)
     if name == "xl":
         params = load_params()
-        cfg = build_rung_config(params, "xl", params.train.seeds[0])
+        cfg = build_run_config(params, "xl", params.train.seeds[0])
         model = GPT(cfg.model)
         model.init_weights(gen)
         vocab, batch, context = cfg.model.vocab_size, cfg.recipe.batch_size, cfg.model.context

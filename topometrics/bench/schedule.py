@@ -18,7 +18,7 @@ from multiprocessing import get_context
 
 import torch
 
-from topometrics.train import RungConfig
+from topometrics.train import RunConfig
 
 
 def queue_makespan(durations: list[float], workers: int) -> float:
@@ -50,7 +50,7 @@ def best_makespan(durations: list[float], workers: int, limit: int = 2_000_000) 
     return max(best, max(runs, default=0.0))
 
 
-def gemm_shapes(cfg: RungConfig) -> list[tuple[int, int, int, int]]:
+def gemm_shapes(cfg: RunConfig) -> list[tuple[int, int, int, int]]:
     """The matrix products of one training step of ``cfg`` as (batch, rows, inner, cols).
 
     Per block the four linear layers (qkv, out, up, down) and the attention products (Q K^T and
@@ -69,7 +69,7 @@ def gemm_shapes(cfg: RungConfig) -> list[tuple[int, int, int, int]]:
     return shapes
 
 
-def gemm_seconds_per_step(cfg: RungConfig, repeats: int = 5) -> float:
+def gemm_seconds_per_step(cfg: RunConfig, repeats: int = 5) -> float:
     """Seconds of :func:`gemm_shapes` timed alone in this process (median of ``repeats`` per shape)."""
     return sum(_time_bmm(shape, repeats) for shape in gemm_shapes(cfg))
 

@@ -51,15 +51,15 @@ from topometrics.bench.schedule import best_makespan, gemm_seconds_per_step, poo
 from topometrics.checkpoints import save_checkpoint
 from topometrics.model import GPT
 from topometrics.params import load_params
+from topometrics.run_dir import save_resume
 from topometrics.run_queue import estimated_flops, usable_cores
 from topometrics.train import (
-    RungConfig,
-    build_rung_config,
+    RunConfig,
+    build_run_config,
     evaluate,
     forward_backward,
     make_optimizer,
     sample_batch,
-    save_resume,
     validation_windows,
 )
 
@@ -71,7 +71,7 @@ def _tokens(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 127, n, dtype=np.uint8)
 
 
-def time_rung(cfg: RungConfig, mode: str, steps: int, warmup: int) -> dict:
+def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int) -> dict:
     """Median step time and checkpoint time (seconds) of one rung in one mode, in this process."""
     r, seq_len = cfg.recipe, cfg.model.context
     torch.manual_seed(0)
@@ -131,7 +131,7 @@ def time_rung(cfg: RungConfig, mode: str, steps: int, warmup: int) -> dict:
     }
 
 
-def project(cfg: RungConfig, t: dict) -> float:
+def project(cfg: RunConfig, t: dict) -> float:
     """Seconds for the rung's whole default run: every step, every checkpoint (step 0 too), one-offs."""
     r = cfg.recipe
     return r.steps * t["step_s"] + (r.steps // r.ckpt_every + 1) * t["ckpt_s"] + t["extra_s"]
@@ -142,17 +142,17 @@ def _worker(cfgs: list[dict], steps: int, warmup: int, done, n_workers: int, out
     torch.set_num_threads(1)
     results = {}
     for d in cfgs:
-        cfg = RungConfig.from_dict(d)
+        cfg = RunConfig.from_dict(d)
         results[cfg.rung] = time_rung(cfg, "serial1", steps, warmup)
     with done.get_lock():
         done.value += 1
     out.put(results)
-    busy = RungConfig.from_dict(cfgs[-1])
+    busy = RunConfig.from_dict(cfgs[-1])
     while done.value < n_workers:  # the other worker is still timing: keep loading the machine
         time_rung(busy, "serial1", 2, 0)
 
 
-def time_parallel(cfgs: dict[str, RungConfig], single: dict[str, float], steps: int, warmup: int, cores: int) -> tuple:
+def time_parallel(cfgs: dict[str, RunConfig], single: dict[str, float], steps: int, warmup: int, cores: int) -> tuple:
     """``cores`` 1-thread processes; rungs assigned longest first to the least loaded worker."""
     loads, plan = [0.0] * cores, [[] for _ in range(cores)]
     for rung in sorted(cfgs, key=lambda k: -single[k]):
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         modes.append("parallel")
     params = load_params(args.params)
     rungs = args.rungs.split(",") if args.rungs else list(params.ladder)
-    cfgs = {k: build_rung_config(params, k, params.train.seeds[0]) for k in rungs}
+    cfgs = {k: build_run_config(params, k, params.train.seeds[0]) for k in rungs}
     default_threads = torch.get_num_threads()
     threads = {"naive": default_threads, "serial": params.train.threads or default_threads}
     threads |= {"serial1": 1, "serial2": 2, "compile2": 2}
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def ladder_schedules(cfgs: dict[str, RungConfig], timing: dict, minutes: dict, seed: int, cores: int) -> dict:
+def ladder_schedules(cfgs: dict[str, RunConfig], timing: dict, minutes: dict, seed: int, cores: int) -> dict:
     """Serial, queue (``dvc repro``), best-hand and GEMM-floor minutes of the ladder, and projections."""
     per_run = {k: project(cfgs[k], timing["parallel"][k]) for k in cfgs}  # 1 thread, every core busy
     queue_order = sorted(cfgs, key=lambda k: -estimated_flops(cfgs[k]))  # what run_queue does
