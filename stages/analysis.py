@@ -6,15 +6,15 @@ reports/metrics.json.
 
 Runs before the warehouse stage (one writer per artifact): it loads the same inputs into an
 in-memory DuckDB with the warehouse's own loader and SQL views, computes what SQL cannot
-(topometrics.analysis), and writes the `predictions`, `fits` and `tests` tables as Parquet for the
+(topometrics.analysis.tables), and writes the `predictions`, `fits` and `tests` tables as Parquet for the
 warehouse stage to load, plus the metrics that `dvc metrics diff` compares. The between-run verdict
 (`incremental_validity`, `incremental_errors`) is computed over every declared run, all variants.
 """
 
 from pathlib import Path
 
+from topometrics.analysis.metrics_file import write_analysis
 from topometrics.errors import run_stage, stage_parser
-from topometrics.metrics_file import write_analysis
 from topometrics.params import load_params
 
 

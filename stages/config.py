@@ -14,7 +14,7 @@ from pathlib import Path
 from topometrics.atomic import write_text
 from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params
-from topometrics.train import build_run_config
+from topometrics.training.train import build_run_config
 
 
 def main(argv: list[str]) -> None:

@@ -7,9 +7,9 @@ Refuses a corpus whose splits are shorter than one window of data.seq_len before
 
 from pathlib import Path
 
-from topometrics.corpus import prepare, summary
 from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params
+from topometrics.training.corpus import prepare, summary
 
 
 def main(argv: list[str]) -> None:

@@ -6,13 +6,13 @@ Writes one shard per checkpoint into --out (``rung=<rung>/variant=<variant>/seed
 as the checkpoints record them, with ``features``, ``diagrams`` and ``distances`` Parquet files;
 tables: docs/features.md, shards: docs/scaling.md). Shards that are current are kept, so a killed
 run resumes. ``compute.cluster`` says where the checkpoints are computed. A checkpoint that fails
-fails the stage after the others are written (topometrics.feature_shards.run_shards).
+fails the stage after the others are written (topometrics.features.run_shards.run_shards).
 """
 
 from pathlib import Path
 
 from topometrics.errors import run_stage, stage_parser
-from topometrics.feature_shards import run_shards
+from topometrics.features.run_shards import run_shards
 from topometrics.params import load_params
 
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from topometrics.errors import run_stage, stage_parser
-from topometrics.report_html import write_report
+from topometrics.report.html import write_report
 
 
 def main(argv: list[str]) -> None:

@@ -14,9 +14,9 @@ from transformers.utils import logging as hf_logging
 
 from topometrics.atomic import write_parquet, write_text
 from topometrics.errors import run_stage, stage_parser
+from topometrics.models.tokens import decode, load_tokens
 from topometrics.params import load_params
-from topometrics.series_shards import series_shards
-from topometrics.tokens import decode, load_tokens
+from topometrics.series.source_shards import series_shards
 
 
 def main(argv: list[str]) -> None:

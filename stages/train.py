@@ -4,7 +4,7 @@
         --metrics reports/train --curves reports/curves --live reports/live [--run xl-42 ...]
 
 Runs already complete (every checkpoint verified) are skipped untouched; unfinished ones resume
-(topometrics.run_queue). With `train.monitor_every` > 0 every run trained is watched by a
+(topometrics.training.run_queue). With `train.monitor_every` > 0 every run trained is watched by a
 TopologyMonitor logging into `data/runs/<run>/monitor/` (the measures it computes are not this
 stage's deps: tests/test_dvc_deps.py says why). While the runs train, their checkpoint losses and
 measurements are relayed into the dvclive folder `--live` (dvc exp show, dvc plots).
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from topometrics.errors import TopometricsError, run_stage, stage_parser
 from topometrics.params import FeaturesParams, ParamsError, load_params
-from topometrics.run_queue import ObserverFactory, RunFiles, plan_pool, train_runs
-from topometrics.train import load_run_config
+from topometrics.training.run_queue import ObserverFactory, RunFiles, plan_pool, train_runs
+from topometrics.training.train import load_run_config
 
 
 def main(argv: list[str]) -> None:
@@ -57,7 +57,9 @@ def observers(monitor_every: int, features: FeaturesParams) -> list[ObserverFact
     """The observer factories of every run: a live monitor's when ``train.monitor_every`` > 0."""
     if monitor_every <= 0:
         return []
-    from topometrics.monitor import RunMonitors  # only when monitoring: it imports the measures and transformers
+    from topometrics.features.monitor import (
+        RunMonitors,  # only when monitoring: it imports the measures and transformers
+    )
 
     return [RunMonitors(monitor_every, features)]
 

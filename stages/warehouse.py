@@ -4,12 +4,12 @@
         --features data/features data/series --analysis data/analysis --out data/warehouse.duckdb
 
 The only writer of the DuckDB file. Built in a temporary file and renamed into place
-(topometrics.warehouse.build_warehouse), so a killed build leaves the previous warehouse intact.
+(topometrics.analysis.warehouse.build_warehouse), so a killed build leaves the previous warehouse intact.
 """
 
 from pathlib import Path
 
-from topometrics import warehouse
+from topometrics.analysis import warehouse
 from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params
 

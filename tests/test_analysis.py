@@ -1,4 +1,4 @@
-"""topometrics.analysis, metrics_file and the analysis -> warehouse stages, end to end on a synthetic ladder."""
+"""topometrics.analysis.tables, metrics_file and the analysis -> warehouse stages, end to end on a synthetic ladder."""
 
 import json
 import math
@@ -15,8 +15,9 @@ import pytest
 import scipy.stats
 from test_warehouse import RUNGS, write_inputs
 
-from topometrics import analysis, metrics_file, warehouse
-from topometrics.analysis import AnalysisParams
+from topometrics.analysis import metrics_file, warehouse
+from topometrics.analysis import tables as analysis
+from topometrics.analysis.tables import AnalysisParams
 from topometrics.params import ParamsError
 from topometrics.vocabulary import kind
 

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from topometrics import features as feat
-from topometrics.architectures import (
+from topometrics.features import checkpoint as feat
+from topometrics.models.architectures import (
     ArchitectureError,
     block_path,
     config_rules,
@@ -22,9 +22,9 @@ from topometrics.architectures import (
     rules_from_layers,
     user_rules,
 )
-from topometrics.model import GPT, GPTConfig, linear_layer_names, linear_weights
+from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_weights
 from topometrics.params import FeaturesParams
-from topometrics.series import SafetensorsFile
+from topometrics.series.checkpoint import SafetensorsFile
 
 D, FF, V = 32, 64, 128  # hidden, MLP width, vocabulary
 

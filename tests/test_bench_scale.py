@@ -3,14 +3,14 @@
 import numpy as np
 from safetensors.numpy import load_file
 
-from topometrics.bench.scale import pythia_70m_shapes, weight_shard
-from topometrics.bench.series import write_random_safetensors
-from topometrics.features import weight_features
+from bench.scale import pythia_70m_shapes, weight_shard
+from bench.series import write_random_safetensors
+from topometrics.features.checkpoint import weight_features
 from topometrics.params import FeaturesParams
 
 
 def test_weight_shard_equals_weight_features_of_the_loaded_layers(tmp_path, monkeypatch):
-    import topometrics.bench.scale as scale
+    import bench.scale as scale
 
     monkeypatch.setitem(scale.PYTHIA_70M, "hidden", 16)  # the 70M layout at a test's size
     monkeypatch.setitem(scale.PYTHIA_70M, "intermediate", 64)
@@ -32,7 +32,7 @@ def test_weight_shard_equals_weight_features_of_the_loaded_layers(tmp_path, monk
 
 
 def test_each_job_records_its_own_peak_memory_over_its_start(tmp_path, monkeypatch):
-    import topometrics.bench.scale as scale
+    import bench.scale as scale
 
     monkeypatch.setattr(scale, "JOB_PEAKS", [])
     path = tmp_path / "step0.safetensors"

@@ -2,9 +2,9 @@
 
 import pytest
 
-from topometrics.bench.schedule import best_makespan, gemm_seconds_per_step, gemm_shapes, queue_makespan
-from topometrics.model import GPTConfig
-from topometrics.train import Recipe, RunConfig
+from bench.schedule import best_makespan, gemm_seconds_per_step, gemm_shapes, queue_makespan
+from topometrics.models.model import GPTConfig
+from topometrics.training.train import Recipe, RunConfig
 
 
 def test_the_queue_starts_runs_in_order_on_the_first_free_process():

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from topometrics import charts
+from topometrics.report import charts
 
 RUNGS = ["xl", "tiny", "small"]
 

@@ -19,7 +19,7 @@ from cryptography.x509.oid import NameOID
 from distributed import Client, LocalCluster
 from distributed.security import Security
 
-from topometrics.cluster import (
+from topometrics.execution.cluster import (
     CheckpointJobError,
     ClusterError,
     connect,

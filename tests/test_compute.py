@@ -1,4 +1,4 @@
-"""Tests of topometrics.compute: map_jobs in worker processes and in this process."""
+"""Tests of topometrics.execution.compute: map_jobs in worker processes and in this process."""
 
 import os
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from threadpoolctl import threadpool_info
 
-from topometrics.compute import background_pool, map_jobs
+from topometrics.execution.compute import background_pool, map_jobs
 
 
 def square_and_where(x):
@@ -68,7 +68,7 @@ def test_progress_lines_go_to_stderr(capfd):
 
 
 def test_each_result_yields_failures_as_results_and_runs_the_rest():
-    from topometrics.compute import each_result
+    from topometrics.execution.compute import each_result
 
     for workers in (1, 2):
         got = dict(each_result(fail_on_three, list(range(8)), workers=workers, label="test"))
@@ -94,8 +94,8 @@ def test_map_jobs_on_a_dask_cluster_equals_local_and_runs_one_thread_jobs():
 
 
 def test_an_unreachable_cluster_fails_before_any_job_runs(tmp_path):
-    from topometrics.cluster import ClusterError
-    from topometrics.compute import each_result
+    from topometrics.execution.cluster import ClusterError
+    from topometrics.execution.compute import each_result
     from topometrics.params import ComputeParams
 
     address = "tcp://127.0.0.1:9"  # discard port: nothing listens

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from topometrics import corpus
-from topometrics.corpus import CorpusError, FallbackWarning, prepare, split_local
-from topometrics.tokens import decode, encode
+from topometrics.models.tokens import decode, encode
+from topometrics.training import corpus
+from topometrics.training.corpus import CorpusError, FallbackWarning, prepare, split_local
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 

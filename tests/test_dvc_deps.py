@@ -3,8 +3,9 @@
 The import closure is computed from the source with ``ast`` (every ``import``/``from ... import``
 anywhere in a module, lazy imports inside functions included), so a change to any module a stage
 runs re-runs that stage, and no stage re-runs for a module it never loads. Package ``__init__.py``
-files hold only the version string and are not listed. A stage whose closure reaches
-``warehouse.py`` also reads the versioned SQL files, so it depends on ``topometrics/sql``.
+files run nothing (the top one holds the version string, each folder's only its docstring, tested
+below) and are not listed. A stage whose closure reaches
+``warehouse.py`` also reads the versioned SQL files, so it depends on ``topometrics/analysis/sql``.
 One exception, :data:`LIVE_VIEW_ONLY`, says which module's imports are not its stage's deps, and why.
 """
 
@@ -72,16 +73,16 @@ def expected_module_deps(script: Path, excluded: frozenset[Path] = frozenset()) 
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 
 # The one exception: stage -> a module its script imports whose own imports are not the stage's deps.
-# stages/train.py opens a live monitor per run when train.monitor_every > 0 (topometrics.monitor, imported
+# stages/train.py opens a live monitor per run when train.monitor_every > 0 (topometrics.features.monitor, imported
 # lazily). The monitor's log is a live view written beside the checkpoints, never read to make the pipeline's
 # results (the features stages recompute every measure from the checkpoints; a series of a log, which a user
 # configures, reads it as it was measured), and the checkpoints are bit-identical with or without it
 # (test_train.py::test_a_monitored_run_writes_the_same_bytes_and_the_monitor_sees_the_checkpoints_weights).
 # So the modules reached only through the monitor are not deps of train: a change to a measure does not
 # retrain. Each measurement records the code version and params that made it
-# (topometrics.monitor_log.measured_with), so a log measured by other code stays detectable. Every other
+# (topometrics.training.monitor_log.measured_with), so a log measured by other code stays detectable. Every other
 # module the train stage imports is checked as for any stage.
-LIVE_VIEW_ONLY = {"train": REPO / "topometrics" / "monitor.py"}
+LIVE_VIEW_ONLY = {"train": REPO / "topometrics" / "features" / "monitor.py"}
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
@@ -96,24 +97,38 @@ def test_stage_deps_are_the_import_closure_of_its_script(stage):
     expected = expected_module_deps(script, excluded)
     listed = listed_module_deps(deps)
     assert listed == expected, f"missing: {sorted(expected - listed)}; not imported: {sorted(listed - expected)}"
-    needs_sql = f"{PACKAGE}/warehouse.py" in expected
-    assert (f"{PACKAGE}/sql" in deps) == needs_sql
+    needs_sql = f"{PACKAGE}/analysis/warehouse.py" in expected
+    assert (f"{PACKAGE}/analysis/sql" in deps) == needs_sql
 
 
 def test_the_closure_follows_lazy_and_package_imports(tmp_path):
-    # stages/report.py imports `from topometrics import report`; report imports charts: both are found.
+    # stages/report.py imports report.html, which imports report.contents, which imports charts: all are found.
     closure = expected_module_deps(REPO / "stages" / "report.py")
-    assert {"topometrics/report.py", "topometrics/charts.py"} <= closure
+    assert {"topometrics/report/contents.py", "topometrics/report/charts.py"} <= closure
     assert all((REPO / p).is_file() for p in closure)
 
 
-# The measures: what computes a feature, and the monitor and vocabulary that name them.
-MEASURES = ("features", "monitor", "monitor_measure", "vocabulary", "neural_persistence", "persistence", "spectral",
-            "scale_free", "heavy_tail", "layer_features", "representation", "spanning_tree", "row_blocks",
-            "architectures")  # fmt: skip
+# What computes or names a feature: the measures and features folders, the vocabulary, and the linear-layer
+# finder the monitor uses.
+MEASURES = ("measures/", "features/", "vocabulary.py", "models/architectures.py")
 
 
 @pytest.mark.parametrize("module", ["train", "run_queue"])
 def test_training_imports_no_measure(module):
-    closure = {p.stem for p in import_closure(REPO / PACKAGE / f"{module}.py")}
-    assert not closure & set(MEASURES), sorted(closure & set(MEASURES))
+    closure = {
+        p.relative_to(REPO / PACKAGE).as_posix() for p in import_closure(REPO / PACKAGE / "training" / f"{module}.py")
+    }
+    found = sorted(p for p in closure if p.startswith(MEASURES))
+    assert closure and not found, found
+
+
+def test_package_inits_run_nothing():
+    # Not listed as deps, so they must hold no code a stage could depend on: each folder's __init__.py is
+    # its docstring (the folder's map) and re-exports nothing; the package's own holds the version string.
+    for init in sorted((REPO / PACKAGE).rglob("__init__.py")):
+        body = ast.parse(init.read_text()).body
+        docstring = [n for n in body[:1] if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)]
+        rest = [ast.unparse(n) for n in body[len(docstring) :]]
+        assert docstring, f"{init}: no docstring naming the folder's entry points"
+        expected = ["__version__ = '0.1.0'"] if init.parent == REPO / PACKAGE else []
+        assert rest == expected, f"{init}: a folder's __init__.py holds only its docstring"

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from topometrics.checkpoints import CheckpointError
-from topometrics.cluster import ClusterError
-from topometrics.corpus import CorpusError
+from topometrics.analysis.warehouse import WarehouseError
 from topometrics.errors import TRACEBACK_ENV, TopometricsError, one_line, run_stage
+from topometrics.execution.cluster import ClusterError
+from topometrics.execution.shards import ShardError
+from topometrics.models.checkpoints import CheckpointError
 from topometrics.params import ParamsError
-from topometrics.shards import ShardError
-from topometrics.warehouse import WarehouseError
+from topometrics.training.corpus import CorpusError
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = sorted((REPO / "stages").glob("*.py"))

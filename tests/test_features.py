@@ -1,4 +1,4 @@
-"""Tests of topometrics.features: tables, diverged checkpoints and a tiny run directory (its shards read back)."""
+"""topometrics.features.checkpoint: tables, diverged checkpoints and a tiny run directory (its shards read back)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from topometrics.checkpoints import save_checkpoint
-from topometrics.feature_shards import read_tables, run_shards
-from topometrics.features import (
+from topometrics.features.checkpoint import (
     ALL,
     DIAGRAM_COLUMNS,
     FEATURE_COLUMNS,
@@ -20,7 +18,9 @@ from topometrics.features import (
     distance_features,
     validation_batch,
 )
-from topometrics.model import GPT, GPTConfig, linear_layer_names
+from topometrics.features.run_shards import read_tables, run_shards
+from topometrics.models.checkpoints import save_checkpoint
+from topometrics.models.model import GPT, GPTConfig, linear_layer_names
 from topometrics.params import FeaturesParams
 
 CONFIG = GPTConfig(context=16, hidden=8, layers=2, heads=2)

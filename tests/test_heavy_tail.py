@@ -1,4 +1,4 @@
-"""Tests of topometrics.heavy_tail: known power laws, the powerlaw package, NULL rules, invariance."""
+"""Tests of topometrics.measures.heavy_tail: known power laws, the powerlaw package, NULL rules, invariance."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import warnings
 import numpy as np
 import pytest
 
-from topometrics import heavy_tail as H
-from topometrics.spectral import singular_values
+from topometrics.measures import heavy_tail as H
+from topometrics.measures.spectral import singular_values
 
 
 def weight_alpha(weight):

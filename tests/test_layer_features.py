@@ -1,11 +1,11 @@
-"""Tests of topometrics.layer_features: one layer's weight features, with or without its buffer."""
+"""Tests of topometrics.measures.layer_features: one layer's weight features, with or without its buffer."""
 
 from __future__ import annotations
 
 import numpy as np
 from test_scale_free import trained_like  # the scale-free tests' trained-looking layers
 
-from topometrics.layer_features import layer_features
+from topometrics.measures.layer_features import layer_features
 from topometrics.params import FeaturesParams
 from topometrics.vocabulary import HEAVY_TAIL, NP, SCALE_FREE, SPECTRAL, VR, per_layer
 

@@ -1,11 +1,11 @@
-"""Tests of topometrics.lr_schedule: warm-up and cosine by hand, scalar and array forms the same numbers."""
+"""Tests of topometrics.models.lr_schedule: warm-up and cosine by hand, scalar and array forms the same numbers."""
 
 import math
 
 import numpy as np
 import pytest
 
-from topometrics.lr_schedule import Schedule
+from topometrics.models.lr_schedule import Schedule
 
 
 def by_hand(step: int, steps: int, warmup: int, lr: float, floor: float) -> float:

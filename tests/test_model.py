@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from topometrics.model import GPT, GPTConfig, count_parameters, linear_layer_names, linear_modules, linear_weights
+from topometrics.models.model import (
+    GPT,
+    GPTConfig,
+    count_parameters,
+    linear_layer_names,
+    linear_modules,
+    linear_weights,
+)
 
 TABLE_1 = {  # (hidden, layers, heads) -> parameters, from the paper's Table 1
     (8, 1, 1): 2_936,

@@ -16,17 +16,18 @@ import torch
 from test_architectures import module_weights
 from transformers import TrainerCallback
 
-from topometrics import features as feat
-from topometrics import monitor_log, vocabulary
-from topometrics.architectures import config_rules, match_tensors, module_layers, oriented
-from topometrics.corpus import encode
-from topometrics.model import GPT, GPTConfig
-from topometrics.monitor import NPPatience, TopologyCallback, TopologyMonitor
-from topometrics.monitor_log import measured_with, measurement_parts, read_log
+from topometrics import vocabulary
+from topometrics.execution.shards import module_source_hash, params_digest
+from topometrics.features import checkpoint as feat
+from topometrics.features.monitor import NPPatience, TopologyCallback, TopologyMonitor
+from topometrics.models.architectures import config_rules, match_tensors, module_layers, oriented
+from topometrics.models.model import GPT, GPTConfig
 from topometrics.params import FeaturesParams
-from topometrics.run_folders import scan_run_folder
-from topometrics.series import SafetensorsFile
-from topometrics.shards import module_source_hash, params_digest
+from topometrics.series.checkpoint import SafetensorsFile
+from topometrics.series.run_folders import scan_run_folder
+from topometrics.training import monitor_log
+from topometrics.training.corpus import encode
+from topometrics.training.monitor_log import measured_with, measurement_parts, read_log
 
 PARAMS = FeaturesParams(max_points=20, workers=1)
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
@@ -71,7 +72,7 @@ def test_each_measurement_records_the_code_and_params_that_made_it(tmp_path):
     with TopologyMonitor(tmp_path, every=1, params=PARAMS, log=lambda _: None) as monitor:
         monitor.step(GPT(GPTConfig(hidden=16, layers=1, heads=2)), 0)
     (part,) = measurement_parts(tmp_path)
-    made = {"code": module_source_hash("topometrics.monitor_measure"), "params": params_digest(PARAMS)}
+    made = {"code": module_source_hash("topometrics.features.monitor_measure"), "params": params_digest(PARAMS)}
     assert measured_with(part) == made  # a log measured by other code or params is told apart
 
 
@@ -162,8 +163,8 @@ def test_with_live_it_logs_through_dvclive_and_never_touches_dvc_yaml(tmp_path, 
 
 KILLED = """
 import sys, torch
-from topometrics.model import GPT, GPTConfig
-from topometrics.monitor import TopologyMonitor
+from topometrics.models.model import GPT, GPTConfig
+from topometrics.features.monitor import TopologyMonitor
 from topometrics.params import FeaturesParams
 if __name__ == "__main__":
     model = GPT(GPTConfig(hidden=48, layers=3, heads=4))
@@ -377,8 +378,8 @@ def test_dvc_exp_run_with_monitor_every_shows_the_monitor_in_exp_show_and_the_wa
 USER_TRAINING = """
 from pathlib import Path
 import torch
-from topometrics.model import GPT, GPTConfig
-from topometrics.monitor import TopologyMonitor
+from topometrics.models.model import GPT, GPTConfig
+from topometrics.features.monitor import TopologyMonitor
 from topometrics.params import FeaturesParams
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
-"""Tests of topometrics.neural_persistence: brute-force union-find, hand-worked layers, both tree paths."""
+"""Tests of topometrics.measures.neural_persistence: brute-force union-find, hand-worked layers, both tree paths."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from topometrics import neural_persistence as P
-from topometrics.neural_persistence import (
+from topometrics.measures import neural_persistence as P
+from topometrics.measures.neural_persistence import (
     bipartite_max_spanning_tree,
     neural_persistence,
     shuffled_neural_persistence,

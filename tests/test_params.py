@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from topometrics.params import ParamsError, load_params, parse_params, run_name
-from topometrics.train import build_run_config, recipe_fingerprint
+from topometrics.training.train import build_run_config, recipe_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Tests of topometrics.persistence: Vietoris-Rips against the MST and ripser, known shapes, persim distances."""
+"""topometrics.measures.persistence: Vietoris-Rips against the MST and ripser, known shapes, persim distances."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from scipy.sparse.csgraph import minimum_spanning_tree
 from scipy.spatial.distance import pdist, squareform
 from test_spanning_tree import brute_force_min_tree
 
-from topometrics import persistence as P
-from topometrics.persistence import (
+from topometrics.measures import persistence as P
+from topometrics.measures.persistence import (
     betti_curve,
     bottleneck_distance,
     diagram_summary,

@@ -1,10 +1,10 @@
-"""topometrics.predict: the schedule, loss-curve fits on synthetic curves, window summaries, leave-one-out CV."""
+"""topometrics.analysis.predict: the schedule, loss-curve fits on synthetic curves, window summaries, LOO CV."""
 
 import numpy as np
 import pytest
 
-from topometrics import predict
-from topometrics.lr_schedule import Schedule
+from topometrics.analysis import predict
+from topometrics.models.lr_schedule import Schedule
 
 T = np.arange(100, 5001, 100)  # the paper's checkpoints after step 0
 

@@ -1,6 +1,6 @@
 """The report: tables beside the paper's, 'not available' notes, the stage end to end, and a headless browser.
 
-The tiny warehouse is built with the real builder (``topometrics.warehouse``) from the warehouse
+The tiny warehouse is built with the real builder (``topometrics.analysis.warehouse``) from the warehouse
 tests' synthetic ladder, plus representation features, an external series and the analysis tables.
 """
 
@@ -17,8 +17,13 @@ import pandas as pd
 import pytest
 from test_warehouse import RUNGS, write_inputs
 
-from topometrics import analysis, charts, paper, report, report_frames, report_html, warehouse
+from topometrics.analysis import tables as analysis
+from topometrics.analysis import warehouse
 from topometrics.params import AnalysisParams, run_name
+from topometrics.report import charts, paper
+from topometrics.report import contents as report
+from topometrics.report import frames as report_frames
+from topometrics.report import html as report_html
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -94,7 +99,7 @@ def build_tiny_warehouse(root: Path, with_analysis=True, with_features=True) -> 
 
 
 def _status(computed: int) -> dict:
-    """The series stage's status.json (topometrics.series_shards.series_shards) for a 7-checkpoint series."""
+    """The series stage's status.json (topometrics.series.source_shards.series_shards) for a 7-checkpoint series."""
     checkpoints = [
         {"revision": f"step{s}", "step": s} | ({"status": "computed", "reason": None} if i < computed else {})
         for i, s in enumerate((0, 1000, 5000, 10000, 50000, 100000, 143000))

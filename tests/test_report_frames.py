@@ -2,8 +2,9 @@
 
 import duckdb
 
-from topometrics import report_frames, warehouse
+from topometrics.analysis import warehouse
 from topometrics.params import AnalysisParams
+from topometrics.report import frames as report_frames
 
 
 def _warehouse_with_two_variants() -> duckdb.DuckDBPyConnection:

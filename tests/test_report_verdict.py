@@ -3,7 +3,10 @@
 import duckdb
 import pandas as pd
 
-from topometrics import report, report_frames, report_html, report_verdict
+from topometrics.report import contents as report
+from topometrics.report import frames as report_frames
+from topometrics.report import html as report_html
+from topometrics.report import verdict as report_verdict
 
 ROWS = pd.DataFrame(
     [

@@ -1,12 +1,12 @@
-"""Tests of topometrics.representation: the hidden-state cloud's topology."""
+"""Tests of topometrics.measures.representation: the hidden-state cloud's topology."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from topometrics.persistence import diagram_summary, vietoris_rips_diagrams
-from topometrics.representation import betti_scales, pca_project, representation_topology
+from topometrics.measures.persistence import diagram_summary, vietoris_rips_diagrams
+from topometrics.measures.representation import betti_scales, pca_project, representation_topology
 
 
 def test_degenerate_clouds_give_finite_documented_values():

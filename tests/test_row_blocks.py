@@ -1,10 +1,10 @@
-"""Tests of topometrics.row_blocks: blocks cover every row once, in order, within the byte budget."""
+"""Tests of topometrics.measures.row_blocks: blocks cover every row once, in order, within the byte budget."""
 
 import numpy as np
 import pytest
 
-from topometrics import row_blocks
-from topometrics.row_blocks import BLOCK_BYTES, float64_row_blocks, row_block_bounds
+from topometrics.measures import row_blocks
+from topometrics.measures.row_blocks import BLOCK_BYTES, float64_row_blocks, row_block_bounds
 
 
 @pytest.mark.parametrize(("n_rows", "row_bytes"), [(0, 8), (1, 8), (1000, 8 * 512), (7, 10 * BLOCK_BYTES), (5, 0)])

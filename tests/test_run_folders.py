@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from topometrics.run_folders import RunFolderError, read_losses, scan_run_folder, step_from_name, trainer_losses
+from topometrics.series.run_folders import RunFolderError, read_losses, scan_run_folder, step_from_name, trainer_losses
 
 
 def tiny_llama(hidden: int = 16) -> LlamaForCausalLM:

@@ -14,14 +14,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from topometrics.checkpoints import list_checkpoints
-from topometrics.corpus import offline_text
-from topometrics.live_relay import LiveRelay
-from topometrics.model import GPTConfig
-from topometrics.monitor import RunMonitors
-from topometrics.monitor_log import read_log
+from topometrics.features.monitor import RunMonitors
+from topometrics.models.checkpoints import list_checkpoints
+from topometrics.models.model import GPTConfig
+from topometrics.models.tokens import encode, load_tokens
 from topometrics.params import FeaturesParams
-from topometrics.run_queue import (
+from topometrics.training.corpus import offline_text
+from topometrics.training.live_relay import LiveRelay
+from topometrics.training.monitor_log import read_log
+from topometrics.training.run_queue import (
     Pool,
     RunFiles,
     estimated_flops,
@@ -30,8 +31,7 @@ from topometrics.run_queue import (
     train_runs,
     usable_cores,
 )
-from topometrics.tokens import encode, load_tokens
-from topometrics.train import Recipe, RunConfig, recipe_fingerprint, train_run
+from topometrics.training.train import Recipe, RunConfig, recipe_fingerprint, train_run
 
 
 def config(rung="t", seed=7, steps=40, lr=3e-3, hidden=8, layers=1, variant="base") -> RunConfig:

@@ -1,4 +1,4 @@
-"""Tests of topometrics.scale_free: independent computations and exact scale/permutation invariance."""
+"""Tests of topometrics.measures.scale_free: independent computations and exact scale/permutation invariance."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import pytest
 from scipy.sparse.csgraph import minimum_spanning_tree
 from test_neural_persistence import brute_force_tree  # the one brute-force Kruskal oracle
 
-from topometrics import row_blocks
-from topometrics import scale_free as S
-from topometrics.layer_features import aggregate_layers, layer_features
-from topometrics.neural_persistence import bipartite_max_spanning_tree, neural_persistence
+from topometrics.measures import row_blocks
+from topometrics.measures import scale_free as S
+from topometrics.measures.layer_features import aggregate_layers, layer_features
+from topometrics.measures.neural_persistence import bipartite_max_spanning_tree, neural_persistence
+from topometrics.measures.persistence import vietoris_rips_diagrams
 from topometrics.params import FeaturesParams
-from topometrics.persistence import vietoris_rips_diagrams
 from topometrics.vocabulary import SCALE_FREE, per_layer
 
 

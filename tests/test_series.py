@@ -21,23 +21,23 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
 
-from topometrics import features as feat
-from topometrics.checkpoints import CheckpointError
-from topometrics.corpus import offline_text
-from topometrics.feature_shards import read_tables
+from topometrics.features import checkpoint as feat
+from topometrics.features.run_shards import read_tables
+from topometrics.models.checkpoints import CheckpointError
+from topometrics.models.tokens import encode
 from topometrics.params import FeaturesParams, ParamsError, SeriesParams, SeriesSource, parse_params
-from topometrics.safetensors_reader import SafetensorsFile
-from topometrics.series import causal_lm_on_batch
-from topometrics.series_checkpoints import hub_checkpoints, step_from_name
-from topometrics.series_shards import series_shards
-from topometrics.tokens import encode
+from topometrics.series.checkpoint import causal_lm_on_batch
+from topometrics.series.hub import hub_checkpoints, step_from_name
+from topometrics.series.safetensors_reader import SafetensorsFile
+from topometrics.series.source_shards import series_shards
+from topometrics.training.corpus import offline_text
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = FeaturesParams(max_points=20, rep_points=60, rep_dim=5, rep_batch=2, betti_scales=4, workers=1)
 SEQ_LEN = 16
 TEXT = offline_text()[:60_000]
 ENTRIES = {"step0": 0, "step_000010": 10, "checkpoint-20": 20}  # folder name -> step
-# Written out independently of topometrics.series.NEOX_LINEAR: our part -> NeoX module.
+# Written out independently of topometrics.series.checkpoint.NEOX_LINEAR: our part -> NeoX module.
 MAPPING = [
     ("attn.qkv", "attention.query_key_value"),
     ("attn.out", "attention.dense"),
@@ -410,7 +410,7 @@ def test_every_family_streams_to_the_in_memory_features_with_its_forward_pass(lo
 
 
 def test_run_folder_losses_and_a_live_log_reach_the_checkpoints_table(local_series, tmp_path):
-    from topometrics.monitor import TopologyMonitor
+    from topometrics.features.monitor import TopologyMonitor
 
     root, models_by_step = local_series
     run = tmp_path / "run"

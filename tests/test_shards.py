@@ -16,8 +16,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from topometrics.params import FeaturesParams
-from topometrics.shards import (
+from topometrics.execution.shards import (
     META_KEY,
     Fingerprint,
     ShardError,
@@ -34,6 +33,7 @@ from topometrics.shards import (
     stored_fingerprint,
     write_shard,
 )
+from topometrics.params import FeaturesParams
 
 FP = Fingerprint(inputs="abc", params="p1", code="c1")
 
@@ -104,7 +104,7 @@ def test_module_source_hash_follows_the_import_closure(tmp_path, monkeypatch):
 
 
 def test_module_source_hash_of_features_covers_its_computing_modules():
-    assert module_source_hash("topometrics.features") != module_source_hash("topometrics.spectral")
+    assert module_source_hash("topometrics.features.checkpoint") != module_source_hash("topometrics.measures.spectral")
 
 
 # ---------------------------------------------------------------------------
@@ -186,7 +186,7 @@ RESUME_SCRIPT = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from test_shards import in_process, tasks_for, frame
-    from topometrics.shards import compute_shards
+    from topometrics.execution.shards import compute_shards
 
     def slow(job):
         time.sleep(0.3)

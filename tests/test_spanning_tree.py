@@ -1,11 +1,11 @@
-"""Tests of topometrics.spanning_tree: the dense maximum spanning tree against brute-force Kruskal, with ties."""
+"""topometrics.measures.spanning_tree: the dense maximum spanning tree against brute-force Kruskal, with ties."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from topometrics.spanning_tree import dense_max_tree
+from topometrics.measures.spanning_tree import dense_max_tree
 
 
 def brute_force_min_tree(dist: np.ndarray) -> np.ndarray:

@@ -1,11 +1,17 @@
-"""Tests of topometrics.spectral against definitions and numpy."""
+"""Tests of topometrics.measures.spectral against definitions and numpy."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from topometrics.spectral import covariance_spectrum, participation_ratio, rankme, singular_values, weight_spectrum
+from topometrics.measures.spectral import (
+    covariance_spectrum,
+    participation_ratio,
+    rankme,
+    singular_values,
+    weight_spectrum,
+)
 
 
 def test_rankme_of_an_isotropic_cloud_is_about_its_dimension():

@@ -1,10 +1,10 @@
-"""topometrics.stats: Spearman with bootstrap CI, Steiger's test, Bonferroni, t-CIs, power-law fits."""
+"""topometrics.analysis.stats: Spearman with bootstrap CI, Steiger's test, Bonferroni, t-CIs, power-law fits."""
 
 import numpy as np
 import pytest
 from scipy import stats as sps
 
-from topometrics import stats
+from topometrics.analysis import stats
 
 # --- Spearman and its bootstrap CI ---------------------------------------------------------------
 

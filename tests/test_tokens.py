@@ -1,9 +1,9 @@
-"""Tests of topometrics.tokens: the character tokenizer and the one reader of prepared token files."""
+"""Tests of topometrics.models.tokens: the character tokenizer and the one reader of prepared token files."""
 
 import numpy as np
 import pytest
 
-from topometrics.tokens import decode, encode, load_tokens, token_file, vocabulary
+from topometrics.models.tokens import decode, encode, load_tokens, token_file, vocabulary
 
 
 def test_ascii_text_round_trips():

@@ -16,16 +16,22 @@ import torch
 from safetensors.torch import load_file
 from test_architectures import module_weights
 
-from topometrics.checkpoints import CheckpointError, list_checkpoints, load_model, load_state, safetensors_problem
-from topometrics.corpus import CorpusError, offline_text
-from topometrics.features import features_frame, weight_features
-from topometrics.model import GPTConfig
-from topometrics.monitor import TopologyMonitor
-from topometrics.monitor_log import read_log
+from topometrics.features.checkpoint import features_frame, weight_features
+from topometrics.features.monitor import TopologyMonitor
+from topometrics.models.checkpoints import (
+    CheckpointError,
+    list_checkpoints,
+    load_model,
+    load_state,
+    safetensors_problem,
+)
+from topometrics.models.model import GPTConfig
+from topometrics.models.tokens import encode
 from topometrics.params import FeaturesParams
-from topometrics.run_dir import resume_info, truncate_steps_log
-from topometrics.tokens import encode
-from topometrics.train import Recipe, RunConfig, train_run, validation_windows
+from topometrics.training.corpus import CorpusError, offline_text
+from topometrics.training.monitor_log import read_log
+from topometrics.training.run_dir import resume_info, truncate_steps_log
+from topometrics.training.train import Recipe, RunConfig, train_run, validation_windows
 
 TEXT = encode(offline_text()[:200_000])
 TRAIN, VAL = TEXT[:180_000], TEXT[180_000:]
@@ -68,7 +74,7 @@ import sys, torch
 sys.path.insert(0, {tests!r})
 torch.set_num_threads(1)
 from test_train import TRAIN, VAL, config, quiet
-from topometrics.train import train_run
+from topometrics.training.train import train_run
 train_run(config(steps=400, ckpt_every=20), TRAIN, VAL, __import__('pathlib').Path({out!r}), "sha", "cpu", quiet)
 """
 

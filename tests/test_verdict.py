@@ -1,4 +1,4 @@
-"""topometrics.verdict and the topology_verdict view: known answers on synthetic run sets, bad input."""
+"""topometrics.analysis.verdict and the topology_verdict view: known answers on synthetic run sets, bad input."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from topometrics import verdict, warehouse
+from topometrics.analysis import verdict, warehouse
 from topometrics.params import AnalysisParams
 from topometrics.vocabulary import verdict_families
 

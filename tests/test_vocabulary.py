@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from topometrics.features import (
+from topometrics.features.checkpoint import (
     NoForwardPass,
     checkpoint_features,
     distance_features,
@@ -17,8 +17,8 @@ from topometrics.features import (
     validation_batch,
     weight_features,
 )
-from topometrics.layer_features import aggregate_layers
-from topometrics.model import GPT, GPTConfig, linear_layer_names, linear_weights
+from topometrics.measures.layer_features import aggregate_layers
+from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_weights
 from topometrics.params import FeaturesParams
 from topometrics.vocabulary import (
     ALL,

@@ -18,11 +18,11 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from topometrics import warehouse
-from topometrics.layer_features import aggregate_layers
+from topometrics.analysis import warehouse
+from topometrics.analysis.predict import Schedule, multi_power_law
+from topometrics.analysis.warehouse import Inputs, WarehouseError
+from topometrics.measures.layer_features import aggregate_layers
 from topometrics.params import AnalysisParams, run_name
-from topometrics.predict import Schedule, multi_power_law
-from topometrics.warehouse import Inputs, WarehouseError
 
 REPO = Path(__file__).resolve().parents[1]
 RUNGS = {"tiny": 2936, "small": 7408, "medium": 20640, "large": 46368, "xl": 97200}
@@ -78,7 +78,7 @@ def write_inputs(root: Path, rungs=RUNGS, seeds=(42,), steps=2000, ckpt_every=50
 
 def _features(rung, seed, steps, val, n_params, rng) -> pd.DataFrame:
     """Per-layer values of real feature names, and their layer-'all' rows from the features stage's own
-    aggregation (``topometrics.layer_features.aggregate_layers``), so the names are exactly those it writes."""
+    aggregation (``topometrics.measures.layer_features.aggregate_layers``), so the names are exactly those it writes."""
     progress = 1 - np.exp(-steps / 300)
     per_layer = {
         "np_norm": 0.3 + 0.2 * progress + rng.normal(0, 0.005, len(steps)),
@@ -172,9 +172,9 @@ def test_killed_build_leaves_previous_warehouse_intact(built, tmp_path):
     child = f"""
 import time
 from pathlib import Path, PosixPath
-from topometrics import warehouse
+from topometrics.analysis import warehouse
 from topometrics.params import AnalysisParams
-from topometrics.warehouse import Inputs
+from topometrics.analysis.warehouse import Inputs
 real = warehouse.load_parquet
 def slow(con, table, files, *constants):
     real(con, table, files, *constants)
@@ -390,7 +390,7 @@ def _checkpoint_rows(con, rung, losses, every=100):
 
 
 def test_feature_shards_of_other_params_are_reported_not_read(tmp_path):
-    from topometrics.shards import Fingerprint, ShardKey, write_shard
+    from topometrics.execution.shards import Fingerprint, ShardKey, write_shard
 
     root = tmp_path / "data"
     write_inputs(root, rungs={"tiny": RUNGS["tiny"]})

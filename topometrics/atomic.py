@@ -3,7 +3,7 @@
 A rename within one directory is atomic (``os.replace``), so a reader sees the old file or the
 new one, never half of one, and a killed writer leaves the previous file intact. Every file the
 project writes goes through :func:`replacing` (the DuckDB warehouse and the Parquet shards with their
-own temporary names, safetensors in ``topometrics.checkpoints.save_tensors``; everything else through the
+own temporary names, safetensors in ``topometrics.models.checkpoints.save_tensors``; everything else through the
 ``write_*`` functions here).
 """
 

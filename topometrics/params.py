@@ -55,7 +55,7 @@ class TrainParams:
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda
     threads: int = 0  # torch intra-op threads per training process; 0 = 1 (the processes fill the cores)
     workers: int = 0  # runs trained at once; 0 = one per usable core on CPU, 4 per GPU on CUDA
-    monitor_every: int = 0  # weight features every this many steps while training (topometrics.monitor); 0 = off
+    monitor_every: int = 0  # weight features every this many steps while training (features.monitor); 0 = off
     hidden: int = 48  # default shape, inherited by rungs that do not override it
     layers: int = 3
     heads: int = 4
@@ -222,7 +222,7 @@ class AnalysisParams:
     loss_patience: int = 5  # validation-loss early stopping, in checkpoints
     loss_min_delta: float = 0.001  # ... minimum val-loss decrease (nats) that counts
     variant: str = "base"  # the recipe variant whose runs the scaling fits (across rungs) use
-    # Feature names (topometrics.vocabulary; checked by topometrics.analysis, which reads them):
+    # Feature names (topometrics.vocabulary; checked by topometrics.analysis.tables, which reads them):
     topology_features: tuple[str, ...] = ("vr_tp0", "vr_tp1")  # layer-'all' series used with NP for prediction
     weight_norm_features: tuple[str, ...] = ("w_fro",)  # weight-norm baseline: the first present
     # features whose rho(feature, val loss) goes into metrics.json (those present)

@@ -24,12 +24,12 @@ batch's forward and backward pass: gradients, loss), ``states`` (its hidden stat
 (the previous checkpoint's diagrams).
 
 ``verdict`` names the family of inputs a family's features join in the between-run verdict
-(:mod:`topometrics.verdict`, :func:`verdict_families`); ``None`` leaves them out, and so does a
+(:mod:`topometrics.analysis.verdict`, :func:`verdict_families`); ``None`` leaves them out, and so does a
 feature's ``in_verdict = False``.
 
 To add a measure: compute it in its module (a pure function of arrays), add a :class:`Feature`
 to :data:`FEATURES` (in a new :class:`Family` added to :data:`FAMILIES` if it is computed by a new
-function), emit it where that family is computed (``topometrics.features``), and add a row to
+function), emit it where that family is computed (``topometrics.features.checkpoint``), and add a row to
 ``docs/features.md``.
 """
 
@@ -258,7 +258,7 @@ def computed_from(*inputs: str, scales: int = 0) -> Rows:
 
 
 def verdict_families() -> dict[str, tuple[str, ...]]:
-    """The between-run verdict's families (:mod:`topometrics.verdict`): family name -> the ``layer='all'``
+    """The between-run verdict's families (:mod:`topometrics.analysis.verdict`): family name -> the ``layer='all'``
     features whose level and rate it adds, in :data:`FEATURES` order (families with a ``verdict`` name,
     less the features declared ``in_verdict=False``)."""
     out: dict[str, tuple[str, ...]] = {}

@@ -1,0 +1,133 @@
+"""A run's checkpoints as shards through the execution seam: read back by DuckDB (as the warehouse
+reads them) equal to read_tables, equal in a fresh folder, reused when current, the same on a Dask
+LocalCluster, and whole after a worker is killed with SIGKILL mid-run."""
+
+import os
+import signal
+import threading
+import time
+
+import duckdb
+import pandas as pd
+import pytest
+from distributed import Client
+from test_cluster import worker_pids
+from test_features import PARAMS, run_tables, write_run
+
+from topometrics.execution.cluster import local_cluster
+from topometrics.execution.shards import ShardKey, params_digest, scan
+from topometrics.features.run_shards import run_shards
+from topometrics.params import ComputeParams
+
+STEPS = (0, 100, 200, 300)
+
+
+def read_back(root):
+    """features (+ distances) and diagrams of every shard under root, as the warehouse reads them."""
+    con = duckdb.connect()
+    digest = params_digest(PARAMS)
+    features = pd.concat(
+        [con.execute(f"SELECT * FROM {scan(con, root, t, digest).relation()}").df() for t in ("features", "distances")]
+    )
+    diagrams = con.execute(f"SELECT * FROM {scan(con, root, 'diagrams', digest).relation()}").df()
+    return features, diagrams
+
+
+def same_rows(a: pd.DataFrame, b: pd.DataFrame, keys: list[str]) -> None:
+    a = a[b.columns].sort_values(keys).reset_index(drop=True)
+    b = b.sort_values(keys).reset_index(drop=True)
+    if "reason" in b:  # NULL: None from DuckDB, NaN from pandas
+        a["reason"], b["reason"] = a["reason"].fillna("-"), b["reason"].fillna("-")
+    pd.testing.assert_frame_equal(a, b, check_dtype=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    write_run(root, STEPS)
+    features, diagrams = run_tables(root / "run", root / "corpus", root / "expected")  # the tests' reference
+    return root, features, diagrams
+
+
+def test_shards_hold_exactly_the_in_memory_tables_and_are_reused(tiny, tmp_path):
+    root, features, diagrams = tiny
+    out = tmp_path / "shards"
+    run = run_shards(root / "run", root / "corpus", PARAMS, out)
+    assert sorted(k.step for k in set(run.computed)) == list(STEPS) and not run.failed
+    assert (out / "rung=tiny/variant=base/seed=42/step=100/distances.parquet").is_file()
+    got_features, got_diagrams = read_back(out)
+    same_rows(got_features, features, ["step", "layer", "feature"])
+    same_rows(got_diagrams, diagrams, ["step", "source", "layer", "dim", "birth", "death"])
+    files = {p: p.stat().st_mtime_ns for p in out.glob("**/*.parquet")}
+    again = run_shards(root / "run", root / "corpus", PARAMS, out)
+    assert not again.computed and len(set(again.reused)) == len(STEPS)
+    assert {p: p.stat().st_mtime_ns for p in out.glob("**/*.parquet")} == files
+
+
+def test_a_removed_checkpoint_loses_its_shard_and_its_successor_gets_new_distances(tiny, tmp_path):
+    root, _, _ = tiny
+    out = tmp_path / "shards"
+    run_shards(root / "run", root / "corpus", PARAMS, out)
+    run_dir = tmp_path / "fewer"
+    run_dir.mkdir()
+    for step in (0, 200, 300):  # step 100 is gone
+        for suffix in (".safetensors", ".json"):
+            name = f"step_{step:06d}{suffix}"
+            (run_dir / name).write_bytes((root / "run" / name).read_bytes())
+    run = run_shards(run_dir, root / "corpus", PARAMS, out)
+    assert not ShardKey("tiny", "base", 42, 100).folder(out).exists()
+    assert [k.step for k in run.computed] == [200]  # only 200's distances (its previous is now 0)
+    features, _ = run_tables(run_dir, root / "corpus", tmp_path / "fresh")  # the fewer checkpoints from nothing
+    same_rows(read_back(out)[0], features, ["step", "layer", "feature"])
+
+
+def test_on_a_dask_cluster_with_a_worker_killed_mid_run_nothing_is_missing_or_twice(tiny, tmp_path):
+    root, features, diagrams = tiny
+    out = tmp_path / "shards"
+    with local_cluster(2, memory_limit=None) as cluster, Client(cluster) as client:
+        pids = worker_pids(client)
+        killed = []
+
+        def kill_a_busy_worker():  # as soon as a worker is running a checkpoint (its first import of torch)
+            deadline = time.monotonic() + 60
+            while not killed and time.monotonic() < deadline:
+                busy = [w for w, tasks in client.processing().items() if tasks]
+                if busy:
+                    os.kill(pids[busy[0]], signal.SIGKILL)
+                    killed.append(busy[0])
+                time.sleep(0.02)
+
+        killer = threading.Thread(target=kill_a_busy_worker)
+        killer.start()
+        run = run_shards(root / "run", root / "corpus", PARAMS, out, ComputeParams(cluster.scheduler_address))
+        killer.join()
+    assert killed, "no worker was killed"
+    assert not run.failed
+    got_features, got_diagrams = read_back(out)
+    assert not got_features.duplicated(["step", "layer", "feature"]).any()
+    same_rows(got_features, features, ["step", "layer", "feature"])
+    same_rows(got_diagrams, diagrams, ["step", "source", "layer", "dim", "birth", "death"])
+
+
+def test_a_failed_checkpoint_fails_the_stage_in_one_line_after_the_others_are_written(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    write_run(tmp_path, (0, 100, 200))
+    damaged = tmp_path / "run" / "step_000100.safetensors"
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["features"] |= {"workers": 1, "rep_points": 60, "rep_batch": 4, "betti_scales": 4}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    cmd = [sys.executable, str(repo / "stages/features.py"), "--runs", "run", "--corpus", "corpus", "--out", "out"]
+    stage = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert stage.returncode == 1, stage.stderr
+    assert "features@run: 3 checkpoints, 2 computed, 0 already current, 1 failed" in stage.stdout
+    (error,) = [line for line in stage.stderr.splitlines() if line.startswith("error: ")]  # the others: progress
+    assert error.startswith("error: features@run: 1 checkpoints failed (step 100: run/step_000100.safetensors: not a")
+    assert error.endswith("; the others are written, re-run to retry them") and "Traceback" not in stage.stderr
+    assert sorted(p.parent.name for p in (tmp_path / "out").glob("**/features.parquet")) == ["step=0", "step=200"]

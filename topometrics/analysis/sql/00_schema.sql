@@ -1,0 +1,143 @@
+-- topometrics warehouse: tables. Schema version 3 (topometrics.analysis.warehouse.SCHEMA_VERSION).
+-- Keys are (rung, variant, seed, step): a "rung" is a ladder model (tiny ... xl) or an external series
+-- (e.g. 'EleutherAI/pythia-14m'); `kind` in runs/rungs says which. `variant` is the recipe variant
+-- (params.yaml `variants`; 'base' = the recipe in `train`, and for external series).
+
+-- Build provenance: schema_version, code_version, duckdb_version, params (JSON), sql:<file> hashes.
+CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
+
+-- The analysis params the views read (one row), so that views stay pure SQL and still follow params.yaml.
+CREATE TABLE settings (
+    phase_threshold DOUBLE NOT NULL,   -- diminishing returns: |dNP| below this fraction of its peak
+    np_patience INTEGER NOT NULL,      -- Rieck et al. 2019 Algorithm 2: checkpoints without NP improvement
+    np_min_delta DOUBLE NOT NULL,      -- ... an improvement must beat the best NP by more than this
+    loss_patience INTEGER NOT NULL,    -- validation-loss patience, in checkpoints
+    loss_min_delta DOUBLE NOT NULL,    -- ... an improvement must lower the best val loss by more than this
+    alpha DOUBLE NOT NULL DEFAULT 0.05 -- family-wise level of Bonferroni-corrected verdicts
+);
+
+-- One row per training run (rung x variant x seed): params snapshot, corpus used, code version.
+CREATE TABLE runs (
+    rung VARCHAR NOT NULL,
+    variant VARCHAR NOT NULL DEFAULT 'base',
+    seed INTEGER NOT NULL,
+    kind VARCHAR NOT NULL,             -- 'ladder' (trained here) or 'series' (external checkpoints)
+    config_json VARCHAR,               -- data/config/<rung>.json verbatim: model shape + recipe
+    steps INTEGER,                     -- planned optimizer steps (recipe.steps)
+    ckpt_every INTEGER,
+    lr DOUBLE,                         -- peak learning rate
+    warmup INTEGER,
+    min_lr_ratio DOUBLE,
+    corpus_requested VARCHAR,
+    corpus_used VARCHAR,
+    corpus_sha256 VARCHAR,
+    corpus_fallback BOOLEAN,
+    corpus_reason VARCHAR,
+    code_version VARCHAR,
+    status VARCHAR,                    -- how a ladder run ended: 'complete' or 'diverged' (data/runs/<run>/run.json);
+                                       -- diverged runs are excluded from fits and predictions, with this reason
+    status_reason VARCHAR,             -- e.g. 'loss is nan at step 1234; kept checkpoints up to step 1200'
+    PRIMARY KEY (rung, variant, seed)
+);
+
+-- One row per rung: shape and parameter count (NULL for series that do not state them).
+CREATE TABLE rungs (
+    rung VARCHAR PRIMARY KEY,
+    kind VARCHAR NOT NULL,
+    n_params BIGINT,
+    vocab_size INTEGER,
+    context INTEGER,
+    hidden INTEGER,
+    layers INTEGER,
+    heads INTEGER
+);
+
+-- Every optimizer step: train loss, gradient 2-norm before clipping, learning rate used.
+CREATE TABLE steps (
+    rung VARCHAR NOT NULL, variant VARCHAR NOT NULL DEFAULT 'base', seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    train_loss DOUBLE, grad_norm DOUBLE, lr DOUBLE,
+    PRIMARY KEY (rung, variant, seed, step)
+);
+
+-- Every checkpoint: held-out validation loss and the train loss logged there. External series
+-- (run folders, live monitor logs) have rows for their computed steps; reason says why a loss is NULL.
+CREATE TABLE checkpoints (
+    rung VARCHAR NOT NULL, variant VARCHAR NOT NULL DEFAULT 'base', seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    val_loss DOUBLE, train_loss DOUBLE, reason VARCHAR,
+    PRIMARY KEY (rung, variant, seed, step)
+);
+
+-- The features stage's contract (docs/features.md); layer = 'all' for aggregates; NULL value => reason.
+CREATE TABLE features (
+    rung VARCHAR NOT NULL, variant VARCHAR NOT NULL DEFAULT 'base', seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    layer VARCHAR NOT NULL, feature VARCHAR NOT NULL, value DOUBLE, reason VARCHAR,
+    PRIMARY KEY (rung, variant, seed, step, layer, feature)
+);
+
+-- Persistence diagrams: source in {weights, representation}; one row per (birth, death) pair.
+CREATE TABLE diagrams (
+    rung VARCHAR NOT NULL, variant VARCHAR NOT NULL DEFAULT 'base', seed INTEGER NOT NULL, step INTEGER NOT NULL,
+    source VARCHAR NOT NULL, layer VARCHAR NOT NULL, dim INTEGER NOT NULL, birth DOUBLE, death DOUBLE
+);
+
+-- Final-loss predictions from the first `fraction` of training (paper Table 5).
+CREATE TABLE predictions (
+    method VARCHAR NOT NULL,           -- loss_power_law, schedule_aware, topology, loss_topology, ...
+    cv VARCHAR NOT NULL,               -- 'none' (per-run fit), 'rung' or 'seed' (leave-one-group-out)
+    fraction DOUBLE NOT NULL,
+    rung VARCHAR NOT NULL, variant VARCHAR NOT NULL DEFAULT 'base', seed INTEGER NOT NULL,
+    predicted DOUBLE,                  -- NULL when status = 'failed'
+    actual DOUBLE,                     -- final-checkpoint validation loss
+    status VARCHAR NOT NULL,           -- 'ok', 'failed', or 'excluded' (a diverged run: see runs.status)
+    reason VARCHAR,                    -- why it failed
+    trained_on VARCHAR                 -- learned methods: the rung:seed pairs the model was fitted on
+);
+
+-- Fitted curves: power laws against N (kind 'scaling') and loss-curve fits (kind 'loss_curve').
+CREATE TABLE fits (
+    kind VARCHAR NOT NULL,
+    target VARCHAR NOT NULL,           -- feature name, 'val_loss', or the prediction method
+    layer VARCHAR,
+    rung VARCHAR, variant VARCHAR DEFAULT 'base', seed INTEGER, fraction DOUBLE,
+    a DOUBLE, b DOUBLE, c DOUBLE,      -- f(N) = a*N^b + c, or L(t) = a*t^(-b) + c
+    params_json VARCHAR,               -- every fitted parameter, by name
+    r2 DOUBLE, spearman_rho DOUBLE, spearman_p DOUBLE, n INTEGER,
+    status VARCHAR NOT NULL, reason VARCHAR
+);
+
+-- Statistical tests: Spearman with bootstrap CI, Steiger/Fisher-z comparisons, across-seed summaries.
+CREATE TABLE tests (
+    kind VARCHAR NOT NULL,             -- spearman, topo_vs_spectral, spearman_across_seeds, mae_across_seeds
+    rung VARCHAR, variant VARCHAR DEFAULT 'base', seed INTEGER,
+    feature VARCHAR, layer VARCHAR,
+    other VARCHAR,                     -- the compared feature (topo_vs_spectral) or method/fraction
+    estimate DOUBLE, ci_low DOUBLE, ci_high DOUBLE,
+    statistic DOUBLE, p_value DOUBLE, n INTEGER,
+    p_bonferroni DOUBLE, significant BOOLEAN, reason VARCHAR
+);
+
+-- Between-run incremental validity (topometrics.analysis.verdict): per cv scheme x fraction x nested comparison,
+-- the paired difference of absolute final-loss errors (model with the family minus without).
+CREATE TABLE incremental_validity (
+    cv VARCHAR NOT NULL,               -- leave-one-<cv>-out: seed, variant or rung
+    fraction DOUBLE NOT NULL,
+    family VARCHAR NOT NULL,           -- weight_norm, weights_np, weights_vr, scale_free, heavy_tail, representation, everything
+    comparison VARCHAR NOT NULL,       -- '(2) vs (1)', '(3) vs (2)', '(4) vs (2)'
+    n INTEGER,                         -- runs predicted by both models (the pairs)
+    n_groups INTEGER,
+    mae_without DOUBLE, mae_with DOUBLE,
+    delta_mae DOUBLE,                  -- mean(error_with - error_without); negative = the family helps
+    ci_low DOUBLE, ci_high DOUBLE,     -- paired-bootstrap percentile 95% CI of delta_mae
+    statistic DOUBLE, p_value DOUBLE,  -- Wilcoxon signed-rank (scipy), two-sided
+    status VARCHAR NOT NULL,           -- 'ok' or 'skipped'
+    reason VARCHAR,                    -- why skipped, or notes (inputs not used)
+    inputs VARCHAR                     -- input columns of the larger model
+);
+
+-- The paired per-run predictions behind every 'ok' row of incremental_validity.
+CREATE TABLE incremental_errors (
+    cv VARCHAR NOT NULL, fraction DOUBLE NOT NULL, family VARCHAR NOT NULL,
+    rung VARCHAR NOT NULL, seed INTEGER NOT NULL, variant VARCHAR,
+    actual DOUBLE, predicted_without DOUBLE, predicted_with DOUBLE,
+    error_without DOUBLE, error_with DOUBLE
+);

@@ -1,0 +1,323 @@
+"""Per-checkpoint features as tidy tables: the computing modules' values under the vocabulary's names.
+
+One path for every checkpoint, ours or an external series' (:func:`linear_and_forward_features`):
+the linear weights, each loaded once and in order, and an optional forward/backward pass on a fixed
+batch; only loading differs (:func:`checkpoint_features` for our checkpoints,
+``topometrics.series.checkpoint`` for Hugging Face ones). Names, definitions and layer aggregations:
+``topometrics.vocabulary`` and ``docs/features.md``. Nothing here touches files: a whole run's
+checkpoints go to shards through ``topometrics.features.run_shards`` (series: ``topometrics.series.source_shards``).
+
+Tables
+------
+features : ``(rung, seed, step, layer, feature, value, reason)``; ``layer`` is a linear-layer
+    name (``block0.attn.qkv``, ``block0.attn.out``, ``block0.mlp.in``, ``block0.mlp.out``, ...)
+    or ``'all'`` for model-level values (aggregates over layers, and the final representation).
+    ``value`` is NaN (NULL in Parquet) exactly when ``reason`` says why.
+diagrams : ``(rung, seed, step, source, layer, dim, birth, death)``; ``source`` is
+    ``'weights'`` (Vietoris-Rips of a layer's rows) or ``'representation'`` (``layer='all'``);
+    finite bars only (the essential H0 bar of every cloud is implied, see topometrics.measures.persistence).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+import torch
+
+from topometrics.measures.heavy_tail import covariance_alpha
+from topometrics.measures.layer_features import aggregate_layers, layer_features
+from topometrics.measures.persistence import (
+    bottleneck_distance,
+    finite_bars,
+    wasserstein_distance,
+)
+from topometrics.measures.representation import representation_topology
+from topometrics.measures.spectral import covariance_spectrum
+from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights
+from topometrics.params import FeaturesParams
+from topometrics.vocabulary import (
+    ALL,
+    DISTANCE,
+    FORWARD,
+    REPRESENTATION,
+    STATES,
+    WEIGHTS,
+    computed_from,
+    model_only,
+    named,
+    per_layer,
+)
+
+FEATURE_COLUMNS = ["rung", "seed", "step", "layer", "feature", "value", "reason"]
+DIAGRAM_COLUMNS = ["rung", "seed", "step", "source", "layer", "dim", "birth", "death"]
+
+
+@dataclass
+class CheckpointFeatures:
+    """Features and diagrams of one checkpoint, before the rung/seed/step columns are added."""
+
+    rows: list[tuple[str, str, float, str | None]] = field(default_factory=list)  # layer, feature, value, reason
+    diagrams: dict[tuple[str, str], list[np.ndarray]] = field(default_factory=dict)  # (source, layer) -> [H0, H1]
+
+    def add(self, layer: str, values: dict[str, float], reason: str | None = None) -> None:
+        for name, value in values.items():
+            value, why = float(value), reason
+            if not np.isfinite(value):
+                # A NULL always carries its reason; an overflow gets a generic one.
+                why = why or f"non-finite {name}"
+            self.rows.append((layer, name, np.nan if why else value, why))
+
+    def extend(self, other: CheckpointFeatures) -> None:
+        self.rows.extend(other.rows)
+        self.diagrams.update(other.diagrams)
+
+
+class ForwardPass(NamedTuple):
+    """One forward/backward pass on the fixed batch."""
+
+    states: np.ndarray  # (windows * context, hidden) float64: the residual stream after the last block
+    grad_norms: dict[str, float]  # layer name -> Frobenius norm of d loss / d W (biases excluded)
+    loss: float  # mean next-token cross-entropy on the batch (nats)
+
+
+class NoForwardPass(Exception):
+    """The checkpoint's model cannot run; the message is the reason its forward features are NULL."""
+
+
+# ---------------------------------------------------------------------------
+# One checkpoint: linear weights + an optional forward pass
+# ---------------------------------------------------------------------------
+
+
+def linear_and_forward_features(
+    weights: Mapping[str, Callable[[], np.ndarray]],
+    global_max: float,
+    forward: Callable[[], ForwardPass] | None,
+    params: FeaturesParams,
+) -> CheckpointFeatures:
+    """All features of one finite checkpoint except the distances to the previous one.
+
+    Parameters
+    ----------
+    weights : {layer name: loader of its (out, in) array}
+        The linear layers in network order; each loader is called once, in order, so a caller
+        that reads layers lazily holds one layer in memory at a time. The array a loader returns
+        is overwritten (:func:`layer_features` ``overwrite``): return a fresh read or a copy.
+    global_max : float
+        ``max |w|`` over all the linear layers (neural persistence's normalisation).
+    forward : callable or None
+        Runs the forward/backward pass on the fixed batch; it raises :class:`NoForwardPass` when
+        the model cannot run (those rows are then NULL with the reason). None: weight features only.
+    params : FeaturesParams
+
+    Returns
+    -------
+    CheckpointFeatures
+        Weight features per layer and their ``layer='all'`` aggregates, diagrams
+        ``('weights', layer)``; then gradient norms, the batch loss and the representation.
+    """
+    out = CheckpointFeatures()
+    per_layer_values, alpha_reasons = {}, []
+    for i, (name, load) in enumerate(weights.items()):
+        values, out.diagrams[("weights", name)], alpha = layer_features(load(), global_max, params, i, overwrite=True)
+        per_layer_values[name] = values | {"w_alpha": alpha.alpha}
+        out.add(name, values)
+        out.add(name, {"w_alpha": alpha.alpha}, alpha.reason)  # NULL with its own reason on narrow layers
+        alpha_reasons.append(alpha.reason)
+    aggregates = aggregate_layers(per_layer_values)
+    alpha = aggregates.pop("w_alpha")
+    out.add(ALL, aggregates)
+    out.add(ALL, {"w_alpha": alpha}, None if np.isfinite(alpha) else f"no layer fitted: {alpha_reasons[0]}")
+    if forward is not None:
+        out.extend(forward_features(forward, list(weights), params))
+    return out
+
+
+def forward_features(
+    forward: Callable[[], ForwardPass], layers: list[str], params: FeaturesParams
+) -> CheckpointFeatures:
+    """Gradient norms per layer and over all, the batch loss, and the representation features.
+
+    NULL with the reason for every one of them when ``forward`` raises :class:`NoForwardPass`.
+    """
+    out = CheckpointFeatures()
+    try:
+        result = forward()
+    except NoForwardPass as err:
+        rows = computed_from(FORWARD, STATES, scales=params.betti_scales)
+        for name in layers:
+            out.add(name, dict.fromkeys(rows.per_layer, np.nan), str(err))
+        out.add(ALL, dict.fromkeys(rows.model_level, np.nan), str(err))
+        return out
+    for name, value in result.grad_norms.items():
+        out.add(name, {"grad_norm": value})
+    out.add(ALL, aggregate_layers({name: {"grad_norm": v} for name, v in result.grad_norms.items()}))
+    out.add(ALL, {"batch_loss": result.loss})
+    out.extend(representation_features(result.states, params))
+    return out
+
+
+def representation_features(states: np.ndarray, params: FeaturesParams) -> CheckpointFeatures:
+    """Topology and spectrum of the hidden-state cloud (layer ``'all'``, source ``'representation'``).
+
+    Topology on a seeded subsample of ``rep_points`` states after PCA to ``rep_dim``
+    (:func:`topometrics.measures.representation.representation_topology`); ``rep_rankme``/``rep_pr`` on all
+    states. Non-finite states give NULLs with a reason.
+    """
+    out = CheckpointFeatures()
+    if not np.isfinite(states).all():
+        names = computed_from(STATES, scales=params.betti_scales).model_level
+        out.add(ALL, dict.fromkeys(names, np.nan), "non-finite hidden states")
+        return out
+    topo, dgms = representation_topology(
+        states, params.rep_points, params.rep_dim, params.seed, params.significance, params.betti_scales
+    )
+    out.add(ALL, named(REPRESENTATION, {**topo, **covariance_spectrum(states)}))
+    alpha = covariance_alpha(states)
+    out.add(ALL, {"rep_alpha": alpha.alpha}, alpha.reason)
+    out.diagrams[("representation", ALL)] = dgms
+    return out
+
+
+def null_features(layers: list[str], params: FeaturesParams, reason: str) -> CheckpointFeatures:
+    """The full set of feature rows of a checkpoint with linear layers ``layers``, all NULL with ``reason``."""
+    out = CheckpointFeatures()
+    rows = computed_from(WEIGHTS, FORWARD, STATES, scales=params.betti_scales)
+    for name in layers:
+        out.add(name, dict.fromkeys(rows.per_layer, np.nan), reason)
+    out.add(ALL, dict.fromkeys(rows.model_level, np.nan), reason)
+    return out
+
+
+def distance_features(
+    prev: CheckpointFeatures | None, cur: CheckpointFeatures, layers: list[str]
+) -> CheckpointFeatures:
+    """Wasserstein-1 and bottleneck distances of each diagram to the previous checkpoint's.
+
+    Per layer, the distance between the graded diagrams ``[H0, H1]`` with matchings inside a
+    dimension: W1 is the sum of the per-dimension W1, bottleneck the per-dimension maximum.
+    ``layer='all'`` sums both over layers. Finite bars only. NULL with a reason for the first
+    checkpoint or when either diagram is missing (diverged checkpoint).
+    """
+    out = CheckpointFeatures()
+    layer_names, model_names = per_layer(DISTANCE), model_only(DISTANCE)
+    totals = {name: 0.0 for name in layer_names}
+    total_reason = None
+    for layer in layers:
+        values, reason = _graded_distances(prev, cur, ("weights", layer), layer_names)
+        out.add(layer, values, reason)
+        total_reason = total_reason or reason
+        totals = {k: totals[k] + values[k] for k in totals}
+    out.add(ALL, totals, total_reason)
+    values, reason = _graded_distances(prev, cur, ("representation", ALL), model_names)
+    out.add(ALL, values, reason)
+    return out
+
+
+def _graded_distances(prev, cur, key, names) -> tuple[dict[str, float], str | None]:
+    if prev is None:
+        return dict.fromkeys(names, np.nan), "first checkpoint: no previous diagram"
+    if key not in prev.diagrams or key not in cur.diagrams:
+        return dict.fromkeys(names, np.nan), "diagram missing at this or the previous checkpoint"
+    pairs = list(zip(prev.diagrams[key], cur.diagrams[key], strict=True))
+    w1 = sum(wasserstein_distance(a, b) for a, b in pairs)
+    bneck = max(bottleneck_distance(a, b) for a, b in pairs)
+    return dict(zip(names, (w1, bneck), strict=True)), None
+
+
+# ---------------------------------------------------------------------------
+# Our checkpoints: a state dict and the GPT forward pass
+# ---------------------------------------------------------------------------
+
+
+def validation_batch(tokens: np.ndarray, context: int, windows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed batch: window i is ``tokens[i*context : (i+1)*context]``, targets shifted by one.
+
+    Returns
+    -------
+    x, y : (windows, context) int64 tensors
+    """
+    needed = windows * context + 1
+    if tokens.size < needed:
+        raise ValueError(
+            f"validation corpus has {tokens.size} tokens, the fixed batch needs {needed} "
+            f"({windows} windows of {context} + 1); lower features.rep_batch"
+        )
+    flat = torch.from_numpy(np.asarray(tokens[:needed], dtype=np.int64))
+    return flat[:-1].view(windows, context), flat[1:].view(windows, context)
+
+
+def model_on_batch(model: GPT, x: torch.Tensor, y: torch.Tensor) -> ForwardPass:
+    """Hidden states after the last block, per-layer weight-gradient norms and the batch loss."""
+    model.zero_grad(set_to_none=True)
+    loss = model.loss(x, y)
+    loss.backward()
+    grads = {name: float(module.weight.grad.norm()) for name, module in linear_modules(model).items()}
+    with torch.no_grad():
+        states = model.hidden_states(x)
+    model.zero_grad(set_to_none=True)
+    return ForwardPass(states.reshape(-1, states.shape[-1]).double().numpy(), grads, loss.item())
+
+
+def checkpoint_features(
+    state: dict[str, torch.Tensor], config: GPTConfig, batch: tuple[torch.Tensor, torch.Tensor], params: FeaturesParams
+) -> CheckpointFeatures:
+    """All features of one of our checkpoints except the distances to the previous one.
+
+    A diverged checkpoint (NaN/Inf in any tensor) gives NULL for every feature with the reason,
+    and a ``RuntimeWarning``; it never raises.
+    """
+    bad = {name: int((~torch.isfinite(t)).sum()) for name, t in state.items() if not torch.isfinite(t).all()}
+    if bad:
+        reason = f"diverged: non-finite weights in {len(bad)} tensors ({sum(bad.values())} entries)"
+        warnings.warn(reason, RuntimeWarning, stacklevel=2)
+        return null_features(linear_layer_names(config.layers), params, reason)
+    model = GPT(config)
+    model.load_state_dict(state)
+    loaders, global_max = in_memory(linear_weights(state, config.layers))
+    return linear_and_forward_features(loaders, global_max, lambda: model_on_batch(model, *batch), params)
+
+
+def weight_features(weights: dict[str, np.ndarray], params: FeaturesParams) -> CheckpointFeatures:
+    """The weight features alone (no forward pass) of finite in-memory linear layers, in network order."""
+    return linear_and_forward_features(*in_memory(weights), None, params)
+
+
+def in_memory(weights: dict[str, np.ndarray]) -> tuple[dict[str, Callable[[], np.ndarray]], float]:
+    """Loaders of in-memory layers (each a copy: the features overwrite what a loader gives) and
+    ``max |w|`` over all of them."""
+    global_max = max(float(np.abs(w).max()) for w in weights.values())
+    return {name: lambda w=w: np.array(w, order="C") for name, w in weights.items()}, global_max
+
+
+# ---------------------------------------------------------------------------
+# Tables (written as shards by topometrics.features.run_shards)
+# ---------------------------------------------------------------------------
+
+
+def features_frame(result: CheckpointFeatures, rung: str, seed: int, step: int) -> pd.DataFrame:
+    frame = pd.DataFrame(result.rows, columns=["layer", "feature", "value", "reason"])
+    frame.insert(0, "step", step)
+    frame.insert(0, "seed", seed)
+    frame.insert(0, "rung", rung)
+    return frame.astype({"value": "float64", "reason": "object"})
+
+
+def diagrams_frame(result: CheckpointFeatures, rung: str, seed: int, step: int) -> pd.DataFrame:
+    parts = []
+    for (source, layer), dgms in result.diagrams.items():
+        for dim, dgm in enumerate(dgms):
+            bars = finite_bars(dgm)
+            parts.append(
+                pd.DataFrame({"source": source, "layer": layer, "dim": dim, "birth": bars[:, 0], "death": bars[:, 1]})
+            )
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=DIAGRAM_COLUMNS[3:])
+    frame.insert(0, "step", step)
+    frame.insert(0, "seed", seed)
+    frame.insert(0, "rung", rung)
+    return frame.astype({"dim": "int64", "birth": "float64", "death": "float64"})

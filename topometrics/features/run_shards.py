@@ -1,0 +1,233 @@
+"""Checkpoints to feature shards through the execution seam (our runs; series: ``topometrics.series.source_shards``).
+
+Every checkpoint's features and diagrams are computed by the one per-checkpoint path
+(``topometrics.features.checkpoint`` for our checkpoints, ``topometrics.series.checkpoint`` for external ones) as a job
+of :func:`topometrics.execution.compute.each_result` — a local process pool or a Dask cluster, as
+``compute`` says — and written as a shard (``topometrics.execution.shards``) as soon as it arrives. A shard
+whose fingerprint is current is not computed again. Then each checkpoint's distances to the
+previous one (``*_prev``) are a ``distances`` shard, computed from the two diagram shards.
+:func:`read_tables` reads the shards back as two tables (tests, benchmarks); the warehouse reads
+them with DuckDB.
+
+Fingerprint inputs: our checkpoints, the sha256 of the weights file and of the validation tokens;
+hub revisions, ``<model>@<revision>`` (so a cached shard needs no download to be recognised); local
+series entries, the sha256 of their files. Both add ``series.seq_len`` and the validation text's hash.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from topometrics.execution.compute import each_result
+from topometrics.execution.shards import (
+    Fingerprint,
+    ShardKey,
+    ShardRun,
+    Task,
+    compute_shards,
+    file_sha256,
+    is_current,
+    module_source_hash,
+    params_digest,
+    prune,
+)
+from topometrics.features.checkpoint import (
+    DIAGRAM_COLUMNS,
+    FEATURE_COLUMNS,
+    CheckpointFeatures,
+    checkpoint_features,
+    diagrams_frame,
+    distance_features,
+    features_frame,
+    validation_batch,
+)
+from topometrics.models.checkpoints import Checkpoint, CheckpointError, list_checkpoints, load_state
+from topometrics.models.model import linear_layer_names
+from topometrics.models.tokens import load_tokens
+from topometrics.params import BASE_VARIANT, ComputeParams, FeaturesParams
+
+TABLES = ("features", "diagrams")
+
+
+@dataclass(frozen=True)
+class CheckpointJob:
+    """One of our checkpoints, to its ``features`` and ``diagrams`` tables (a job: it pickles)."""
+
+    ckpt: Checkpoint
+    key: ShardKey  # its shard: the rung, seed and step columns
+    tokens: np.ndarray  # (n,) uint8 validation tokens; the fixed batch is cut at the checkpoint's context
+    params: FeaturesParams
+
+
+@dataclass(frozen=True)
+class DistanceJob:
+    """A checkpoint's ``*_prev`` rows from its diagram shard and the previous checkpoint's (a job: it pickles)."""
+
+    previous: pd.DataFrame | None  # the previous checkpoint's diagram shard; None for the first checkpoint
+    current: pd.DataFrame  # this checkpoint's diagram shard
+    layers: list[str]  # linear layers in network order: one row per layer and distance, then 'all'
+    key: ShardKey
+    extra: dict  # the series/revision columns of its feature shard ({} for our runs)
+
+
+def run_shards(
+    run_dir: Path,
+    corpus_dir: Path,
+    params: FeaturesParams,
+    out: Path,
+    compute: ComputeParams | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> ShardRun:
+    """Feature, diagram and distance shards of every checkpoint of one run directory, under ``out``.
+
+    Each shard's rung, variant and seed are those its checkpoint records (checkpoints describe
+    themselves). Shards of checkpoints the run no longer has are deleted, and so is the shard of a checkpoint
+    that failed this time (never a stale one left to be read). Returns what was computed and reused;
+    ``progress`` gets one summary line. Raises :class:`CheckpointError` for a run without checkpoints and,
+    after writing the others, when a checkpoint failed (its distances to its neighbours are not computed).
+    """
+    start = time.monotonic()
+    ckpts = list_checkpoints(Path(run_dir))
+    if not ckpts:
+        raise CheckpointError(f"{run_dir}: no complete checkpoints (step_*.safetensors + .json); run training first")
+    tokens = load_tokens(corpus_dir, "val")
+    code, digest = module_source_hash(__name__), params_digest(params)
+    batch = hashlib.sha256(tokens.tobytes()).hexdigest()[:16]
+    tasks = []
+    for ckpt in ckpts:
+        name, variant = ckpt.meta.get("rung", Path(run_dir).name), ckpt.meta.get("variant", BASE_VARIANT)
+        key = ShardKey(name, variant, int(ckpt.meta.get("seed", -1)), ckpt.step)
+        fingerprint = Fingerprint(f"weights {file_sha256(ckpt.path)} tokens {batch}", digest, code)
+        tasks.append(Task(key, fingerprint, CheckpointJob(ckpt, key, tokens, params)))
+    run = compute_shards(out, tasks, _checkpoint_tables, mapper(params, compute, "features"), TABLES)
+    layers = linear_layer_names(ckpts[0].config.layers)
+    run = run.merge(distance_shards(out, [t for t in tasks if t.key not in run.failed], layers, params, compute))
+    prune(out, [t.key for t in tasks if t.key not in run.failed])
+    label, keys, computed = f"features@{Path(run_dir).name}", {t.key for t in tasks}, set(run.computed)
+    progress(
+        f"{label}: {len(keys)} checkpoints, {len(computed)} computed, {len(keys - computed - set(run.failed))} "
+        f"already current, {len(run.failed)} failed, {time.monotonic() - start:.1f} s -> {out}"
+    )
+    if run.failed:
+        first, reason = next(iter(run.failed.items()))
+        raise CheckpointError(
+            f"{label}: {len(run.failed)} checkpoints failed (step {first.step}: {reason}); "
+            "the others are written, re-run to retry them"
+        )
+    return run
+
+
+def distance_shards(
+    root: Path, tasks: list[Task], layers: list[str], params: FeaturesParams, compute: ComputeParams | None
+) -> ShardRun:
+    """``distances`` shards: each checkpoint's ``*_prev`` rows against the one before it in ``tasks``.
+
+    The fingerprint chains the two checkpoints' fingerprints, so a recomputed checkpoint also
+    renews its successor's distances. Jobs carry the two diagram tables (read here).
+    """
+    jobs, prev = [], None
+    for task in tasks:
+        before = prev.fingerprint.digest if prev else "none"
+        fingerprint = Fingerprint(
+            f"{before} -> {task.fingerprint.digest}", task.fingerprint.params, task.fingerprint.code
+        )
+        job = None
+        if not is_current(root, task.key, fingerprint, ("distances",)):
+            previous = None if prev is None else read_table(root, prev.key, "diagrams")
+            current = read_table(root, task.key, "diagrams")
+            job = DistanceJob(previous, current, layers, task.key, _extra(root, task.key))
+        jobs.append(Task(task.key, fingerprint, job))
+        prev = task
+    return compute_shards(root, jobs, _distance_tables, mapper(params, compute, "distances"), ("distances",))
+
+
+def read_tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The feature rows and the diagrams of every shard under ``root``, as two tables in memory.
+
+    Shards in (rung, variant, seed, step) order; each one's ``features`` rows then its ``distances``
+    (``*_prev``) rows, as the warehouse loads them, with the series/revision columns of series shards.
+    Every shard is read, whatever its fingerprint. None: empty tables of
+    :data:`~topometrics.features.checkpoint.FEATURE_COLUMNS` and
+    :data:`~topometrics.features.checkpoint.DIAGRAM_COLUMNS`.
+    """
+    features, diagrams = [], []
+    for key in stored_keys(root):
+        found = {t: key.folder(root) / f"{t}.parquet" for t in ("features", "distances", "diagrams")}
+        found = {t: pd.read_parquet(path) for t, path in found.items() if path.is_file()}
+        features += [found[t] for t in ("features", "distances") if t in found]
+        diagrams += [found["diagrams"]] if "diagrams" in found else []
+    return _concat(features, FEATURE_COLUMNS), _concat(diagrams, DIAGRAM_COLUMNS)
+
+
+# ---------------------------------------------------------------------------
+# Jobs (module level: they run in worker processes)
+# ---------------------------------------------------------------------------
+
+
+def _checkpoint_tables(job: CheckpointJob) -> dict:
+    batch = validation_batch(job.tokens, job.ckpt.config.context, job.params.rep_batch)
+    result = checkpoint_features(load_state(job.ckpt.path), job.ckpt.config, batch, job.params)
+    return frames(result, job.key, {})
+
+
+def _distance_tables(job: DistanceJob) -> dict:
+    prev = None if job.previous is None else _diagrams(job.previous)
+    result = distance_features(prev, _diagrams(job.current), job.layers)
+    return {"distances": features_frame(result, job.key.rung, job.key.seed, job.key.step).assign(**job.extra)}
+
+
+def frames(result: CheckpointFeatures, key: ShardKey, extra: dict) -> dict:
+    return {
+        "features": features_frame(result, key.rung, key.seed, key.step).assign(**extra),
+        "diagrams": diagrams_frame(result, key.rung, key.seed, key.step).assign(**extra),
+    }
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+
+def mapper(params: FeaturesParams, compute: ComputeParams | None, label: str):
+    return functools.partial(each_result, workers=params.workers, label=label, compute=compute)
+
+
+def _diagrams(frame: pd.DataFrame) -> CheckpointFeatures:
+    """The diagrams of a diagram shard back as ``{(source, layer): [H0 bars, H1 bars]}`` (finite bars)."""
+    out = CheckpointFeatures()
+    for (source, layer), part in frame.groupby(["source", "layer"], sort=False):
+        out.diagrams[(source, layer)] = [
+            part.loc[part["dim"] == dim, ["birth", "death"]].to_numpy(np.float64) for dim in (0, 1)
+        ]
+    return out
+
+
+def read_table(root: Path, key: ShardKey, table: str) -> pd.DataFrame:
+    return pd.read_parquet(key.folder(root) / f"{table}.parquet")
+
+
+def stored_keys(root: Path) -> list[ShardKey]:
+    """The keys of the shard folders under ``root``, in (rung, variant, seed, step) order."""
+    keys = []
+    for folder in Path(root).glob("rung=*/variant=*/seed=*/step=*"):
+        rung, variant, seed, step = (part.split("=", 1)[1] for part in folder.relative_to(root).parts)
+        keys.append(ShardKey(rung, variant, int(seed), int(step)))
+    return sorted(keys, key=lambda k: (k.rung, k.variant, k.seed, k.step))
+
+
+def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
+
+
+def _extra(root: Path, key: ShardKey) -> dict:
+    """The series/revision columns of a checkpoint's feature shard (none for our runs)."""
+    frame = pd.read_parquet(key.folder(root) / "features.parquet", columns=None)
+    return {c: frame[c].iloc[0] for c in ("series", "revision") if c in frame.columns and len(frame)}

@@ -1,0 +1,147 @@
+"""Self-describing checkpoints: safetensors weights plus a small JSON sidecar.
+
+A rung's run directory holds, for every checkpoint step ``s``::
+
+    step_{s:06d}.safetensors   model state dict (see topometrics.models.model), float32
+    step_{s:06d}.json          {"step", "rung", "seed", "config", "recipe_fingerprint",
+                                "val_loss", "train_loss"}
+
+so any later stage rebuilds the model from the checkpoint alone. Nothing here ever
+unpickles: safetensors stores raw tensors and JSON stores the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from topometrics.atomic import replacing, write_text
+from topometrics.errors import TopometricsError
+from topometrics.models.model import GPT, GPTConfig
+
+_STEP_FILE = re.compile(r"^step_(\d{6,})\.safetensors$")
+
+
+class CheckpointError(TopometricsError, RuntimeError):
+    """A checkpoint file is missing, truncated or inconsistent with its sidecar."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path  # the .safetensors file
+    meta: dict  # the sidecar
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+    @property
+    def config(self) -> GPTConfig:
+        return GPTConfig(**self.meta["config"])
+
+
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / f"step_{step:06d}.safetensors"
+
+
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """Write tensors as a safetensors file atomically (contiguous CPU copies; nothing is pickled)."""
+    with replacing(path) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+
+
+def save_checkpoint(run_dir: Path, model: GPT, meta: dict) -> Path:
+    """Write weights, then the sidecar; the sidecar's presence marks the checkpoint complete."""
+    path = checkpoint_path(run_dir, meta["step"])
+    save_tensors(path, model.state_dict())
+    write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True))
+    return path
+
+
+def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
+    """Complete checkpoints (weights and sidecar both present) sorted by step."""
+    found = []
+    for path in sorted(Path(run_dir).glob("step_*.safetensors")):
+        sidecar = path.with_suffix(".json")
+        if not _STEP_FILE.match(path.name) or not sidecar.exists():
+            continue
+        try:
+            meta = json.loads(sidecar.read_text())
+        except json.JSONDecodeError as err:
+            raise CheckpointError(
+                f"{sidecar}: sidecar is not valid JSON ({err}); run `dvc repro` (training recomputes it)"
+            ) from err
+        found.append(Checkpoint(path, meta))
+    return sorted(found, key=lambda c: c.step)
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file is not whole (missing, truncated, extended, bad header), or None.
+
+    Cheap: reads the 8-byte header length and the JSON header only, and checks that the file
+    ends exactly where the last tensor does.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return "missing"
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or 8 + n > size:
+            return f"truncated ({size:,} bytes, shorter than its header)"
+        try:
+            header = json.loads(f.read(n))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError):
+            return "damaged header (not safetensors JSON)"
+    if size != 8 + n + end:
+        state = "truncated" if size < 8 + n + end else "longer than its tensors"
+        return f"{state} ({size:,} bytes, its header says {8 + n + end:,})"
+    return None
+
+
+def checkpoint_problem(run_dir: Path, step: int) -> str | None:
+    """Why checkpoint ``step`` of ``run_dir`` is not usable (``<file>: <reason>``), or None when whole."""
+    path = checkpoint_path(run_dir, step)
+    sidecar = path.with_suffix(".json")
+    try:
+        meta = json.loads(sidecar.read_text())
+    except FileNotFoundError:
+        return f"{sidecar.name}: missing"
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return f"{sidecar.name}: not valid JSON"
+    if not isinstance(meta, dict) or meta.get("step") != step:
+        return f"{sidecar.name}: does not describe step {step}"
+    problem = safetensors_problem(path)
+    return f"{path.name}: {problem}" if problem else None
+
+
+def load_state(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file, with a clear error for a corrupt or truncated one."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: checkpoint file is missing; run `dvc repro` (training recomputes it)")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{path}: not a readable safetensors file ({err}); run `dvc repro` (training recomputes it)"
+        ) from err
+
+
+def load_model(ckpt: Checkpoint) -> GPT:
+    """Rebuild the model from the checkpoint alone (config from the sidecar)."""
+    model = GPT(ckpt.config)
+    state = load_state(ckpt.path)
+    missing = set(model.state_dict()) ^ set(state)
+    if missing:
+        raise CheckpointError(f"{ckpt.path}: tensors do not match the sidecar's config: {sorted(missing)[:5]}")
+    model.load_state_dict(state)
+    return model.eval()

@@ -1,0 +1,167 @@
+"""The report as one offline HTML page, and its figures as SVG/PNG files (vl-convert: no browser, no network).
+
+:func:`render_html` writes nothing but returns the HTML text, with the Vega/Vega-Lite/Vega-Embed
+bundle passed in (:func:`vega_bundle`), so the file opens with no network; :func:`write_report`
+writes the report stage's files.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import altair as alt
+import numpy as np
+import pandas as pd
+import vl_convert as vlc
+
+from topometrics.analysis.warehouse import connect_read_only
+from topometrics.atomic import write_bytes, write_text
+from topometrics.report.contents import Report, build
+from topometrics.report.frames import Missing, load
+
+# Vega-Lite version of altair's specs ("6.4"): vl-convert must render them with the same one.
+VL_VERSION = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+
+
+def write_report(warehouse: Path, series_status: Path, out: Path) -> str:
+    """The report stage: ``<out>/report.html``, ``figures/<name>.svg|png`` of every figure that can be drawn and
+    ``plots/<name>.csv`` (DVC plots), from the warehouse (opened read-only) and the series stage's status file
+    (absent: the banner says so). Returns a one-line summary."""
+    status = json.loads(Path(series_status).read_text()) if Path(series_status).exists() else None
+    with connect_read_only(warehouse) as con:
+        doc = build(load(con), status)
+    figures_dir, plots_dir = Path(out) / "figures", Path(out) / "plots"
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    shown = {**doc.verdict_figures, **doc.figures}
+    drawn = {name: chart for name, chart in shown.items() if not isinstance(chart, Missing)}
+    for name, chart in drawn.items():
+        svg, png = export_figure(chart)
+        write_text(figures_dir / f"{name}.svg", svg)
+        write_bytes(figures_dir / f"{name}.png", png)
+    for name, frame in doc.plots.items():
+        write_text(plots_dir / f"{name}.csv", frame.to_csv(index=False))
+    write_text(Path(out) / "report.html", render_html(doc, vega_bundle()))
+    corpus = f"{doc.corpus_used}{' (OFFLINE FALLBACK)' if doc.corpus_fallback else ''}"
+    missing = sum(isinstance(t, Missing) for t in [doc.verdict, *doc.tables.values(), *shown.values()])
+    tables = f"{len(doc.tables)} tables ({missing} pieces not available)"
+    return f"{len(drawn)}/{len(shown)} figures, {tables}, corpus {corpus}"
+
+
+def render_html(report: Report, vega_bundle: str) -> str:
+    """One self-contained HTML page: banner, figures, tables; ``vega_bundle`` is inlined, nothing is fetched."""
+    if "</script" in vega_bundle.lower():
+        raise ValueError(
+            "the Vega bundle contains '</script' and cannot be inlined; use vl_convert.javascript_bundle()"
+        )
+    toc = "".join(f'<li><a href="#fig-{n}">Figure: {n.replace("_", " ")}</a></li>' for n in report.figures)
+    toc += "".join(f'<li><a href="#{_slug(t)}">{html.escape(t)}</a></li>' for t in report.tables)
+    body = [_banner_html(report), _verdict_html(report), f'<nav><ol class="toc">{toc}</ol></nav>', "<h2>Figures</h2>"]
+    body += ['<div class="figures">', *(_figure_html(n, c) for n, c in report.figures.items()), "</div>"]
+    body.append("<h2>Tables (ours beside the paper's)</h2>")
+    body += [_table_html(title, table) for title, table in report.tables.items()]
+    return _PAGE.format(style=_STYLE, bundle=vega_bundle, body="\n".join(body), embed=_EMBED)
+
+
+def export_figure(chart: alt.TopLevelMixin, scale: float = 2.0) -> tuple[str, bytes]:
+    """The chart as SVG text and PNG bytes, rendered by vl-convert (no browser, no network)."""
+    spec = chart.to_dict()
+    return vlc.vegalite_to_svg(spec, vl_version=VL_VERSION), vlc.vegalite_to_png(
+        spec, vl_version=VL_VERSION, scale=scale
+    )
+
+
+def vega_bundle() -> str:
+    """Vega, Vega-Lite (the version altair writes) and Vega-Embed as one script to inline."""
+    return vlc.javascript_bundle(vl_version=VL_VERSION)
+
+
+def spec_json(chart: alt.TopLevelMixin) -> str:
+    """The chart's Vega-Lite spec as JSON that is safe inside a ``<script>`` element."""
+    return json.dumps(chart.to_dict(), sort_keys=True).replace("<", "\\u003c")
+
+
+def _banner_html(report: Report) -> str:
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in report.banner.items())
+    kind = "banner fallback" if report.corpus_fallback else "banner"
+    return f'<h1>topometrics report</h1><table class="{kind}">{rows}</table>'
+
+
+def _verdict_html(report: Report) -> str:
+    """The lead section: what each family adds, in sentences and as a table, then the forest plot and partial rho."""
+    head = '<section id="what-topology-adds"><h2>What topology adds</h2>'
+    table = report.verdict
+    if isinstance(table, Missing):
+        words = f'<p class="missing">not available: {html.escape(table.reason)}</p>'
+    else:
+        items = "".join(f"<li>{html.escape(s)}</li>" for s in table["reads as"])
+        words = f'<ol class="verdict">{items}</ol>' + _table_html("Verdict per family and fraction", table)
+    figures = "".join(_figure_html(n, c) for n, c in report.verdict_figures.items())
+    return head + words + f'<div class="figures">{figures}</div></section>'
+
+
+def _table_html(title: str, table: pd.DataFrame | Missing) -> str:
+    head = f'<h3 id="{_slug(title)}">{html.escape(title)}</h3>'
+    if isinstance(table, Missing):
+        return head + f'<p class="missing">not available: {html.escape(table.reason)}</p>'
+    shown = table.apply(lambda col: col.map(_fmt))
+    return head + shown.to_html(index=False, escape=True, na_rep="—", classes="data", border=0)
+
+
+def _figure_html(name: str, chart) -> str:
+    head = f'<section class="figure"><h3 id="fig-{name}">Figure: {html.escape(name.replace("_", " "))}</h3>'
+    if isinstance(chart, Missing):
+        return head + f'<p class="missing">not available: {html.escape(chart.reason)}</p></section>'
+    div = f'<div class="chart" id="chart-{name}"></div>'
+    return head + div + f'<script type="application/json" data-chart="{name}">{spec_json(chart)}</script></section>'
+
+
+def _fmt(value):
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return "—"
+    if isinstance(value, float | np.floating):
+        if float(value).is_integer() and abs(value) < 1e7:
+            return f"{int(value)}"
+        return f"{value:.2e}" if abs(value) < 1e-3 else f"{value:.4g}"
+    return value
+
+
+def _slug(title: str) -> str:
+    return "t-" + re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:40]
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1600px; }
+table.banner { border: 2px solid #4c78a8; background: #eef4fb; margin-bottom: 1em; }
+table.banner.fallback { border: 4px solid #c00; background: #ffecec; font-weight: bold; }
+table.banner th { text-align: left; padding: 4px 12px; }
+table.data { border-collapse: collapse; font-size: 13px; margin-bottom: 1.5em; }
+table.data th, table.data td { border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+table.data th { background: #f3f3f3; }
+ol.verdict li { margin-bottom: 0.3em; }
+p.missing { color: #a40; font-style: italic; }
+div.figures { display: flex; flex-wrap: wrap; gap: 1em 3em; }
+div.chart { margin-bottom: 1em; }
+ol.toc { columns: 2; font-size: 14px; }
+"""
+_EMBED = """
+document.querySelectorAll("script[data-chart]").forEach(function (node) {
+  var target = "#chart-" + node.dataset.chart;
+  vegaEmbed(target, JSON.parse(node.textContent), {renderer: "svg", actions: false}).catch(function (err) {
+    document.querySelector(target).textContent = "chart failed to render: " + err;
+    console.error(err);
+  });
+});
+"""
+_PAGE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>topometrics report</title>
+<style>{style}</style>
+<script type="text/javascript">{bundle}</script>
+</head><body>
+{body}
+<script type="text/javascript">{embed}</script>
+</body></html>
+"""

@@ -1,0 +1,112 @@
+"""The report's lead section, "What topology adds": the verdict in words, a forest plot, a partial-rho heatmap.
+
+From the warehouse views ``topology_verdict`` (what each family of inputs adds to the prediction of
+a run's final loss, per cross-validation scheme x training fraction) and ``partial_spearman``
+(within-run rho of each feature with the loss, training progress partialled out). A view that is
+missing or empty, or has nothing to draw, is :class:`~topometrics.report.frames.Missing` with its reason.
+"""
+
+from __future__ import annotations
+
+import math
+
+import altair as alt
+import pandas as pd
+
+from topometrics.report.frames import Missing
+
+# What the smaller model of each comparison already has, and what the larger one adds.
+BASELINE = {"weight_norm": "the loss curve"}
+DEFAULT_BASELINE = "loss curve + weight norm"
+ADDED = {"weight_norm": "the weight norm", "everything": "every family"}
+FAMILY_WORDS = {"weights_vr": "weights-VR", "weights_np": "weights-NP", "scale_free": "scale-free"}
+CV_WORDS = {"seed": "leave-one-seed-out", "variant": "leave-one-variant-out", "rung": "leave-one-rung-out"}
+TABLE_COLUMNS = ["cv", "fraction", "family", "n", "delta_mae", "ci_low", "ci_high", "p_bonferroni", "verdict"]
+
+
+def _num(value, digits: int = 3) -> str:
+    """A number as the sentences print it (``digits`` significant digits, a true minus sign); NaN as 'n/a'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{float(value):.{digits}g}".replace("-", "\u2212")
+
+
+def _added(family: str) -> str:
+    return ADDED.get(family, f"the {FAMILY_WORDS.get(family, family.replace('_', '-'))} family")
+
+
+def sentence(row) -> str:
+    """One quotable sentence for a ``topology_verdict`` row: the setting, the ΔMAE with its CI, n, p, the verdict."""
+    when = f"At {_num(100 * row['fraction'])}% of training"
+    cv = CV_WORDS.get(row["cv"], f"leave-one-{row['cv']}-out")
+    what = f"adding {_added(row['family'])} to {BASELINE.get(row['family'], DEFAULT_BASELINE)}"
+    delta = row.get("delta_mae")
+    if delta is None or pd.isna(delta):
+        return f"{when}, {what} was not tested ({cv}): {row['verdict']}."
+    p = row.get("p_bonferroni")
+    p_text = "no p-value (every paired difference 0)" if p is None or pd.isna(p) else f"Bonferroni p={_num(p, 2)}"
+    numbers = f"{_num(delta)} [{_num(row['ci_low'])}, {_num(row['ci_high'])}]"
+    return f"{when}, {what} changes MAE by {numbers} (n={int(row['n'])} runs, {cv}, {p_text}): {row['verdict']}."
+
+
+def verdict_table(verdict) -> pd.DataFrame | Missing:
+    """The verdict rows (cv, fraction, family, n, ΔMAE, CI, Bonferroni p, verdict) with a 'reads as' sentence."""
+    if isinstance(verdict, Missing):
+        return verdict
+    rows = verdict.sort_values(["cv", "fraction", "family"]).reset_index(drop=True)
+    out = rows.reindex(columns=TABLE_COLUMNS)
+    return out.assign(**{"reads as": [sentence(r) for _, r in rows.iterrows()]})
+
+
+def forest_plot(verdict) -> alt.TopLevelMixin | Missing:
+    """ΔMAE (points) and its 95% CI (error bars) per family, a row per fraction, coloured by cv; a rule at 0."""
+    if isinstance(verdict, Missing):
+        return verdict
+    tested = verdict[verdict["delta_mae"].notna() & verdict["ci_low"].notna() & verdict["ci_high"].notna()]
+    if tested.empty:
+        reasons = sorted(verdict["verdict"].dropna().unique())[:3]
+        return Missing(f"no comparison produced a ΔMAE with a CI ({'; '.join(reasons) or 'no rows'})")
+    data = tested[["cv", "fraction", "family", "n", "delta_mae", "ci_low", "ci_high", "p_bonferroni", "verdict"]]
+    family = alt.Y("family:N", title=None)
+    tooltip = ["cv", "fraction", "family", "n", "delta_mae", "ci_low", "ci_high", "p_bonferroni", "verdict"]
+    bars = alt.Chart().mark_rule().encode(
+        y=family, yOffset="cv:N", color="cv:N",
+        x=alt.X("ci_low:Q", title="ΔMAE (with − without; < 0: the family helps)"), x2="ci_high:Q",
+    )  # fmt: skip
+    points = (
+        alt.Chart()
+        .mark_point(filled=True, size=50)
+        .encode(y=family, yOffset="cv:N", color=alt.Color("cv:N", title="cv"), x="delta_mae:Q", tooltip=tooltip)
+    )
+    zero = alt.Chart().transform_calculate(zero="0").mark_rule(color="#888", strokeDash=[4, 3]).encode(x="zero:Q")
+    layered = alt.layer(zero, bars, points, data=data).properties(width=360)
+    return layered.facet(row=alt.Row("fraction:O", title="fraction of training")).properties(
+        title="What each family adds: ΔMAE of the final-loss prediction, 95% CI"
+    )
+
+
+def partial_rho_heatmap(partial) -> alt.TopLevelMixin | Missing:
+    """Mean partial rho (over runs) of each feature with the loss, per control (weight norm, step)."""
+    if isinstance(partial, Missing):
+        return partial
+    known = partial[partial["partial_rho"].notna()]
+    if known.empty:
+        return Missing("`partial_spearman` has no estimates (every test skipped)")
+    mean = known.groupby(["feature", "control"], as_index=False).agg(
+        partial_rho=("partial_rho", "mean"), runs=("partial_rho", "size")
+    )
+    base = alt.Chart(mean).encode(x=alt.X("control:N", title="controlled for"), y=alt.Y("feature:N", title=None))
+    scale = alt.Scale(scheme="redblue", domain=[-1, 1])
+    cells = base.mark_rect().encode(
+        color=alt.Color("partial_rho:Q", scale=scale, title="mean partial ρ"),
+        tooltip=["feature", "control", alt.Tooltip("partial_rho:Q", format=".3f"), "runs"],
+    )
+    labels = base.mark_text(fontSize=10).encode(text=alt.Text("partial_rho:Q", format=".2f"))
+    return (cells + labels).properties(title="Partial ρ(feature, loss), training progress controlled, mean over runs")
+
+
+def section(frames: dict) -> tuple[pd.DataFrame | Missing, dict[str, alt.TopLevelMixin | Missing]]:
+    """The lead section's table and figures from the report frames (already passed through ``need``)."""
+    verdict, partial = frames.get("verdict", Missing("no verdict frame")), frames.get("partial", Missing("none"))
+    figures = {"topology_forest": forest_plot(verdict), "partial_rho": partial_rho_heatmap(partial)}
+    return verdict_table(verdict), figures

@@ -1,0 +1,215 @@
+"""External checkpoint series: the same features for checkpoints trained elsewhere.
+
+A series is a Hugging Face model id with a list of revisions (default: ``EleutherAI/pythia-14m``
+at the seven steps of the paper's Table 8) or a local folder with one checkpoint per step.
+Every checkpoint gets exactly the features of ``topometrics.features.checkpoint`` (same functions, same
+names, same tables), with ``rung`` = the series name; see ``docs/series.md``.
+
+Loading rules
+-------------
+- **safetensors only**: pickle weights (``pytorch_model.bin``) are never downloaded or opened;
+  ``trust_remote_code`` is never set.
+- Hub revisions resolve through ``huggingface_hub.snapshot_download``, so the Hugging Face cache
+  (``HF_HOME`` / ``HF_HUB_CACHE``) and ``HF_HUB_OFFLINE`` are honoured
+  (``topometrics.series.hub``). A revision that is neither cached nor downloadable is
+  *skipped* with its reason, never an error.
+- **Streaming**: weight features read one linear layer at a time with plain reads at the offsets
+  of the safetensors header (pass 1: ``max |w|`` per layer in cache-sized chunks, for the global
+  maximum of neural persistence; pass 2: one layer's array, its features, then it is freed), so
+  peak memory is about the largest layer plus the fixed overhead. ``safe_open`` validates each
+  file first (a truncated or corrupt file raises :class:`CheckpointError` naming it); it is not
+  used to read, because it keeps the whole file mapped and resident pages then count towards the
+  process's memory (3.3 GB for a Pythia-1B-shaped file, measured).
+- Representation features load the model with ``transformers`` and its own tokenizer.
+
+Linear layers of any decoder family are found by ``topometrics.models.architectures`` (tensor-name rules
+derived from the family's ``transformers`` module tree, or a ``layers:`` option), under canonical
+names (``block{i}.attn.qkv``, ``block{i}.mlp.gate``, ...); run folders (Trainer output, plain
+safetensors files) resolve through ``topometrics.series.run_folders``, with their losses. A whole series
+(every checkpoint as a shard, and a live monitor's log folder read as computed) is
+``topometrics.series.source_shards``.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from torch.nn import functional as F
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from topometrics.features.checkpoint import (
+    CheckpointFeatures,
+    ForwardPass,
+    NoForwardPass,
+    linear_and_forward_features,
+    null_features,
+    validation_batch,
+)
+from topometrics.models.architectures import (
+    LinearLayer,
+    block_path,
+    checkpoint_layers,
+    module_layers,
+    oriented,
+)
+from topometrics.params import FeaturesParams
+from topometrics.series.hub import SeriesCheckpoint
+from topometrics.series.safetensors_reader import SafetensorsFile
+
+_TOKEN_MARGIN = 64  # spare tokens when tokenising a prefix of the validation text
+
+
+def open_weights(
+    files: tuple[Path, ...], config_dir: Path | None = None, layers: Mapping[str, str] | None = None
+) -> tuple[dict[str, SafetensorsFile], dict[str, LinearLayer]]:
+    """Validate the shards; return tensor name -> shard and canonical layer name -> layer.
+
+    Layers come from ``layers`` (a ``layers:`` option), else from the family of
+    ``config_dir/config.json``, else from the tensor names (``topometrics.models.architectures``); an
+    architecture no rule covers raises :class:`ArchitectureError` listing its 2-D tensors.
+    """
+    shards = [SafetensorsFile(path) for path in files]
+    shard_of = {name: shard for shard in shards for name in shard.names}
+    shapes = {name: tuple(shard.header[name]["shape"]) for name, shard in shard_of.items()}
+    found = checkpoint_layers(shapes, config_dir, layers, ", ".join(str(p) for p in files))
+    return shard_of, {layer.name: layer for layer in found}
+
+
+# ---------------------------------------------------------------------------
+# Features of one checkpoint
+# ---------------------------------------------------------------------------
+
+
+def load_causal_lm(ckpt: SeriesCheckpoint) -> torch.nn.Module:
+    """The checkpoint as a float32 ``transformers`` model (safetensors only, no remote code)."""
+    if ckpt.config_dir is None:
+        raise OSError("no config.json beside the weights; transformers cannot build the model")
+    in_folder = all(path.parent == ckpt.config_dir for path in ckpt.weights)
+    index = ckpt.config_dir / "model.safetensors.index.json"
+    if in_folder and ((ckpt.config_dir / "model.safetensors").is_file() or index.is_file()):  # save_pretrained
+        return AutoModelForCausalLM.from_pretrained(
+            ckpt.config_dir, use_safetensors=True, trust_remote_code=False, dtype=torch.float32
+        ).eval()
+    # A bare safetensors file with the series' config.json: build, then load strictly.
+    config = AutoConfig.from_pretrained(ckpt.config_dir, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=torch.float32)
+    state = {}
+    for path in ckpt.weights:
+        with safe_open(str(path), framework="pt") as f:
+            state.update({name: f.get_tensor(name).float() for name in f.keys()})  # noqa: SIM118 (not a dict)
+    # A head tied to the embedding is not in the file (safetensors stores shared tensors once).
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    result = model.load_state_dict(state, strict=False)
+    if set(result.missing_keys) - tied or result.unexpected_keys:
+        missing = sorted(set(result.missing_keys) - tied)
+        raise RuntimeError(f"state dict does not fit {type(model).__name__}: missing {missing[:3]}, "
+                           f"unexpected {result.unexpected_keys[:3]}")  # fmt: skip
+    model.tie_weights()
+    return model.eval()
+
+
+def validation_tokens(tokenizer, text: str, needed: int) -> np.ndarray:
+    """The first ``needed`` (or all) token ids of ``text`` under the model's own tokenizer.
+
+    Tokenises growing prefixes rather than the whole validation split (~1M characters); a prefix
+    is long enough once it has ``_TOKEN_MARGIN`` tokens to spare, so the word cut at its end cannot
+    change the tokens kept.
+    """
+    chars = 8 * needed
+    while True:
+        ids = tokenizer(text[:chars], add_special_tokens=False)["input_ids"]
+        if len(ids) >= needed + _TOKEN_MARGIN or chars >= len(text):
+            return np.asarray(ids[:needed], dtype=np.int64)
+        chars *= 4
+
+
+def causal_lm_on_batch(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> ForwardPass:
+    """As :func:`topometrics.features.checkpoint.model_on_batch`, for a ``transformers`` causal LM of any family.
+
+    States are the residual stream after the last block, before the final layer norm (a forward
+    hook on the last block: ``output_hidden_states`` differs across transformers versions on
+    whether the last entry is normalised). Gradient norms are of the linear weights of the model's
+    module tree (``topometrics.models.architectures.module_layers``), under their canonical names.
+    """
+    layers = {layer.name: layer.tensor for layer in module_layers(model)}
+    last_block = block_path(layers[next(reversed(layers))])  # e.g. gpt_neox.layers.{L-1}
+    captured = []
+    hook = model.get_submodule(last_block).register_forward_hook(
+        lambda _m, _i, out: captured.append((out[0] if isinstance(out, tuple) else out).detach())
+    )
+    try:
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=x).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        loss.backward()
+    finally:
+        hook.remove()
+    grads = {name: float(model.get_parameter(tensor).grad.norm()) for name, tensor in layers.items()}
+    model.zero_grad(set_to_none=True)
+    states = captured[0]
+    return ForwardPass(states.reshape(-1, states.shape[-1]).double().numpy(), grads, float(loss.detach()))
+
+
+def causal_lm_forward(ckpt: SeriesCheckpoint, text: str, params: FeaturesParams, seq_len: int) -> ForwardPass:
+    """The forward/backward pass of a series checkpoint on its fixed validation batch.
+
+    The batch is ``features.rep_batch`` windows of ``seq_len`` tokens of the model's own
+    tokenizer over the start of the validation text (:func:`topometrics.features.checkpoint.validation_batch`).
+    Raises :class:`topometrics.features.checkpoint.NoForwardPass` with the reason when the model or the
+    tokenizer cannot be loaded.
+    """
+    try:
+        model = load_causal_lm(ckpt)
+        if ckpt.tokenizer_dir is None:
+            raise OSError("no tokenizer files (tokenizer.json, tokenizer_config.json) beside the weights")
+        tokenizer = AutoTokenizer.from_pretrained(ckpt.tokenizer_dir)
+        ids = validation_tokens(tokenizer, text, params.rep_batch * seq_len + 1)
+        x, y = validation_batch(ids, seq_len, params.rep_batch)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise NoForwardPass(f"model not loadable by transformers: {err}".splitlines()[0]) from err
+    return causal_lm_on_batch(model, x, y)
+
+
+def series_checkpoint_features(
+    ckpt: SeriesCheckpoint, text: str, params: FeaturesParams, seq_len: int, layers: Mapping[str, str] | None = None
+) -> tuple[CheckpointFeatures, list[str]]:
+    """All features of one checkpoint but the distances; also returns its layer names.
+
+    The weights are streamed: pass 1 reads each linear layer's ``max |w|`` (for neural
+    persistence's global maximum), pass 2 is :func:`topometrics.features.checkpoint.linear_and_forward_features`
+    reading one layer at a time, the same path as our checkpoints take. Raises
+    :class:`CheckpointError` (message naming the file) for an unreadable checkpoint; a diverged one
+    (NaN/Inf in a linear layer) gives NULLs with the reason and a ``RuntimeWarning``.
+    """
+    shard_of, layers = open_weights(ckpt.weights, ckpt.config_dir, layers)
+    loaders, global_max = streamed_linear_weights(shard_of, layers)
+    if not np.isfinite(global_max):
+        reason = "diverged: non-finite weights in a linear layer"
+        warnings.warn(f"{ckpt.revision}: {reason}", RuntimeWarning, stacklevel=2)
+        return null_features(list(layers), params, reason), list(layers)
+    forward = functools.partial(causal_lm_forward, ckpt, text, params, seq_len)
+    return linear_and_forward_features(loaders, global_max, forward, params), list(layers)
+
+
+def streamed_linear_weights(
+    shard_of: dict[str, SafetensorsFile], layers: dict[str, LinearLayer]
+) -> tuple[dict[str, Callable[[], np.ndarray]], float]:
+    """Loaders that read one linear layer each as ``(out, in)``, and ``max |w|`` over all of them
+    (NaN if any is not finite).
+
+    The maximum is pass 1 over the files, in cache-sized chunks; a loader reads its layer when called.
+    """
+    absmax = [shard_of[layer.tensor].absmax(layer.tensor) for layer in layers.values()]
+    global_max = max(absmax) if np.isfinite(absmax).all() else float("nan")
+    loaders = {name: functools.partial(_read_layer, shard_of[layer.tensor], layer) for name, layer in layers.items()}
+    return loaders, global_max
+
+
+def _read_layer(shard: SafetensorsFile, layer: LinearLayer) -> np.ndarray:
+    return oriented(shard.read(layer.tensor), layer.transposed)

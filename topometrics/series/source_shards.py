@@ -1,0 +1,234 @@
+"""External series to feature shards through the execution seam (``topometrics.features.run_shards``).
+
+Each checkpoint is a job: a hub revision is fetched by the job, on whichever worker runs it, so
+a cluster's workers download in parallel and a revision that cannot be fetched there is skipped
+with the reason, like an unreadable checkpoint or a lost worker. Shard fingerprints: hub revisions
+``<model>@<revision>`` (a cached shard needs no download to be recognised), local entries the
+sha256 of their files; both with ``series.seq_len`` and the validation text's hash. A live
+monitor's log folder is read as computed (its rows are the monitor's, not shards).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from topometrics.execution import shards
+from topometrics.features.checkpoint import FEATURE_COLUMNS
+from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table
+from topometrics.models.checkpoints import CheckpointError
+from topometrics.params import BASE_VARIANT, ComputeParams, FeaturesParams, SeriesParams, SeriesSource
+from topometrics.series.checkpoint import series_checkpoint_features
+from topometrics.series.hub import hub_checkpoints, skip_record, step_from_name, weights_sha256
+from topometrics.series.run_folders import RunCheckpoint, RunFolderError, scan_run_folder
+from topometrics.training.monitor_log import read_log, read_stop
+
+CHECKPOINT_COLUMNS = ["rung", "seed", "step", "val_loss", "train_loss", "reason"]  # the warehouse's checkpoints
+
+
+@dataclass
+class SeriesShards:
+    """What the series stage writes besides the shards."""
+
+    status: dict  # {"series": [{name, model, path, log, seed, computed, reused, skipped, checkpoints: [...]}]}
+    logged: pd.DataFrame  # feature rows of monitor logs (computed by the monitor; not shards)
+    losses: pd.DataFrame  # CHECKPOINT_COLUMNS: losses of run folders and monitor logs at their available steps
+
+
+@dataclass(frozen=True)
+class SeriesSettings:
+    """What every checkpoint job of one series source shares (bound once per source)."""
+
+    model: str | None  # hub id: each job fetches its revision; None for a run folder
+    cache_dir: Path | None  # Hugging Face hub cache (None: the default, HF_HOME / HF_HUB_CACHE)
+    text: str  # validation text, tokenised by each checkpoint's own tokenizer
+    params: FeaturesParams
+    seq_len: int  # tokens per validation window
+    layers: Mapping[str, str] | None  # the source's layers option (canonical part -> tensor-name regex)
+    label: str  # the series column of its rows: the hub id or the folder
+
+
+@dataclass(frozen=True)
+class SeriesJob:
+    """One checkpoint of a series source, to its tables (a job: it pickles)."""
+
+    settings: SeriesSettings
+    key: shards.ShardKey
+    revision: str  # hub revision, or the entry's name in the run folder
+    where: RunCheckpoint | None  # a run folder's checkpoint; None: a hub revision, fetched by the job
+
+
+@dataclass
+class LogSeries:
+    """A monitor log folder read as a series: its rows, losses and status checkpoints."""
+
+    features: list[pd.DataFrame] = field(default_factory=list)
+    losses: list[pd.DataFrame] = field(default_factory=list)  # CHECKPOINT_COLUMNS rows of measured steps
+    status: list[dict] = field(default_factory=list)
+
+
+def series_shards(
+    series: SeriesParams,
+    params: FeaturesParams,
+    text: str,
+    out: Path,
+    *,
+    compute: ComputeParams | None = None,
+    cache_dir: Path | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> SeriesShards:
+    """Shards of every configured hub or run-folder series under ``out``, the rows of monitor logs, and the status.
+
+    A hub revision is fetched by the job, on whichever worker runs it: one that cannot be fetched
+    there, an unreadable checkpoint, one no architecture rule maps, or a worker lost on it is
+    *skipped* with the reason, as is a revision without a step in its name. Distances are to the
+    previous available checkpoint. Each status checkpoint has ``revision, step, status ('computed'
+    | 'reused' | 'skipped'), reason`` and, with a shard, ``seconds, files, weights_sha256, duplicate_of``.
+    The tables: :func:`topometrics.features.run_shards.read_tables` of ``out``.
+    """
+    code, digest = shards.module_source_hash(__name__), shards.params_digest(params)
+    context = f"seq_len {series.seq_len} text {hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    status, keep, logged, losses = [], [], [], []
+    for name, source in series.sources.items():
+        header = {"name": name, "model": source.model, "path": source.path, "log": source.log, "seed": source.seed}
+        if source.log is not None:  # already computed by the monitor: read, not computed
+            result = log_series(name, source, progress)
+            logged += result.features
+            losses += result.losses
+            counts = {s: sum(c["status"] == s for c in result.status) for s in ("computed", "reused", "skipped")}
+            status.append(header | counts | {"checkpoints": result.status})
+            continue
+        label = source.model or str(source.path)
+        settings = SeriesSettings(source.model, cache_dir, text, params, series.seq_len, source.layers, label)
+        tasks, records, found = [], [], {}
+        for ckpt in _series_checkpoints(source):
+            if isinstance(ckpt, dict):
+                records.append(ckpt)
+                continue
+            revision, step, where = ckpt
+            inputs = f"{source.model}@{revision}" if source.model else f"weights {shards.file_sha256(*where.weights)}"
+            key = shards.ShardKey(name, BASE_VARIANT, source.seed, step)
+            job = SeriesJob(settings, key, revision, where)
+            tasks.append(shards.Task(key, shards.Fingerprint(f"{inputs} {context}", digest, code), job))
+            found[key] = (revision, where)
+        run = shards.compute_shards(out, tasks, _series_tables, mapper(params, compute, f"series {name}"), TABLES)
+        available = [t for t in tasks if t.key not in run.failed]
+        run = run.merge(distance_shards(out, available, _layers(out, available), params, compute))
+        keep += [t.key for t in tasks if t.key not in run.failed]
+        losses += [_losses(name, source.seed, where) for key, (_, where) in found.items() if key not in run.failed]
+        records += _records(out, run, tasks, {key: revision for key, (revision, _) in found.items()})
+        records.sort(key=lambda r: (r["step"] is None, r["step"] or 0))
+        for r in records:
+            if r["status"] != "reused":  # one line per checkpoint that was computed or skipped
+                progress(f"{name} {r['revision']}: {r['status']}" + (f": {r['reason']}" if r["reason"] else ""))
+        counts = {s: sum(r["status"] == s for r in records) for s in ("computed", "reused", "skipped")}
+        status.append(header | counts | {"checkpoints": records})
+    shards.prune(out, keep)
+    loss_rows = [part for part in losses if part is not None and len(part)]
+    frame = pd.concat(loss_rows, ignore_index=True) if loss_rows else pd.DataFrame(columns=CHECKPOINT_COLUMNS)
+    types = {"seed": "int64", "step": "int64", "val_loss": "float64", "train_loss": "float64", "reason": "object"}
+    rows = pd.concat(logged, ignore_index=True) if logged else pd.DataFrame(columns=FEATURE_COLUMNS + ["series"])
+    rows = rows.astype({"seed": "int64", "step": "int64", "value": "float64"})
+    return SeriesShards({"series": status}, rows, frame[CHECKPOINT_COLUMNS].astype(types))
+
+
+def log_series(name: str, source: SeriesSource, progress: Callable[[str], None] = lambda line: None) -> LogSeries:
+    """A live monitor's log folder as a series: its complete files, as computed (``topometrics.training.monitor_log``).
+
+    The rows keep their values; ``rung``/``seed`` become the series name and seed. Every measured
+    step is a computed checkpoint; a folder with no complete file is one skip; an early stop
+    (``stop.json``) is in the status of its step.
+    """
+    folder = Path(source.log)
+    features, losses = read_log(folder) if folder.is_dir() else (pd.DataFrame(), pd.DataFrame())
+    if features.empty:
+        reason = f"{folder}: no features-<step>.parquet files (is it a TopologyMonitor log folder?)"
+        progress(f"{name}: skipped: {reason}")
+        return LogSeries(status=[skip_record(folder.name, None, reason)])
+    stop = read_stop(folder)
+    extra = {"series": str(folder), "revision": "live"}
+    result = LogSeries(features=[features.assign(rung=name, seed=source.seed, **extra)])
+    for step in sorted(features["step"].unique()):
+        note = stop.get("reason") if stop.get("step") == step else None
+        result.status.append({"revision": f"live step {step}", "step": int(step), "status": "computed", "reason": note})
+    measured = losses[losses["step"].isin(features["step"])]
+    missing = measured[["val_loss", "train_loss"]].isna().any(axis=1)
+    reason = np.where(missing, "not logged at this step (TopologyMonitor.record_losses)", None)
+    result.losses.append(measured.assign(rung=name, seed=source.seed, reason=reason)[CHECKPOINT_COLUMNS])
+    progress(f"{name}: {len(result.status)} live measurements from {folder}")
+    return result
+
+
+def _losses(name: str, seed: int, where) -> pd.DataFrame | None:
+    """A run folder checkpoint's logged losses as a ``checkpoints`` row (hub revisions have none)."""
+    if not isinstance(where, RunCheckpoint):
+        return None
+    row = (name, seed, where.step, where.val_loss, where.train_loss, where.loss_reason)
+    return pd.DataFrame([row], columns=CHECKPOINT_COLUMNS)
+
+
+def _series_tables(job: SeriesJob) -> dict:
+    settings, where = job.settings, job.where
+    start = time.perf_counter()
+    if settings.model is not None:  # fetched here, on the worker
+        where = next(hub_checkpoints(settings.model, (job.revision,), settings.cache_dir))
+        if isinstance(where, dict):
+            raise CheckpointError(where["reason"])
+    result, _ = series_checkpoint_features(where, settings.text, settings.params, settings.seq_len, settings.layers)
+    out = frames(result, job.key, {"series": settings.label, "revision": job.revision})
+    files = [str(p) for p in where.weights]
+    out["info"] = {
+        "seconds": round(time.perf_counter() - start, 3),
+        "files": files,
+        "weights_sha256": weights_sha256(where.weights),
+    }
+    return out
+
+
+def _series_checkpoints(source):
+    """(revision, step, RunCheckpoint or None for hub revisions) or skip records, in step order."""
+    if source.model is None:
+        try:
+            folder = scan_run_folder(Path(source.path), Path(source.losses) if source.losses else None)
+        except RunFolderError as err:
+            yield skip_record(source.path, None, str(err))
+            return
+        yield from folder.skipped
+        for ckpt in folder.checkpoints:
+            yield ckpt.revision, ckpt.step, ckpt
+        return
+    steps = {revision: step_from_name(revision) for revision in source.revisions}
+    for revision in [r for r in source.revisions if steps[r] is None]:
+        yield skip_record(revision, None, f"cannot tell the step of revision {revision!r}; name a step<N> branch")
+    for revision in sorted((r for r in source.revisions if steps[r] is not None), key=steps.get):
+        yield revision, steps[revision], None
+
+
+def _layers(root: Path, tasks: list[shards.Task]) -> list[str]:
+    if not tasks:
+        return []
+    frame = read_table(root, tasks[0].key, "features")
+    return [layer for layer in dict.fromkeys(frame["layer"]) if layer != "all"]
+
+
+def _records(root: Path, run: shards.ShardRun, tasks: list[shards.Task], revision_of: dict) -> list[dict]:
+    records, first_of = [], {}
+    for task in tasks:
+        revision = revision_of[task.key]
+        if task.key in run.failed:
+            records.append(skip_record(revision, task.key.step, run.failed[task.key]))
+            continue
+        info = shards.stored_info(task.key.folder(root) / "features.parquet") or {}
+        blob = info.get("weights_sha256")
+        status = "reused" if task.key in run.reused else "computed"
+        records.append({"revision": revision, "step": task.key.step, "status": status, "reason": None, **info,
+                        "duplicate_of": first_of.get(blob)})  # fmt: skip
+        if blob is not None:
+            first_of.setdefault(blob, revision)
+    return records

@@ -1,0 +1,182 @@
+"""A training run's directory: whose it is, whether its checkpoints can be trusted, where to resume.
+
+A run directory (``data/runs/<rung>-<seed>``) holds the run's checkpoints and sidecars
+(topometrics.models.checkpoints), ``resume.safetensors`` (the training state after the last checkpoint;
+its metadata names the step, rung, seed and recipe fingerprint), ``steps.csv``, ``checkpoints.csv``,
+``run.json`` (how the run ended) and, when ``train.monitor_every`` > 0, ``monitor/`` (the log of a
+live monitor, whose files :mod:`topometrics.training.monitor_log` names). Before training touches it:
+
+- :func:`claim_run_dir` refuses a directory whose own records name another rung or seed, and
+  empties (of the run's own files only) one of this rung and seed made with another recipe;
+- :func:`resume_step` verifies every checkpoint the run lists (sidecar, safetensors header and
+  size) and says where to continue: the end of a complete run, the resume point, or step 0 when
+  a checkpoint is damaged or missing (training is deterministic, so it is recomputed identically).
+
+:func:`save_resume` and :func:`load_resume` write and read the training state itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from topometrics.atomic import write_text
+from topometrics.models.checkpoints import (
+    CheckpointError,
+    checkpoint_problem,
+    load_state,
+    safetensors_problem,
+    save_tensors,
+)
+from topometrics.params import BASE_VARIANT, run_name
+from topometrics.training.monitor_log import RUN_DIR_FILES
+
+STEPS_HEADER = "step,train_loss,grad_norm,lr\n"
+# Files a run directory holds; only these are ever deleted (never the directory itself).
+RUN_FILES = ("step_*", "resume.*", "steps.csv", "checkpoints.csv", "run.json", "summary.json", "*.tmp",
+             *RUN_DIR_FILES)  # fmt: skip
+_STEP_NAME = re.compile(r"^step_(\d{6,})\.(?:safetensors|json)$")
+
+
+def resume_info(run_dir: Path) -> dict | None:
+    """The metadata of an intact ``resume.safetensors`` (step, rung, seed, recipe fingerprint), else None."""
+    path = Path(run_dir) / "resume.safetensors"
+    if safetensors_problem(path):
+        return None
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+    if "step" in meta:
+        return {k: json.loads(v) for k, v in meta.items()}
+    try:  # a run written before the metadata held the step
+        return json.loads((Path(run_dir) / "resume.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    flat = {}
+    for i, state in opt.state_dict()["state"].items():
+        for key, value in state.items():
+            flat[f"opt.{i}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    return flat
+
+
+def save_resume(
+    run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, info: dict
+) -> None:
+    """Full training state after a checkpoint; weights and the sampler state as tensors, no pickles.
+
+    ``info`` (step, rung, seed, recipe fingerprint) is the same file's metadata, so the state and
+    the step it belongs to are replaced by one rename: a kill cannot pair one checkpoint's state
+    with another's step (they were two files, and a kill between the renames resumed wrongly).
+    """
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    tensors |= _optimizer_tensors(opt) | {"rng.data": gen.get_state()}
+    save_tensors(run_dir / "resume.safetensors", tensors, {k: json.dumps(v) for k, v in info.items()})
+    (run_dir / "resume.json").unlink(missing_ok=True)  # the previous layout's separate record
+
+
+def load_resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator) -> dict:
+    """Load the state :func:`save_resume` wrote into ``model``, ``opt`` and ``gen``; returns its metadata."""
+    tensors = load_state(run_dir / "resume.safetensors")
+    info = resume_info(run_dir)
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    state = opt.state_dict()
+    for name, value in tensors.items():
+        if name.startswith("opt."):
+            _, i, key = name.split(".", 2)
+            state["state"].setdefault(int(i), {})[key] = value
+    opt.load_state_dict(state)
+    gen.set_state(tensors["rng.data"])
+    return info
+
+
+def claim_run_dir(run_dir: Path, name: str, fingerprint: str, log=print) -> None:
+    """Make ``run_dir`` the directory of run ``name`` (``<rung>[-<variant>]-<seed>``) with this recipe.
+
+    Raises :class:`CheckpointError` (nothing changed) when its records name another run; deletes
+    the run's own files when they were made with another recipe; keeps a matching run.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir} is a file, not the run directory of {name}; move it away")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    owners = _owners(run_dir)
+    foreign = sorted(owner for owner in owners if owner != name)
+    if foreign:
+        raise CheckpointError(
+            f"{run_dir} holds the checkpoints of run {', '.join(foreign)}, not {name}; train {name} into "
+            f"its own directory data/runs/{name} (nothing was changed)"
+        )
+    if owners and set(owners.values()) != {fingerprint}:
+        log(f"[{name}] the recipe changed (model shape, recipe or corpus): discarding the old checkpoints")
+        for pattern in RUN_FILES:
+            for path in run_dir.glob(pattern):
+                path.unlink()
+
+
+def resume_step(run_dir: Path, name: str, steps: int, ckpt_every: int, fingerprint: str, log=print) -> int:
+    """The last step done, after checking every checkpoint the run directory lists.
+
+    ``steps`` when the run is complete and all its checkpoints are whole (its resume state is not
+    needed); the resume point when it and every checkpoint up to it are whole; 0 for a new run, or
+    when a checkpoint or the resume state is damaged or missing: the bad files are named, deleted,
+    and recomputed from step 0, the nearest intact resume point.
+    """
+    run_dir = Path(run_dir)
+    present = sorted({int(m.group(1)) for p in run_dir.glob("step_*") if (m := _STEP_NAME.match(p.name))})
+    whole = not any(checkpoint_problem(run_dir, s) for s in range(0, steps + 1, ckpt_every))
+    if present and present[-1] == steps and whole:
+        return steps
+    info = resume_info(run_dir)
+    usable = info is not None and info.get("recipe_fingerprint") == fingerprint
+    last = int(info["step"]) if usable else max(present, default=-1)
+    bad = [p for s in range(0, last + 1, ckpt_every) if (p := checkpoint_problem(run_dir, s))]
+    if not bad and (usable or last < 0):
+        return max(last, 0)
+    if not usable:
+        bad.append(f"resume.safetensors: {safetensors_problem(run_dir / 'resume.safetensors') or 'not this run'}")
+    log(f"[{name}] damaged or missing: {'; '.join(bad)}; recomputing from step 0, the nearest intact resume point")
+    for file in [b.split(":", 1)[0] for b in bad]:
+        (run_dir / file).unlink(missing_ok=True)
+    return 0
+
+
+def truncate_steps_log(path: Path, last_step: int) -> None:
+    """Keep the per-step log up to ``last_step``: rows after the last checkpoint are recomputed.
+
+    Only whole rows count: a kill can leave a half-written last line.
+    """
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    kept = []
+    for line in lines[1:]:
+        fields = line.rstrip("\n").split(",")
+        if line.endswith("\n") and len(fields) == 4 and fields[0].isdigit() and int(fields[0]) <= last_step:
+            kept.append(line)
+    write_text(path, STEPS_HEADER + "".join(kept))
+
+
+def record_outcome(run_dir: Path, status: str, reason: str, final_step: int | None) -> None:
+    """``run.json``: how the run ended (``complete`` or ``diverged``) and why, for the warehouse."""
+    record = {"status": status, "reason": reason, "final_step": final_step}
+    write_text(Path(run_dir) / "run.json", json.dumps(record, indent=1, sort_keys=True))
+
+
+def _owners(run_dir: Path) -> dict[str, str | None]:
+    """Run name -> recipe fingerprint, as the directory's own sidecars and resume state say."""
+    records = []
+    for path in run_dir.glob("step_*.json"):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            continue  # damaged: resume_step names it
+    records.append(resume_info(run_dir) or {})
+    return {
+        run_name(str(m["rung"]), int(m["seed"]), m.get("variant", BASE_VARIANT)): m.get("recipe_fingerprint")
+        for m in records
+        if isinstance(m, dict) and "rung" in m and "seed" in m
+    }

@@ -1,0 +1,306 @@
+"""Train many runs at once: a queue of runs over a pool of processes that fills the machine.
+
+On a CPU the work of one small run is real (one model with a 5x larger batch is no faster than
+five runs), so the gain is in scheduling: one process per usable core, one torch thread each,
+the longest runs first (longest-processing-time order keeps the last core from idling while one
+long run finishes alone). On CUDA several processes share each GPU, because one tiny model
+leaves it mostly idle.
+
+Every run keeps :func:`topometrics.training.train.train_run`'s guarantees: a run directory whose
+recipe fingerprint matches and whose last checkpoint is the final step is *complete* and is
+skipped without touching a file; an unfinished one resumes from its last checkpoint, bit-identical
+to an uninterrupted run (one thread per process, whatever the number of processes). A run that
+diverges stops alone with its message; the others go on. Progress: a line per checkpoint of
+every run (``[<run>] step ...``) and an overall line per finished run and every ``progress_s``.
+
+Observers: the factories in ``observers`` (:data:`ObserverFactory`, picklable) open, in each run's
+own process, the observers that watch it train (:class:`topometrics.training.train.Observer`); the train stage
+passes :class:`topometrics.features.monitor.RunMonitors` when ``train.monitor_every`` > 0. The queue knows
+nothing of what they compute. What it does read is a live monitor's log in a run directory, through
+:mod:`topometrics.training.monitor_log` (no measure): its latest measurement goes into the run's metrics JSON
+(``monitor``) at the end, and with a ``live`` folder every run's checkpoint losses and monitor
+measurements are relayed into it through dvclive while the runs train
+(:class:`topometrics.training.live_relay.LiveRelay`), so ``dvc exp show`` and ``dvc plots show`` show them live.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from topometrics.atomic import write_text
+from topometrics.errors import TopometricsError
+from topometrics.models.checkpoints import checkpoint_problem, list_checkpoints
+from topometrics.models.model import GPT, count_parameters
+from topometrics.models.tokens import load_tokens
+from topometrics.training.live_relay import LiveRelay
+from topometrics.training.monitor_log import MONITOR_DIR, latest_measurement
+from topometrics.training.train import Observer, RunConfig, recipe_fingerprint, train_run, write_checkpoint_table
+
+GPU_RUNS_PER_DEVICE = 4  # concurrent runs per GPU when train.workers is 0 (tiny models are launch-bound)
+
+
+class RunObserver(Observer, Protocol):
+    """An observer of one run the queue trains, closed when the run ends."""
+
+    def close(self) -> None:
+        """Finish (e.g. wait for work still in flight); called however training ends."""
+
+
+# Opens the observer of one run from its config and run directory, in that run's process: it is pickled
+# (settings only, e.g. a frozen dataclass with __call__ such as topometrics.features.monitor.RunMonitors).
+ObserverFactory = Callable[[RunConfig, Path], RunObserver]
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """Where one run's outputs go: its run directory, its metrics JSON and its loss-curve CSV."""
+
+    config: RunConfig
+    run_dir: Path
+    metrics: Path
+    curve: Path
+
+
+@dataclass(frozen=True)
+class Pool:
+    """How the queue uses the machine: processes at once, torch threads each, device per process."""
+
+    workers: int
+    threads: int
+    devices: tuple[str, ...]  # assigned round-robin to the runs in queue order
+
+    def describe(self) -> str:
+        where = ", ".join(sorted(set(self.devices)))
+        return f"{self.workers} processes x {self.threads} thread(s) on {where}"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def plan_pool(device: str, workers: int, threads: int, n_runs: int) -> Pool:
+    """The pool for ``n_runs`` runs under params ``train.device/workers/threads`` (0 = automatic).
+
+    CPU: one process per usable core, one thread each. CUDA: ``GPU_RUNS_PER_DEVICE`` processes per
+    visible GPU, runs spread over the GPUs. Never more processes than runs.
+    """
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        gpus = max(1, torch.cuda.device_count())
+        devices = tuple(f"cuda:{i}" for i in range(gpus))
+        auto = GPU_RUNS_PER_DEVICE * gpus
+    else:
+        devices, auto = ("cpu",), usable_cores()
+    return Pool(max(1, min(workers or auto, n_runs)), threads or 1, devices)
+
+
+def estimated_flops(cfg: RunConfig, from_step: int = 0) -> float:
+    """Training FLOPs left after ``from_step``: 6 per parameter per token plus attention's
+    6 * layers * context * hidden per token (Kaplan et al. 2020, C = 6N + attention). Used only to
+    order the queue, longest first."""
+    m, r = cfg.model, cfg.recipe
+    per_token = 6 * count_parameters(GPT(m)) + 6 * m.layers * m.context * m.hidden
+    return per_token * r.batch_size * m.context * max(0, r.steps - from_step)
+
+
+def run_progress(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> int:
+    """The last checkpoint step of a run directory made with this recipe and corpus (0: new or stale).
+
+    Read from the checkpoints' sidecars (cheap: names, then one small JSON file); training itself
+    verifies every file before it resumes.
+    """
+    steps = sorted((int(p.stem[5:]) for p in Path(run_dir).glob("step_*.json") if p.stem[5:].isdigit()), reverse=True)
+    if not steps:
+        return 0
+    try:
+        meta = json.loads((Path(run_dir) / f"step_{steps[0]:06d}.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return 0  # damaged: training names it and recomputes it
+    return steps[0] if meta.get("recipe_fingerprint") == recipe_fingerprint(cfg, corpus_sha256) else 0
+
+
+def is_complete(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> bool:
+    """The run reached its last step with this recipe and corpus, its checkpoint table (written
+    last) says so, and every checkpoint is whole (header and size: a cheap check): nothing to do,
+    no file to touch. A damaged or missing checkpoint sends the run to training, which recomputes it."""
+    table = Path(run_dir) / "checkpoints.csv"
+    r = cfg.recipe
+    if run_progress(cfg, run_dir, corpus_sha256) != r.steps or not table.exists():
+        return False
+    if any(checkpoint_problem(run_dir, step) for step in range(0, r.steps + 1, r.ckpt_every)):
+        return False
+    return table.read_text().rstrip("\n").rsplit("\n", 1)[-1].startswith(f"{r.steps},")
+
+
+def summary_of(run_dir: Path, cfg: RunConfig) -> dict:
+    """The summary a finished run wrote (``summary.json``), or one rebuilt from its checkpoints."""
+    path = Path(run_dir) / "summary.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    ckpts = list_checkpoints(run_dir)
+    last = ckpts[-1].meta if ckpts else {}
+    return {
+        "rung": cfg.rung, "variant": cfg.variant, "seed": cfg.recipe.seed, "status": "complete",
+        "n_params": count_parameters(GPT(cfg.model)), "checkpoints": len(ckpts), "final_step": last.get("step"),
+        "final_val_loss": last.get("val_loss"), "final_train_loss": last.get("train_loss"),
+        "tokens_per_s": None, "device": None,
+    }  # fmt: skip
+
+
+def write_reports(run: RunFiles, summary: dict, corpus_used: str) -> None:
+    """The run's metrics JSON and loss-curve CSV (DVC metrics and plots), from its run directory."""
+    for path in (run.metrics, run.curve):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    write_checkpoint_table(run.run_dir, run.curve)
+    monitored = latest_monitored(run.run_dir)
+    body = summary | {"corpus": corpus_used} | ({"monitor": monitored} if monitored else {})
+    write_text(run.metrics, json.dumps(body, indent=1, sort_keys=True) + "\n")
+
+
+def latest_monitored(run_dir: Path) -> dict | None:
+    """The last measurement of the run's monitor log (:func:`topometrics.training.monitor_log.latest_measurement`),
+    if it has one (also when this queue did not monitor the run: the log stays with the run)."""
+    folder = Path(run_dir) / MONITOR_DIR
+    return latest_measurement(folder) if folder.is_dir() else None
+
+
+def _init_worker(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def _train_one(
+    run: RunFiles, corpus_dir: Path, corpus_sha256: str, device: str, observe: Sequence[ObserverFactory]
+) -> dict:
+    """Worker: train or resume one run watched by the observers ``observe`` opens (each closed however
+    training ends), then write its checkpoint table and summary into its run directory."""
+    with contextlib.ExitStack() as opened:
+        observers = []
+        for factory in observe:
+            observers.append(observer := factory(run.config, run.run_dir))
+            opened.callback(observer.close)
+        summary = train_run(
+            run.config,
+            load_tokens(corpus_dir, "train"),
+            load_tokens(corpus_dir, "val"),
+            run.run_dir,
+            corpus_sha256,
+            device,
+            log=_print,
+            progress_bar=False,
+            observers=observers,
+        )
+    write_text(run.run_dir / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    write_checkpoint_table(run.run_dir, run.run_dir / "checkpoints.csv")  # last (atomic): marks the run complete
+    return summary
+
+
+def train_runs(
+    runs: list[RunFiles],
+    corpus_dir: Path,
+    pool: Pool,
+    progress_s: float = 30.0,
+    log=print,
+    observers: Sequence[ObserverFactory] = (),
+    live: Path | None = None,
+    live_s: float = 5.0,
+) -> dict:
+    """Train every run not yet complete over ``pool``, then write every run's metrics and curve.
+
+    ``observers`` open, in each run's process, the observers of every run trained here (complete runs
+    are not retrained to be observed).
+    ``live``: a dvclive folder every run's losses and measurements are relayed into every ``live_s``
+    seconds while training (complete runs' at the start), for ``dvc exp show`` and ``dvc plots``.
+
+    Returns ``{run name: summary}``; a run whose process raised has ``status`` ``failed: <error>``
+    (the others still finish). Complete runs are not touched: only their reports are written.
+    """
+    corpus_dir = Path(corpus_dir)
+    source = json.loads((corpus_dir / "source.json").read_text())
+    sha = source["sha256"]
+    done = {r.config.name: r for r in runs if is_complete(r.config, r.run_dir, sha)}
+    start = {r.config.name: run_progress(r.config, r.run_dir, sha) for r in runs if r.config.name not in done}
+    todo = sorted(
+        (r for r in runs if r.config.name not in done), key=lambda r: -estimated_flops(r.config, start[r.config.name])
+    )
+    summaries = {name: summary_of(r.run_dir, r.config) for name, r in done.items()}
+    total_steps = sum(r.config.recipe.steps for r in todo)
+    log(f"train: {len(runs)} runs, {len(done)} complete, {len(todo)} to train"
+        + (f" on {pool.describe()}, longest first" if todo else ""))  # fmt: skip
+    t0 = last_line = time.monotonic()
+    relay = None
+    if live:
+        relay = LiveRelay(live, {r.config.name: (r.run_dir, recipe_fingerprint(r.config, sha)) for r in runs})
+        relay.poll()  # complete runs show at once
+    if todo:
+        context = mp.get_context("spawn")  # CUDA-safe, and no torch state inherited from this process
+        observe = tuple(observers)
+        workers = min(pool.workers, len(todo))
+        with ProcessPoolExecutor(workers, context, _init_worker, (pool.threads,)) as executor:
+            futures: dict[Future, RunFiles] = {
+                executor.submit(_train_one, r, corpus_dir, sha, pool.devices[i % len(pool.devices)], observe): r
+                for i, r in enumerate(todo)
+            }
+            pending = set(futures)
+            while pending:
+                timeout = min(progress_s, live_s) if relay else progress_s
+                finished, pending = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+                if relay:
+                    relay.poll()
+                for future in finished:
+                    run = futures[future]
+                    summaries[run.config.name] = _outcome(future, run)
+                    log(_finished_line(run, summaries[run.config.name], len(summaries), len(runs), t0))
+                    last_line = time.monotonic()
+                if pending and time.monotonic() - last_line >= progress_s:
+                    steps = sum(run_progress(r.config, r.run_dir, sha) for r in todo) - sum(start.values())
+                    log(_overall_line(steps, total_steps - sum(start.values()), len(summaries), len(runs), t0))
+                    last_line = time.monotonic()
+    if relay:
+        relay.close()
+    for run in runs:
+        write_reports(run, summaries[run.config.name], source["used"])
+    return summaries
+
+
+def _outcome(future: Future, run: RunFiles) -> dict:
+    error = future.exception()
+    if error is None:
+        return future.result()
+    # A user mistake (topometrics.errors) keeps its one-line message for the stage to print.
+    mistake = {"mistake": str(error)} if isinstance(error, TopometricsError) else {}
+    return {"rung": run.config.rung, "variant": run.config.variant, "seed": run.config.recipe.seed,
+            "status": f"failed: {type(error).__name__}: {error}", "final_val_loss": None} | mistake  # fmt: skip
+
+
+def _finished_line(run: RunFiles, summary: dict, n_done: int, n_runs: int, t0: float) -> str:
+    loss = summary.get("final_val_loss")
+    loss_text = f"final val loss {loss:.4f}" if isinstance(loss, float) and math.isfinite(loss) else "no loss"
+    stop = "" if summary["status"] == "complete" else "STOPPED, "
+    return (
+        f"train: [{n_done}/{n_runs}] {run.config.name}: {stop}{summary['status']}, {loss_text} "
+        f"({time.monotonic() - t0:,.0f} s elapsed)"
+    )
+
+
+def _overall_line(steps: int, total: int, n_done: int, n_runs: int, t0: float) -> str:
+    elapsed = time.monotonic() - t0
+    eta = f", about {elapsed * (total - steps) / steps / 60:,.1f} min left" if steps > 0 else ""
+    share = steps / total if total else 1.0
+    return f"train: {n_done}/{n_runs} runs done, {share:.0%} of the steps to train ({elapsed / 60:,.1f} min{eta})"
