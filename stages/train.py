@@ -12,13 +12,11 @@ measurements are relayed into the dvclive folder `--live` (dvc exp show, dvc plo
 A run directory that holds another run is refused, untouched.
 """
 
-import sys
 from pathlib import Path
 
-from topometrics.errors import TopometricsError, run_stage, stage_parser
-from topometrics.params import FeaturesParams, ParamsError, load_params
-from topometrics.training.run_queue import ObserverFactory, RunFiles, plan_pool, train_runs
-from topometrics.training.train import load_run_config
+from topometrics.errors import run_stage, stage_parser
+from topometrics.params import FeaturesParams, load_params
+from topometrics.training.run_queue import ObserverFactory, TrainPaths, train_declared
 
 
 def main(argv: list[str]) -> None:
@@ -32,34 +30,15 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--run", action="append", default=[], help="train only this run (repeatable), e.g. xl-42")
     args = ap.parse_args(argv)
     params = load_params(args.params)
-    names = params.run_names()
-    if unknown := [n for n in args.run if n not in names]:
-        raise ParamsError(f"--run {unknown[0]} is not declared in params.yaml; runs are {', '.join(names)}")
-    runs = [
-        RunFiles(load_run_config(args.configs / f"{n}.json"), args.runs / n, args.metrics / f"{n}.json",
-                 args.curves / f"{n}.csv")
-        for n in args.run or names
-    ]  # fmt: skip
-    t = params.train
-    pool = plan_pool(t.device, t.workers, t.threads, len(runs))
-    watch = observers(t.monitor_every, params.features)
-    summaries = train_runs(runs, args.corpus, pool, observers=watch, live=args.live)
-    bad = {n: s["status"] for n, s in summaries.items() if s["status"] != "complete"}
-    print(f"train: {len(summaries) - len(bad)}/{len(summaries)} runs complete" + "".join(
-        f"; {n}: {status}" for n, status in bad.items()))  # fmt: skip
-    if mistakes := [f"{n}: {s['mistake']}" for n, s in summaries.items() if s.get("mistake")]:
-        raise TopometricsError("; ".join(mistakes))
-    if any(status.startswith("failed") for status in bad.values()):
-        sys.exit(1)
+    paths = TrainPaths(args.configs, args.corpus, args.runs, args.metrics, args.curves, args.live)
+    train_declared(params, paths, args.run, observers(params.train.monitor_every, params.features))
 
 
 def observers(monitor_every: int, features: FeaturesParams) -> list[ObserverFactory]:
     """The observer factories of every run: a live monitor's when ``train.monitor_every`` > 0."""
     if monitor_every <= 0:
         return []
-    from topometrics.features.monitor import (
-        RunMonitors,  # only when monitoring: it imports the measures and transformers
-    )
+    from topometrics.features.monitor import RunMonitors  # only when monitoring: it imports the measures
 
     return [RunMonitors(monitor_every, features)]
 

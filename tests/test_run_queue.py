@@ -18,16 +18,18 @@ from topometrics.features.monitor import RunMonitors
 from topometrics.models.checkpoints import list_checkpoints
 from topometrics.models.model import GPTConfig
 from topometrics.models.tokens import encode, load_tokens
-from topometrics.params import FeaturesParams
+from topometrics.params import FeaturesParams, ParamsError, load_params
 from topometrics.training.corpus import offline_text
 from topometrics.training.live_relay import LiveRelay
 from topometrics.training.monitor_log import read_log
 from topometrics.training.run_queue import (
     Pool,
     RunFiles,
+    TrainPaths,
     estimated_flops,
     is_complete,
     plan_pool,
+    train_declared,
     train_runs,
     usable_cores,
 )
@@ -225,3 +227,11 @@ def test_kill_9_of_the_whole_queue_resumes_every_run_bit_identically(tmp_path):
         wa, wb = (load_file(str(d / "step_000200.safetensors")) for d in (r.run_dir, reference))
         assert all(torch.equal(wa[k], wb[k]) for k in wb)
         assert (r.run_dir / "steps.csv").read_text() == (reference / "steps.csv").read_text()
+
+
+def test_an_undeclared_run_is_refused_before_any_work(tmp_path):
+    params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
+    paths = TrainPaths(tmp_path / "config", tmp_path / "corpus", tmp_path / "runs", tmp_path / "m", tmp_path / "c")
+    with pytest.raises(ParamsError, match=r"^--run tiny-1 is not declared in params.yaml; runs are tiny-42, "):
+        train_declared(params, paths, only=["tiny-1"], log=quiet)
+    assert list(tmp_path.iterdir()) == []

@@ -44,9 +44,17 @@ from topometrics.errors import TopometricsError
 from topometrics.models.checkpoints import checkpoint_problem, list_checkpoints
 from topometrics.models.model import GPT, count_parameters
 from topometrics.models.tokens import load_tokens
+from topometrics.params import Params, ParamsError
 from topometrics.training.live_relay import LiveRelay
 from topometrics.training.monitor_log import MONITOR_DIR, latest_measurement
-from topometrics.training.train import Observer, RunConfig, recipe_fingerprint, train_run, write_checkpoint_table
+from topometrics.training.train import (
+    Observer,
+    RunConfig,
+    load_run_config,
+    recipe_fingerprint,
+    train_run,
+    write_checkpoint_table,
+)
 
 GPU_RUNS_PER_DEVICE = 4  # concurrent runs per GPU when train.workers is 0 (tiny models are launch-bound)
 
@@ -276,6 +284,47 @@ def train_runs(
         relay.close()
     for run in runs:
         write_reports(run, summaries[run.config.name], source["used"])
+    return summaries
+
+
+@dataclass(frozen=True)
+class TrainPaths:
+    """The train stage's paths: run configs and corpus in; run directories, metrics, curves, dvclive out."""
+
+    configs: Path  # one <run>.json per declared run (the config stage's output)
+    corpus: Path  # the prepared corpus directory
+    runs: Path  # parent of the run directories
+    metrics: Path  # one <run>.json of final losses and status per run
+    curves: Path  # one <run>.csv of validation loss per checkpoint per run
+    live: Path | None = None  # the dvclive folder the runs are relayed into while they train
+
+
+def train_declared(
+    params: Params, paths: TrainPaths, only: Sequence[str] = (), observers: Sequence[ObserverFactory] = (), log=print
+) -> dict:
+    """Train every run ``params`` declares (or the ``only`` ones) on the pool ``params.train`` plans.
+
+    Raises :class:`ParamsError` for an undeclared name in ``only`` (before any work) and, once every run
+    has ended, :class:`TopometricsError` naming the runs that failed or stopped on a user's mistake.
+    """
+    names = params.run_names()
+    if unknown := [n for n in only if n not in names]:
+        raise ParamsError(f"--run {unknown[0]} is not declared in params.yaml; runs are {', '.join(names)}")
+    runs = [
+        RunFiles(load_run_config(paths.configs / f"{n}.json"), paths.runs / n, paths.metrics / f"{n}.json",
+                 paths.curves / f"{n}.csv")
+        for n in only or names
+    ]  # fmt: skip
+    t = params.train
+    pool = plan_pool(t.device, t.workers, t.threads, len(runs))
+    summaries = train_runs(runs, paths.corpus, pool, log=log, observers=observers, live=paths.live)
+    bad = {n: s["status"] for n, s in summaries.items() if s["status"] != "complete"}
+    log(f"train: {len(summaries) - len(bad)}/{len(summaries)} runs complete"
+        + "".join(f"; {n}: {status}" for n, status in bad.items()))  # fmt: skip
+    if mistakes := [f"{n}: {s['mistake']}" for n, s in summaries.items() if s.get("mistake")]:
+        raise TopometricsError("; ".join(mistakes))
+    if failed := [n for n, status in bad.items() if status.startswith("failed")]:
+        raise TopometricsError(f"{len(failed)} of {len(summaries)} runs failed ({', '.join(failed)}; see above)")
     return summaries
 
 
