@@ -27,11 +27,11 @@ from topometrics.models.checkpoints import (
 )
 from topometrics.models.model import GPTConfig
 from topometrics.models.tokens import encode
-from topometrics.params import FeaturesParams
+from topometrics.params import FeaturesParams, ParamsError
 from topometrics.training.corpus import CorpusError, offline_text
 from topometrics.training.monitor_log import read_log
 from topometrics.training.run_dir import resume_info, truncate_steps_log
-from topometrics.training.train import Recipe, RunConfig, train_run, validation_windows
+from topometrics.training.train import Recipe, RunConfig, load_run_config, train_run, validation_windows
 
 TEXT = encode(offline_text()[:200_000])
 TRAIN, VAL = TEXT[:180_000], TEXT[180_000:]
@@ -312,3 +312,15 @@ def test_train_stage_by_hand_with_another_runs_directory_is_refused_in_one_line(
         ]
     )
     assert snapshot(reproduced / "data/runs") == before
+
+
+def test_a_config_file_that_is_not_the_config_stages_is_named_with_the_fix(tmp_path):
+    path = tmp_path / "t-7.json"
+    with pytest.raises(ParamsError, match=r"t-7.json not found; run `dvc repro config` first$"):
+        load_run_config(path)
+    written = config().to_dict()
+    path.write_text(json.dumps(written))
+    assert load_run_config(path) == config()
+    path.write_text(json.dumps({k: v for k, v in written.items() if k != "variant"}))  # no layout without it
+    with pytest.raises(ParamsError, match=r"t-7.json is not a run config \(KeyError: 'variant'\); regenerate it: dvc"):
+        load_run_config(path)

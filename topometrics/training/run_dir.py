@@ -49,12 +49,7 @@ def resume_info(run_dir: Path) -> dict | None:
         return None
     with safe_open(str(path), "pt") as f:
         meta = f.metadata() or {}
-    if "step" in meta:
-        return {k: json.loads(v) for k, v in meta.items()}
-    try:  # a run written before the metadata held the step
-        return json.loads((Path(run_dir) / "resume.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    return {k: json.loads(v) for k, v in meta.items()} if "step" in meta else None
 
 
 def _optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
@@ -77,7 +72,6 @@ def save_resume(
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
     tensors |= _optimizer_tensors(opt) | {"rng.data": gen.get_state()}
     save_tensors(run_dir / "resume.safetensors", tensors, {k: json.dumps(v) for k, v in info.items()})
-    (run_dir / "resume.json").unlink(missing_ok=True)  # the previous layout's separate record
 
 
 def load_resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator) -> dict:

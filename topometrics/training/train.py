@@ -93,7 +93,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
-        return cls(d["rung"], GPTConfig(**d["model"]), Recipe(**d["recipe"]), d.get("variant", BASE_VARIANT))
+        return cls(d["rung"], GPTConfig(**d["model"]), Recipe(**d["recipe"]), d["variant"])
 
 
 def recipe_fingerprint(cfg: RunConfig, corpus_sha256: str) -> str:
