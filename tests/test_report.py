@@ -254,7 +254,9 @@ def test_report_renders_in_headless_chromium(stage_out, tmp_path):
     console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert console == [], console
     # vega-embed puts an <svg class="marks"> in each chart div; a failed chart holds only its error text
-    assert len(re.findall(r'<svg [^>]*class="marks"', dom.stdout)) == 10, "every chart rendered"
+    charts_in_report = len(re.findall(r'<div class="chart" id="chart-', page.read_text()))
+    assert charts_in_report >= 10
+    assert len(re.findall(r'<svg [^>]*class="marks"', dom.stdout)) == charts_in_report, "every chart rendered"
     shot = tmp_path / "report.png"
     subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=60, check=True)
     pixels = _png_pixels(shot.read_bytes())
