@@ -17,10 +17,11 @@ SHARED = {"errors", "atomic", "params", "params_schema", "vocabulary"}  # the mo
 MAY_IMPORT = {  # folder -> the folders it may import (besides SHARED); lower floors first
     "models": set(),
     "measures": set(),
+    "landscape": {"models", "measures"},
     "execution": set(),
     "training": {"models", "execution"},
-    "features": {"models", "measures", "execution", "training"},  # training: the monitor log's format
-    "series": {"models", "measures", "execution", "training", "features"},
+    "features": {"models", "measures", "landscape", "execution", "training"},  # training: the monitor log's format
+    "series": {"models", "measures", "landscape", "execution", "training", "features"},
     "analysis": {"models", "execution"},
     "report": {"analysis"},
 }

@@ -1,0 +1,108 @@
+"""topometrics.landscape.curvature: Lanczos and Hutchinson against explicit Hessians, closed forms
+(least squares, logistic regression) through autograd Hessian-vector products, and the 1/sqrt(probes) error."""
+
+import numpy as np
+import pytest
+import torch
+
+from topometrics.landscape.curvature import hutchinson_trace, top_eigenpairs
+
+
+def symmetric(n, seed=0):
+    a = np.random.default_rng(seed).standard_normal((n, n))
+    return (a + a.T) / 2
+
+
+def test_lanczos_finds_the_top_eigenpairs_of_a_symmetric_matrix():
+    h = symmetric(40)
+    result = top_eigenpairs(lambda v: h @ v, 40, k=3, iters=40)
+    expected = np.linalg.eigvalsh(h)[::-1][:3]
+    np.testing.assert_allclose(result.values, expected, rtol=1e-8)
+    assert result.converged.all() and result.products == 40
+    for value, vector in zip(result.values, result.vectors.T, strict=True):
+        np.testing.assert_allclose(h @ vector, value * vector, atol=1e-8)
+
+
+def test_an_exhausted_krylov_space_stops_early_and_is_exact():
+    h = np.diag([5.0, 2.0, 2.0, 2.0, -1.0])  # three distinct eigenvalues: at most 3 steps
+    result = top_eigenpairs(lambda v: h @ v, 5, k=2, iters=20)
+    np.testing.assert_allclose(result.values, [5.0, 2.0], rtol=1e-10)
+    assert result.products <= 3 and result.converged.all()
+
+
+def test_too_few_steps_say_they_did_not_converge():
+    h = np.diag(np.linspace(1.0, 1.001, 200))  # a clustered spectrum: 3 steps cannot resolve it
+    assert not top_eigenpairs(lambda v: h @ v, 200, k=1, iters=3, tol=1e-12).converged.all()
+
+
+def test_hutchinson_is_exact_on_a_diagonal_hessian_whatever_the_probes():
+    d = np.random.default_rng(2).standard_normal(30)
+    for probes in (1, 5):
+        assert hutchinson_trace(lambda v: d * v, 30, probes, seed=probes).trace == pytest.approx(d.sum(), rel=1e-12)
+
+
+def test_hutchinsons_error_shrinks_as_one_over_the_square_root_of_the_probes():
+    h = symmetric(50, seed=3)
+    exact = np.trace(h)
+    errors = {}
+    for probes in (4, 64):
+        estimates = [hutchinson_trace(lambda v: h @ v, 50, probes, seed=s).trace for s in range(200)]
+        errors[probes] = np.sqrt(np.mean((np.array(estimates) - exact) ** 2))
+    # 16x the probes: the RMS error falls by 4x (the unbiased estimator's variance is sum_{i!=j} 2 h_ij^2 / probes)
+    assert errors[4] / errors[64] == pytest.approx(4.0, rel=0.25)
+
+
+def autograd_hvp(loss, w):
+    """v -> H v of ``loss`` at ``w`` by double backward, on float64 numpy vectors."""
+    w = torch.tensor(w, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(loss(w), w, create_graph=True)
+
+    def hvp(v):
+        (hv,) = torch.autograd.grad(grad, w, torch.as_tensor(v), retain_graph=True)
+        return hv.detach().numpy()
+
+    return hvp
+
+
+def test_least_squares_curvature_is_two_over_n_xtx():
+    rng = np.random.default_rng(4)
+    x, y = torch.tensor(rng.standard_normal((64, 6))), torch.tensor(rng.standard_normal(64))
+    hvp = autograd_hvp(lambda w: ((x @ w - y) ** 2).mean(), rng.standard_normal(6))
+    h = 2 / 64 * (x.T @ x).numpy()
+    np.testing.assert_allclose(top_eigenpairs(hvp, 6, k=3, iters=6).values, np.linalg.eigvalsh(h)[::-1][:3], rtol=1e-6)
+    basis = np.eye(6)
+    assert sum(basis[i] @ hvp(basis[i]) for i in range(6)) == pytest.approx(np.trace(h), rel=1e-10)
+
+
+def test_logistic_regression_curvature_is_xt_diag_sigma_one_minus_sigma_x_over_n():
+    rng = np.random.default_rng(5)
+    x, y = torch.tensor(rng.standard_normal((80, 5))), torch.tensor(rng.integers(0, 2, 80), dtype=torch.float64)
+    w0 = rng.standard_normal(5)
+    hvp = autograd_hvp(lambda w: torch.nn.functional.binary_cross_entropy_with_logits(x @ w, y), w0)
+    p = torch.sigmoid(x @ torch.tensor(w0)).numpy()
+    h = (x.numpy().T * (p * (1 - p))) @ x.numpy() / 80
+    np.testing.assert_allclose(top_eigenpairs(hvp, 5, k=2, iters=5).values, np.linalg.eigvalsh(h)[::-1][:2], rtol=1e-6)
+
+
+def test_a_tiny_networks_top_eigenvalues_and_trace_equal_its_full_hessians():
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 3, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
+
+    def loss(w):  # a 3-4-1 tanh network, its 20 parameters as one vector
+        hidden = torch.tanh(x @ w[:12].reshape(3, 4) + w[12:16])
+        return ((hidden @ w[16:20] - y) ** 2).mean()
+
+    w0 = torch.randn(20, dtype=torch.float64) * 0.5
+    full = torch.autograd.functional.hessian(loss, w0).numpy()
+    hvp = autograd_hvp(loss, w0.numpy())
+    np.testing.assert_allclose(top_eigenpairs(hvp, 20, k=3, iters=20).values, np.linalg.eigvalsh(full)[::-1][:3],
+                               rtol=1e-6)  # fmt: skip
+    exact_trace = sum(np.eye(20)[i] @ hvp(np.eye(20)[i]) for i in range(20))
+    assert exact_trace == pytest.approx(np.trace(full), rel=1e-10)
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="1 <= k <= min"):
+        top_eigenpairs(lambda v: v, 5, k=6)
+    with pytest.raises(ValueError, match="probes must be at least 1"):
+        hutchinson_trace(lambda v: v, 5, 0)
