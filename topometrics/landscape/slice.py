@@ -1,0 +1,104 @@
+"""A model's loss around its weights: filter-normalised directions, a 2-D loss grid, Hessian-vector products.
+
+Any ``torch.nn.Module`` with a loss ``loss_fn(model_output_fn)``: the caller passes
+``loss(params) -> scalar tensor`` built with ``torch.func.functional_call`` (:func:`functional_loss`),
+so the same code serves our GPT and any Hugging Face decoder's forward pass.
+
+**Directions** (Li et al. 2018, "Visualizing the loss landscape of neural nets", section 4): a
+direction is a dict of tensors shaped like the parameters. Filter normalisation scales each *row*
+(output unit) of a matrix-shaped parameter to the norm of the same row of the weights, so a slice
+does not depend on the weights' scale (a layer followed by a normalisation is scale-invariant, and so
+is its slice); 1-D parameters (biases, LayerNorm gains) get a zero direction, as in the paper.
+
+**The grid**: ``n`` x ``n`` points ``theta + a d1 + b d2``, ``a, b`` in ``linspace(-radius, radius, n)``
+(radius in units of the normalised directions); ``grid[i, j]`` is at ``(a_i, b_j)``, the weights
+themselves at the centre when ``n`` is odd. Points are evaluated ``chunk`` at a time with
+``torch.func.vmap`` over stacked parameter sets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch.func import functional_call, grad, jvp, vmap
+
+Params = dict[str, torch.Tensor]
+LossOfParams = Callable[[Params], torch.Tensor]
+
+
+def functional_loss(model: torch.nn.Module, loss_of_model: Callable[..., torch.Tensor]) -> LossOfParams:
+    """``params -> loss_of_model(call)``, where ``call(*inputs)`` runs ``model`` with ``params`` (functional)."""
+
+    def loss(params: Params) -> torch.Tensor:
+        return loss_of_model(lambda *inputs: functional_call(model, params, inputs))
+
+    return loss
+
+
+def random_direction(params: Params, generator: torch.Generator) -> Params:
+    """A Gaussian direction drawn from ``generator`` in ``params``' order, filter-normalised."""
+    raw = {name: torch.randn(p.shape, generator=generator, dtype=p.dtype) for name, p in params.items()}
+    return filter_normalised(raw, params)
+
+
+def filter_normalised(direction: Params, params: Params) -> Params:
+    """``direction`` with each row of each matrix scaled to the norm of that row of ``params`` (1-D: zero).
+
+    A row of the direction that is zero stays zero. Rows are the first axis (a linear layer's output
+    units, an embedding's tokens); higher-rank parameters are normalised per slice of their first axis.
+    """
+    out = {}
+    for name, d in direction.items():
+        w = params[name].detach()
+        if w.dim() < 2:
+            out[name] = torch.zeros_like(w)
+            continue
+        d_rows, w_rows = d.reshape(d.shape[0], -1), w.reshape(w.shape[0], -1)
+        d_norm = d_rows.norm(dim=1, keepdim=True)
+        scale = torch.where(d_norm > 0, w_rows.norm(dim=1, keepdim=True) / d_norm.clamp_min(1e-30), 0.0)
+        out[name] = (d_rows * scale).reshape(w.shape)
+    return out
+
+
+def loss_grid(loss: LossOfParams, params: Params, d1: Params, d2: Params, radius: float, n: int, chunk: int = 32):
+    """``(n, n)`` float64 array of ``loss(theta + a d1 + b d2)`` on the grid; see the module docstring."""
+    steps = torch.linspace(-radius, radius, n, dtype=torch.float64)
+    a, b = (t.reshape(-1) for t in torch.meshgrid(steps, steps, indexing="ij"))
+    base = {k: v.detach() for k, v in params.items()}
+
+    def at(coeff_a: torch.Tensor, coeff_b: torch.Tensor) -> torch.Tensor:
+        moved = {k: base[k] + coeff_a.to(base[k].dtype) * d1[k] + coeff_b.to(base[k].dtype) * d2[k] for k in base}
+        return loss(moved)
+
+    with torch.no_grad():
+        values = [vmap(at)(a[i : i + chunk], b[i : i + chunk]) for i in range(0, len(a), chunk)]
+    return torch.cat(values).double().reshape(n, n).numpy()
+
+
+def flat_hvp(loss: LossOfParams, params: Params) -> tuple[Callable[[np.ndarray], np.ndarray], int]:
+    """``(hvp, dim)``: ``v -> H v`` of ``loss`` at ``params`` on flat float64 vectors (forward-over-reverse).
+
+    The flat order is ``params``' order, each tensor raveled in C order (:func:`unflatten` inverts it).
+    """
+    base = {k: v.detach() for k, v in params.items()}
+    dim = sum(v.numel() for v in base.values())
+
+    def hvp(v: np.ndarray) -> np.ndarray:
+        tangent = unflatten(v, base)
+        _, product = jvp(grad(loss), (base,), (tangent,))
+        return torch.cat([product[k].reshape(-1) for k in base]).double().numpy()
+
+    return hvp, dim
+
+
+def unflatten(vector: np.ndarray, like: Params) -> Params:
+    """A flat vector (C order, ``like``'s order) as tensors shaped and typed like ``like``."""
+    out, start = {}, 0
+    for name, p in like.items():
+        out[name] = torch.as_tensor(vector[start : start + p.numel()], dtype=p.dtype).reshape(p.shape)
+        start += p.numel()
+    if start != len(vector):
+        raise ValueError(f"a vector of {len(vector)} values for parameters of {start}")
+    return out
