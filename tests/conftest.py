@@ -13,7 +13,7 @@ def _reproduced_once(tmp_path_factory) -> Path:
     """A git+DVC project of a one-rung tiny ladder after a full `dvc repro`, committed."""
     project = make_project(tmp_path_factory.mktemp("reproduced") / "project")
     params = yaml.safe_load((project / "params.yaml").read_text())
-    params["ladder"] = {"a": {"hidden": 8, "layers": 1, "heads": 1}}
+    params["ladder"] = {"a": {"layers": 1, "heads": 1}}  # hidden 8 from train's: `-S train.hidden=…` reaches it
     params["series"]["sources"] = {}
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(["dvc", "repro"], project)
