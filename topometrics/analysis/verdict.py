@@ -209,16 +209,30 @@ def _dropped_note(dropped: list[str]) -> str:
     return f"; not used (finite in < {MIN_COVERAGE:.0%} of runs): {', '.join(dropped)}"
 
 
+HEADLINE_FAMILY = "everything"  # the answer's row: every family added to the loss curve and weight norm
+
+
+def headline_scheme(view: pd.DataFrame) -> str | None:
+    """The cross-validation scheme the answer leads with: the first of :data:`SCHEMES` (seeds, then recipe
+    variants, then rungs: the nearest runs first) with a comparison that was not skipped; None when all were."""
+    tested = view[~view["verdict"].astype(str).str.startswith("skipped")]
+    return next((s for s in SCHEMES if (tested["cv"] == s).any()), None)
+
+
 def verdict_metrics(view: pd.DataFrame) -> dict:
-    """The ``topology_verdict`` view as the nested ``verdict`` entry of ``reports/metrics.json``:
-    ``{cv: {f<percent>: {family: {delta_mae, ci_low, ci_high, p_bonferroni, n, verdict}}}}`` (skips keep only
-    ``n`` and the verdict, which then names the reason)."""
-    out: dict = {}
-    for r in view.itertuples(index=False):
-        entry = {"n": int(r.n) if pd.notna(r.n) else 0, "verdict": r.verdict}
-        if not str(r.verdict).startswith("skipped"):
-            for key in ("delta_mae", "ci_low", "ci_high", "p_bonferroni"):
-                value = getattr(r, key)
-                entry[key] = None if pd.isna(value) else float(f"{float(value):.6g}")
-        out.setdefault(r.cv, {}).setdefault(f"f{round(100 * r.fraction):02d}", {})[r.family] = entry
+    """The headline rows of the ``topology_verdict`` view as the ``verdict`` entry of ``reports/metrics.json``:
+    ``{cv, f<percent>: {verdict, delta_mae, n}}``, the :data:`HEADLINE_FAMILY` row of each fraction of the
+    :func:`headline_scheme` (``cv`` 'none' and each verdict 'skipped' when nothing could be compared). A few
+    columns whatever the number of runs; every row is in the warehouse."""
+    if view.empty:
+        return {"cv": "none"}
+    scheme = headline_scheme(view)
+    rows = view[(view["cv"] == (scheme or view["cv"].iloc[0])) & (view["family"] == HEADLINE_FAMILY)]
+    out: dict = {"cv": scheme or "none"}
+    for r in rows.sort_values("fraction").itertuples(index=False):
+        word = str(r.verdict).split(":")[0]  # 'skipped: <reason>' -> 'skipped' (the report says why)
+        entry = {"verdict": word}
+        if scheme is not None and pd.notna(r.delta_mae):
+            entry |= {"delta_mae": float(f"{float(r.delta_mae):.6g}"), "n": int(r.n)}
+        out[f"f{round(100 * r.fraction):02d}"] = entry
     return out
