@@ -16,6 +16,7 @@ import altair as alt
 import pandas as pd
 
 from topometrics.report import charts
+from topometrics.report.answer import Answer, answer
 from topometrics.report.figures import dvc_plots, figures
 from topometrics.report.frames import BETTI, Missing, ladder_only, need, ordered, wide_features
 from topometrics.report.paper import (
@@ -48,7 +49,9 @@ class Report:
     tables: dict[str, pd.DataFrame | Missing] = field(default_factory=dict)  # title -> table
     figures: dict[str, alt.TopLevelMixin | Missing] = field(default_factory=dict)  # file stem -> chart
     plots: dict[str, pd.DataFrame] = field(default_factory=dict)  # DVC plot file stem -> long frame
-    # The lead section, "What topology adds": the verdict table (with a 'reads as' sentence) and its figures.
+    # The opening: the verdict in a few sentences, or why there is none and the command that gives one.
+    answer: Answer = field(default_factory=lambda: Answer(("not built",)))
+    # "What topology adds": the verdict table (with a 'reads as' sentence per row) and its figures.
     verdict: pd.DataFrame | Missing = field(default_factory=lambda: Missing("not built"))
     verdict_figures: dict[str, alt.TopLevelMixin | Missing] = field(default_factory=dict)
 
@@ -60,6 +63,7 @@ def build(frames: dict[str, pd.DataFrame | Missing], series_status: dict | None 
     """Tables, figures and DVC plot frames from :func:`load`'s frames and the series stage's status."""
     available = {k: need(v, k) for k, v in frames.items()}
     report = Report(*banner(available["runs"], available["meta"], series_status))
+    report.answer = answer(available["verdict"], available["meta"])
     report.verdict, report.verdict_figures = section(available)
     report.tables = {
         "Table 1 — model configurations and final loss": table1(available["rungs"], available["final"]),
