@@ -195,6 +195,19 @@ def test_banner_is_loud_about_the_fallback_corpus_and_names_the_series(full):
     assert doc.banner["params digest"].endswith("(sha256 of meta.params)")
 
 
+def test_the_banner_says_which_loss_each_series_rho_is_against_or_why_none(full):
+    doc = full[2]
+    assert doc.banner["series ρ against"] == (
+        f"{SERIES}: none: no loss at its checkpoints (hub revisions carry none; a run folder needs a losses file)"
+    )
+    runs = pd.DataFrame({"rung": ["mine", "theirs", "a"], "kind": ["series", "series", "ladder"]})
+    rho = pd.DataFrame({"rung": ["mine", "a"], "kind": ["series", "ladder"], "loss": ["train_loss", "val_loss"]})
+    assert report.series_loss_line(runs, rho) == (
+        "mine: the training loss (no validation loss logged); theirs: none: no loss at its checkpoints "
+        "(hub revisions carry none; a run folder needs a losses file)"
+    )
+
+
 def test_missing_features_and_analysis_become_notes_not_crashes(tmp_path):
     path = build_tiny_warehouse(tmp_path, with_analysis=False, with_features=False)
     with duckdb.connect(str(path), read_only=True) as con:

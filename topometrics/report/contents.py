@@ -62,7 +62,7 @@ class Report:
 def build(frames: dict[str, pd.DataFrame | Missing], series_status: dict | None = None) -> Report:
     """Tables, figures and DVC plot frames from :func:`load`'s frames and the series stage's status."""
     available = {k: need(v, k) for k, v in frames.items()}
-    report = Report(*banner(available["runs"], available["meta"], series_status))
+    report = Report(*banner(available["runs"], available["meta"], series_status, available["rho"]))
     report.answer = answer(available["verdict"], available["meta"])
     report.verdict, report.verdict_figures = section(available)
     report.tables = {
@@ -93,7 +93,7 @@ def build(frames: dict[str, pd.DataFrame | Missing], series_status: dict | None 
     return report
 
 
-def banner(runs, meta, series_status: dict | None) -> tuple[dict[str, str], str | None, bool]:
+def banner(runs, meta, series_status: dict | None, rho=None) -> tuple[dict[str, str], str | None, bool]:
     """Banner lines (corpus, series status, params digest, code version), the corpus used, and the fallback flag."""
     out, used, fallback = {}, None, False
     ladder = ladder_only(runs) if isinstance(runs, pd.DataFrame) else pd.DataFrame()
@@ -110,6 +110,8 @@ def banner(runs, meta, series_status: dict | None) -> tuple[dict[str, str], str 
                 f"({first['corpus_reason']}). Losses are not comparable with the paper's WikiText-2 numbers."
             )
     out["validation series"] = series_line(runs, series_status)
+    if isinstance(runs, pd.DataFrame) and (runs["kind"] == "series").any():
+        out["series ρ against"] = series_loss_line(runs, rho)
     out["runs"] = runs_line(ladder)
     values = dict(zip(meta["key"], meta["value"], strict=True)) if isinstance(meta, pd.DataFrame) else {}
     out["params digest"] = params_digest(values)
@@ -148,6 +150,18 @@ def _series_status(series: dict) -> str:
     reasons = sorted({c["reason"] for c in checkpoints if c.get("status") == "skipped" and c.get("reason")})
     text = f"{series.get('name')}: {'ran' if done else 'SKIPPED'} ({done} checkpoints computed, {skipped} skipped)"
     return text + (f"; why: {' | '.join(reasons[:3])}" if reasons else "")
+
+
+def series_loss_line(runs: pd.DataFrame, rho) -> str:
+    """Which loss each external series' rho is taken against (``feature_loss_spearman.loss``), or why it has none."""
+    found = rho[rho["kind"] == "series"] if isinstance(rho, pd.DataFrame) and "loss" in rho else pd.DataFrame()
+    against = found.groupby("rung")["loss"].first().to_dict() if len(found) else {}
+    words = {"val_loss": "the validation loss", "train_loss": "the training loss (no validation loss logged)"}
+    lines = []
+    for name in sorted(runs.loc[runs["kind"] == "series", "rung"].unique()):
+        why = "none: no loss at its checkpoints (hub revisions carry none; a run folder needs a losses file)"
+        lines.append(f"{name}: {words.get(against.get(name), why)}")
+    return "; ".join(lines)
 
 
 def params_digest(meta: dict[str, str]) -> str:
