@@ -136,19 +136,6 @@ def test_metrics_follow_the_params_and_equal_the_stages_file(pipeline):
     assert fewer["final_val_loss"] == pytest.approx(final, rel=1e-5)
 
 
-def test_the_summary_groups_failed_predictions_by_cause():
-    reasons = ["need at least 4 checkpoints after step 0, got 2", "need at least 6 checkpoints for 5 parameters, got 1"]
-    reasons += ["missing feature values in the observed window"] * 3
-    reasons += ["only 1 training runs outside group a; need 3", "only 1 training runs outside group b; need 3"]
-    frame = pd.DataFrame({"status": ["failed"] * len(reasons) + ["ok"], "reason": [*reasons, None]})
-    assert metrics_file.prediction_summary(frame) == (
-        "8 predictions (7 failed: 2 need ≥ 4-6 checkpoints after step 0 up to the fraction, got at most 2; "
-        "3 lack an input before the fraction (a failed loss-curve fit or a missing feature); "
-        "2 have fewer than 3 training runs outside the held-out group)"
-    )
-    assert metrics_file.prediction_summary(frame.iloc[-1:]) == "1 predictions (0 failed)"
-
-
 def test_docs_example_queries_run(con):
     text = (REPO / "docs" / "warehouse.md").read_text()
     queries = re.findall(r"```sql\n(.*?)```", text, flags=re.S)

@@ -193,6 +193,8 @@ def test_banner_is_loud_about_the_fallback_corpus_and_names_the_series(full):
     assert doc.banner["corpus"].startswith("OFFLINE FALLBACK CORPUS: python-docs")
     assert doc.banner["validation series"] == "pythia-14m: ran (7 checkpoints computed, 0 skipped)"
     assert doc.banner["params digest"].endswith("(sha256 of meta.params)")
+    # why predictions failed, grouped by cause (the analysis stage's summary): 600 steps, a checkpoint every 50
+    assert doc.banner["predictions"].startswith("120 predictions (56 failed: 24 need ≥ 4-6 checkpoints after step 0")
 
 
 def test_the_banner_says_which_loss_each_series_rho_is_against_or_why_none(full):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import altair as alt
 import pandas as pd
 
+from topometrics.analysis.predict import prediction_summary
 from topometrics.report import charts
 from topometrics.report.answer import Answer, answer
 from topometrics.report.figures import dvc_plots, figures
@@ -62,7 +63,9 @@ class Report:
 def build(frames: dict[str, pd.DataFrame | Missing], series_status: dict | None = None) -> Report:
     """Tables, figures and DVC plot frames from :func:`load`'s frames and the series stage's status."""
     available = {k: need(v, k) for k, v in frames.items()}
-    report = Report(*banner(available["runs"], available["meta"], series_status, available["rho"]))
+    report = Report(
+        *banner(available["runs"], available["meta"], series_status, available["rho"], available.get("predictions"))
+    )
     report.answer = answer(available["verdict"], available["meta"])
     report.verdict, report.verdict_figures = section(available)
     report.tables = {
@@ -93,8 +96,11 @@ def build(frames: dict[str, pd.DataFrame | Missing], series_status: dict | None 
     return report
 
 
-def banner(runs, meta, series_status: dict | None, rho=None) -> tuple[dict[str, str], str | None, bool]:
-    """Banner lines (corpus, series status, params digest, code version), the corpus used, and the fallback flag."""
+def banner(
+    runs, meta, series_status: dict | None, rho=None, predictions=None
+) -> tuple[dict[str, str], str | None, bool]:
+    """Banner lines (corpus, series, runs, why predictions failed, params digest, code version), the corpus used and
+    the fallback flag."""
     out, used, fallback = {}, None, False
     ladder = ladder_only(runs) if isinstance(runs, pd.DataFrame) else pd.DataFrame()
     if ladder.empty:
@@ -113,6 +119,8 @@ def banner(runs, meta, series_status: dict | None, rho=None) -> tuple[dict[str, 
     if isinstance(runs, pd.DataFrame) and (runs["kind"] == "series").any():
         out["series ρ against"] = series_loss_line(runs, rho)
     out["runs"] = runs_line(ladder)
+    if isinstance(predictions, pd.DataFrame):  # why predictions failed, grouped by cause (a short run: checkpoints)
+        out["predictions"] = prediction_summary(predictions)
     values = dict(zip(meta["key"], meta["value"], strict=True)) if isinstance(meta, pd.DataFrame) else {}
     out["params digest"] = params_digest(values)
     out["code version"] = values.get("code_version", "not recorded")

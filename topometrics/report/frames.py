@@ -34,6 +34,7 @@ QUERIES = {
     "spearman": "SELECT * FROM tests WHERE kind = 'spearman' AND layer = 'all'",
     "topo_vs_spectral": "SELECT * FROM tests WHERE kind = 'topo_vs_spectral'",
     "mae": "SELECT * FROM prediction_mae",
+    "predictions": "SELECT status, reason FROM predictions",
     "phases": f"SELECT * FROM phases WHERE {ANALYSED}",
     "early_stopping": f"SELECT * FROM early_stopping WHERE {ANALYSED}",
     "scaling": f"SELECT * FROM scaling WHERE kind = 'ladder' AND layer IN ('all', 'checkpoint') AND {ANALYSED}",
