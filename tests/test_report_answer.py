@@ -67,6 +67,14 @@ def test_a_computed_verdict_reads_as_quotable_sentences():
     assert families.startswith("Single families (leave-one-seed-out): ") and "scale-free adds at" in families
 
 
+def test_without_the_all_families_row_the_families_that_ran_lead():
+    frame = view(synthetic_runs("topology"))
+    frame = frame[frame["family"] != verdict.HEADLINE_FAMILY]
+    got = answer(frame, meta())
+    assert got.computed and got.sentences[0].endswith(": 36 runs, leave-one-seed-out (4 seeds).")
+    assert sum(s.startswith("At 50% of training, adding") for s in got.sentences) == 5  # weight norm + 4 families
+
+
 def test_not_enough_runs_says_how_many_would_do_and_the_seeds_that_give_them():
     runs = synthetic_runs("topology").query("variant == 'x' and seed <= 3 and rung != 'c'")  # 6 runs, 3 seeds
     frame = view(runs)

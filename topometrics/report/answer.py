@@ -46,8 +46,11 @@ def answer(verdict, meta) -> Answer:
     scheme = analysis_verdict.headline_scheme(verdict)
     if scheme is None:
         return _not_computable(verdict, params)
-    rows = verdict[(verdict["cv"] == scheme) & (verdict["family"] == analysis_verdict.HEADLINE_FAMILY)]
-    tested = rows[~rows["verdict"].astype(str).str.startswith("skipped")].sort_values("fraction")
+    in_scheme = verdict[(verdict["cv"] == scheme) & ~verdict["verdict"].astype(str).str.startswith("skipped")]
+    tested = in_scheme[in_scheme["family"] == analysis_verdict.HEADLINE_FAMILY]
+    if tested.empty:  # every family together could not be compared: the families that could, at the last fraction
+        tested = in_scheme[in_scheme["fraction"] == in_scheme["fraction"].max()]
+    tested = tested.sort_values(["fraction", "family"])
     n, groups = int(tested["n"].max()), int(tested["n_groups"].max())
     head = f"{_question(verdict)}: {n} runs, {CV_WORDS[scheme]} ({groups} {SCHEME_GROUPS[scheme]})."
     sentences = [head, *(sentence(r) for _, r in tested.iterrows()), _families(verdict, scheme)]
