@@ -16,7 +16,7 @@ from topometrics.atomic import write_parquet, write_text
 from topometrics.errors import run_stage, stage_parser
 from topometrics.models.tokens import decode, load_tokens
 from topometrics.params import load_params
-from topometrics.series.source_shards import series_shards
+from topometrics.series.source_shards import series_shards, summary_line
 
 
 def main(argv: list[str]) -> None:
@@ -42,8 +42,7 @@ def main(argv: list[str]) -> None:
     status = result.status
     write_text(args.out / "status.json", json.dumps(status, indent=1))
     for s in status["series"]:
-        note = "" if not s["skipped"] else " (see status.json; rerun `dvc repro` when the hub or cache has them)"
-        print(f"series {s['name']}: {s['computed']} computed, {s['reused']} reused, {s['skipped']} skipped{note}")
+        print(summary_line(s))
 
 
 if __name__ == "__main__":

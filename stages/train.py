@@ -24,7 +24,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--configs", type=Path, required=True, help="data/config (one <run>.json per run)")
     ap.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory")
     ap.add_argument("--runs", type=Path, required=True, help="parent of the run directories")
-    ap.add_argument("--metrics", type=Path, required=True, help="directory of per-run metrics JSON")
+    ap.add_argument("--metrics", type=Path, required=True, help="reports/train: one <run>.json per run (an output)")
     ap.add_argument("--curves", type=Path, required=True, help="directory of per-run loss curves for dvc plots")
     ap.add_argument("--live", type=Path, help="dvclive folder the runs' losses and measurements are relayed into")
     ap.add_argument("--run", action="append", default=[], help="train only this run (repeatable), e.g. xl-42")

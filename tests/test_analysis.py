@@ -104,32 +104,36 @@ def test_scaling_fit_recovers_the_loss_exponent(con):
     assert row.spearman_rho == pytest.approx(-1.0)
 
 
-def test_metrics_file_is_small_nested_and_finite(pipeline):
+def test_metrics_file_is_the_headline_a_column_per_rung_at_most(pipeline):
     text = pipeline[1].read_text()
     metrics = json.loads(text)
-    assert len(text) < 20_000
+    assert set(metrics) == {"corpus", "final_val_loss", "rho", "runs", "diverged_runs", "verdict"}
     assert metrics["corpus"] == {"used": "python-docs", "fallback": True}
-    assert set(metrics["rungs"]) == set(RUNGS)
-    assert metrics["rungs"]["xl"]["rho"]["vr_tp0"] < -0.9
-    assert set(metrics["prediction"]["mae"]["loss_topology"]) == {"f20", "f30", "f50"}
-    assert "loss_power_law" not in metrics["prediction"]["improvement_pct"]
-    assert metrics["scaling"]["val_loss"]["exponent"] < 0
+    assert set(metrics["final_val_loss"]) == set(RUNGS) and metrics["runs"] == len(RUNGS)
+    assert metrics["rho"]["vr_tp0"] < -0.9 and set(metrics["rho"]) <= set(AnalysisParams().headline_features)
+    assert metrics["verdict"]["cv"] == "rung" and set(metrics["verdict"]) == {"cv", "f20", "f30", "f50"}
+    columns = _leaves(metrics)  # what `dvc exp show` makes a column of
+    assert len(columns) <= len(RUNGS) + 6 + 1 + 9 + 4, columns  # rungs, rho, verdict cv, 3 x 3 verdict, the rest
     numbers = re.findall(r"-?\d+\.?\d*(?:e-?\d+)?", text)
     assert numbers and all(math.isfinite(float(n)) for n in numbers)
     assert "NaN" not in text and "Infinity" not in text
 
 
-def test_metrics_follow_the_params(pipeline, tmp_path):
-    path = tmp_path / "copy.duckdb"
-    path.write_bytes(pipeline[0].read_bytes())
-    with duckdb.connect(str(path)) as c:
-        before = metrics_file.build_metrics(c, AnalysisParams())
-        c.execute("UPDATE settings SET phase_threshold = 0.5")
-        after = metrics_file.build_metrics(c, AnalysisParams())
-    assert metrics_file.metrics_json(before) == pipeline[1].read_text()
-    phase = [(before["rungs"][r]["phase"], after["rungs"][r]["phase"]) for r in RUNGS]
-    assert all(a["diminishing_fraction"] <= b["diminishing_fraction"] for b, a in phase)
-    assert any(a["diminishing_fraction"] < b["diminishing_fraction"] for b, a in phase)
+def _leaves(tree: dict, prefix: str = "") -> list[str]:
+    """The dotted keys of a nested dict's leaves (the columns `dvc exp show` lists for a metrics file)."""
+    out = []
+    for key, value in tree.items():
+        out += _leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
+    return out
+
+
+def test_metrics_follow_the_params_and_equal_the_stages_file(pipeline):
+    with duckdb.connect(str(pipeline[0]), read_only=True) as c:
+        assert metrics_file.metrics_json(metrics_file.build_metrics(c, AnalysisParams())) == pipeline[1].read_text()
+        fewer = metrics_file.build_metrics(c, AnalysisParams(headline_features=("vr_tp1",)))
+        final = dict(c.execute("SELECT rung, val_loss FROM final_checkpoints").fetchall())
+    assert list(fewer["rho"]) == ["vr_tp1"]
+    assert fewer["final_val_loss"] == pytest.approx(final, rel=1e-5)
 
 
 def test_docs_example_queries_run(con):
@@ -164,23 +168,24 @@ def test_several_seeds_get_leave_one_seed_out_and_across_seed_cis(tmp_path):
     across = tables["tests"].query("kind == 'spearman_across_seeds' and feature == 'vr_tp0' and layer == 'all'")
     assert (across["n"] == 2).all() and (across["ci_low"] <= across["estimate"]).all()
 
-    # metrics.json carries the across-seed intervals: Student-t CI of the per-seed rho in Fisher-z space (scipy)
-    for name, frame in tables.items():
-        frame.to_parquet(tmp_path / f"{name}.parquet", index=False)
-        warehouse.load_parquet(c, name, [tmp_path / f"{name}.parquet"])
-    metrics = json.loads(metrics_file.metrics_json(metrics_file.build_metrics(c, params)))
+    # the tests table carries the across-seed intervals: Student-t CI of the per-seed rho in Fisher-z space (scipy)
     rhos = c.execute(
         "SELECT rho FROM feature_loss_spearman WHERE rung = 'medium' AND feature = 'vr_tp0' AND layer = 'all'"
     ).df()["rho"]
     z = np.arctanh(rhos)  # Fisher z: the interval is taken there and mapped back with tanh
     low, high = scipy.stats.t.interval(0.95, len(z) - 1, loc=z.mean(), scale=scipy.stats.sem(z))
-    got = metrics["rungs"]["medium"]["rho_across_seeds"]["vr_tp0"]
-    assert metrics["rungs"]["medium"]["n_seeds"] == 2 and got["n_seeds"] == 2
-    want = np.tanh([z.mean(), low, high])
-    assert np.allclose([got["mean"], got["ci_low"], got["ci_high"]], want, rtol=1e-5, atol=1e-9)
-    mae = metrics["prediction"]["mae_across_seeds"]
-    assert set(mae) >= {"loss_power_law", "topology", "topology_cv_seed"}
-    assert mae["loss_power_law"]["f50"]["n_seeds"] == 2
+    got = across[across["rung"] == "medium"].iloc[0]
+    assert np.allclose([got["estimate"], got["ci_low"], got["ci_high"]], np.tanh([z.mean(), low, high]), rtol=1e-9)
+    mae = tables["tests"].query("kind == 'mae_across_seeds'").set_index("other")
+    assert {"loss_power_law/none/0.5", "topology/rung/0.5", "topology/seed/0.5"} <= set(mae.index)
+    assert mae.loc["loss_power_law/none/0.5", "n"] == 2
+    # metrics.json: the rung's final loss is the mean over its seeds
+    for name, frame in tables.items():
+        frame.to_parquet(tmp_path / f"{name}.parquet", index=False)
+        warehouse.load_parquet(c, name, [tmp_path / f"{name}.parquet"])
+    metrics = metrics_file.build_metrics(c, params)
+    final = c.execute("SELECT avg(val_loss) FROM final_checkpoints WHERE rung = 'medium'").fetchone()[0]
+    assert metrics["final_val_loss"]["medium"] == pytest.approx(final, rel=1e-5) and metrics["runs"] == 6
 
 
 def test_a_run_without_features_fails_the_learned_topology_models_with_a_reason(tmp_path):
@@ -229,7 +234,7 @@ def test_a_diverged_run_is_data_left_out_of_fits_and_predictions_with_its_reason
         con.register(f"_{name}", frame)
         con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _{name}")
     metrics = metrics_file.build_metrics(con, params)
-    assert "large" not in metrics["rungs"] and metrics["diverged"] == {"large-42": reason}
+    assert "large" not in metrics["final_val_loss"] and metrics["diverged_runs"] == 1
 
 
 def test_partial_spearman_rows_and_view(con):

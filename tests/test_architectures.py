@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from topometrics.features import checkpoint as feat
 from topometrics.models.architectures import (
+    PARTS,
     ArchitectureError,
     block_path,
     config_rules,
@@ -247,6 +248,36 @@ def test_without_a_config_tensor_names_are_classified_by_the_same_table():
         name_layers({k: v for k, v in names.items() if "1.mlp.dense_4h_to_h.weight" not in k}, "f")
     with pytest.raises(ArchitectureError, match=r"no canonical part for blocks.0.attn.mystery.weight"):
         name_layers({"blocks.0.attn.mystery.weight": (4, 4)}, "f")
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        # a custom small GPT: attention's output `proj`, a tied head outside the blocks
+        {"attn.qkv": "attn.qkv", "attn.proj": "attn.out", "mlp.fc1": "mlp.in", "mlp.fc2": "mlp.out"},
+        # nanoGPT / minGPT
+        {"attn.c_attn": "attn.qkv", "attn.c_proj": "attn.out", "mlp.c_fc": "mlp.in", "mlp.c_proj": "mlp.out"},
+        # `proj` inside the MLP is its output; `fc` its input
+        {"attn.qkv": "attn.qkv", "attn.out_proj": "attn.out", "mlp.fc": "mlp.in", "mlp.proj": "mlp.out"},
+        # LLaMA's original names: w1 the gate, w3 the up projection, w2 back to the width
+        {"attention.wq": "attn.q", "attention.wk": "attn.k", "attention.wv": "attn.v", "attention.wo": "attn.out",
+         "feed_forward.w1": "mlp.gate", "feed_forward.w3": "mlp.up", "feed_forward.w2": "mlp.down"},
+        {"attn.qkv": "attn.qkv", "attn.proj": "attn.out", "ff.w1": "mlp.gate", "ff.w3": "mlp.up", "ff.w2": "mlp.down"},
+    ],
+)  # fmt: skip
+def test_common_small_gpt_names_are_recognised_without_a_layers_option(names):
+    shapes = {f"layers.{i}.{name}.weight": (4, 4) for i in (0, 1) for name in names}
+    shapes |= {"tok_emb.weight": (9, 4), "head.weight": (9, 4)}  # outside the blocks: not layers
+    layers = name_layers(shapes, "f")
+    order = sorted(set(names.values()), key=PARTS.index)
+    assert [la.name for la in layers] == [f"block{i}.{part}" for i in (0, 1) for part in order]
+    by_name = {la.name: la.tensor for la in layers}
+    assert all(by_name[f"block1.{part}"] == f"layers.1.{name}.weight" for name, part in names.items())
+
+
+def test_ff_is_a_whole_module_name_not_a_part_of_one():
+    with pytest.raises(ArchitectureError, match="no canonical part for layers.0.diff.w1.weight"):
+        name_layers({"layers.0.diff.w1.weight": (4, 4)}, "f")
 
 
 def test_block_path():

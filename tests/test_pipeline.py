@@ -98,8 +98,9 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (project / "data/runs/a-42").iterdir()} == a_files
     assert "train.hidden" in run(["dvc", "exp", "show", "--no-pager", "--csv"], project)
     diff = run(["dvc", "metrics", "diff", "--all", "--md"], project)
-    assert "reports/train/b-42.json" in diff and "n_params" in diff
-    assert "reports/metrics.json" in diff and "final_val_loss" in diff
+    assert "reports/metrics.json" in diff and "final_val_loss.b" in diff
+    assert "reports/train" not in diff and "b-42" not in diff  # a run's numbers are outputs, not metrics
+    assert len(diff.splitlines()) <= 2 + 22  # one screen: a header and at most every headline value
 
     # overriding one rung re-runs only its chain; adding a rung adds its stages
     exp = run(["dvc", "exp", "run", "-S", "ladder.a.hidden=12", "-S", "ladder.a.heads=2", "train"], project)
@@ -115,9 +116,13 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
     with duckdb.connect(str(project / "data/warehouse.duckdb"), read_only=True) as con:
         seeds = con.execute("select rung, list(distinct seed order by seed) from checkpoints group by rung").fetchall()
         assert sorted(seeds) == [("a", [7, 42]), ("b", [7, 42])]
+        across = con.execute(
+            "select n from tests where kind = 'spearman_across_seeds' and rung = 'a' and feature = 'vr_tp0'"
+            " and layer = 'all'"
+        ).fetchall()
+        assert across == [(2,)]  # MAE intervals need fits, which 5 checkpoints do not allow
     metrics = json.loads((project / "reports/metrics.json").read_text())
-    assert metrics["rungs"]["a"]["n_seeds"] == 2  # MAE intervals need fits, which 5 checkpoints do not allow
-    assert metrics["rungs"]["a"]["rho_across_seeds"]["vr_tp0"]["n_seeds"] == 2
+    assert metrics["runs"] == 4 and set(metrics["final_val_loss"]) == {"a", "b"}  # a column per rung, not per run
     back_to_baseline(project)
 
     # a recipe variant adds only its runs; the warehouse keys every run by variant, the analysis reads one variant
@@ -165,6 +170,36 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
     ).read_bytes()
     status = run(["dvc", "status", "train", "config"], clone)
     assert "up to date" in status, status
+
+
+def test_exp_show_grows_by_no_column_per_run(reproduced):
+    """An 8-run sweep of the one-rung project: the metric columns of `dvc exp show` stay the headline's, and the
+    columns that differ between the experiments (`--only-changed`, data hashes dropped) fit in 40."""
+    before = metric_columns(reproduced)
+    assert 0 < len(before) <= 40 and "final_val_loss.a" in before
+    run(["dvc", "exp", "run", "-S", "train.seeds=[42,43,44,45,46,47,48,49]"], reproduced)  # 7 new runs of rung a
+    assert metric_columns(reproduced) == before
+    changed = run(["dvc", "exp", "show", "--no-pager", "--csv", "--only-changed", "--drop", "data/"], reproduced)
+    header = changed.splitlines()[0].split(",")
+    assert "train.seeds" in header and "runs" in header and len(header) <= 40, header
+    assert not [c for c in header if "-4" in c], header  # no run's name (a-42 ... a-49)
+    diff = run(["dvc", "metrics", "diff"], reproduced)
+    assert "runs" in diff and len(diff.splitlines()) <= 24, diff
+
+
+def metric_columns(project: Path) -> list[str]:
+    """The workspace's metric columns in `dvc exp show` (every leaf of every metrics file, dotted)."""
+    shown, _ = json.JSONDecoder().raw_decode(run(["dvc", "exp", "show", "--no-pager", "--json"], project))
+    workspace = shown[0]
+    assert workspace["rev"] == "workspace"
+
+    def leaves(tree: dict, prefix: str = "") -> list[str]:
+        out = []
+        for key, value in tree.items():
+            out += leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
+        return out
+
+    return sorted(c for f in workspace["data"]["metrics"].values() for c in leaves(f["data"]))
 
 
 def back_to_baseline(project: Path) -> None:

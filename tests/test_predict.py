@@ -1,6 +1,7 @@
 """topometrics.analysis.predict: the schedule, loss-curve fits on synthetic curves, window summaries, LOO CV."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from topometrics.analysis import predict
@@ -124,3 +125,16 @@ def test_lr_annealing_law_recovers_known_parameters_and_extrapolates():
 def test_lr_annealing_failure_is_recorded():
     fit, final = predict.fit_lr_annealing([0, 100, 200, 300], [4.0, 3.0, 2.6, 2.4], Schedule(1000, 100))
     assert (fit.status, final) == ("failed", None) and "at least 5 checkpoints" in fit.reason
+
+
+def test_the_summary_groups_failed_predictions_by_cause():
+    reasons = ["need at least 4 checkpoints after step 0, got 2", "need at least 6 checkpoints for 5 parameters, got 1"]
+    reasons += ["missing feature values in the observed window"] * 3
+    reasons += ["only 1 training runs outside group a; need 3", "only 1 training runs outside group b; need 3"]
+    frame = pd.DataFrame({"status": ["failed"] * len(reasons) + ["ok"], "reason": [*reasons, None]})
+    assert predict.prediction_summary(frame) == (
+        "8 predictions (7 failed: 2 need ≥ 4-6 checkpoints after step 0 up to the fraction, got at most 2; "
+        "3 lack an input before the fraction (a failed loss-curve fit or a missing feature); "
+        "2 have fewer than 3 training runs outside the held-out group)"
+    )
+    assert predict.prediction_summary(frame.iloc[-1:]) == "1 predictions (0 failed)"

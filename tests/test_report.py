@@ -4,6 +4,7 @@ The tiny warehouse is built with the real builder (``topometrics.analysis.wareho
 tests' synthetic ladder, plus representation features, an external series and the analysis tables.
 """
 
+import html
 import json
 import re
 import shutil
@@ -192,6 +193,21 @@ def test_banner_is_loud_about_the_fallback_corpus_and_names_the_series(full):
     assert doc.banner["corpus"].startswith("OFFLINE FALLBACK CORPUS: python-docs")
     assert doc.banner["validation series"] == "pythia-14m: ran (7 checkpoints computed, 0 skipped)"
     assert doc.banner["params digest"].endswith("(sha256 of meta.params)")
+    # why predictions failed, grouped by cause (the analysis stage's summary): 600 steps, a checkpoint every 50
+    assert doc.banner["predictions"].startswith("120 predictions (56 failed: 24 need ≥ 4-6 checkpoints after step 0")
+
+
+def test_the_banner_says_which_loss_each_series_rho_is_against_or_why_none(full):
+    doc = full[2]
+    assert doc.banner["series ρ against"] == (
+        f"{SERIES}: none: no loss at its checkpoints (hub revisions carry none; a run folder needs a losses file)"
+    )
+    runs = pd.DataFrame({"rung": ["mine", "theirs", "a"], "kind": ["series", "series", "ladder"]})
+    rho = pd.DataFrame({"rung": ["mine", "a"], "kind": ["series", "ladder"], "loss": ["train_loss", "val_loss"]})
+    assert report.series_loss_line(runs, rho) == (
+        "mine: the training loss (no validation loss logged); theirs: none: no loss at its checkpoints "
+        "(hub revisions carry none; a run folder needs a losses file)"
+    )
 
 
 def test_missing_features_and_analysis_become_notes_not_crashes(tmp_path):
@@ -243,28 +259,69 @@ def test_html_is_self_contained_and_shows_the_skipped_series(stage_out):
 NO_CHROMIUM = "needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)"
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
-def test_report_renders_in_headless_chromium(stage_out, tmp_path):
-    page = stage_out[0] / "report.html"
+FIRST_SCREEN = (1400, 900)  # the window a researcher opens the report in: what must show without scrolling
+
+# Injected into a copy of the page: once the charts have rendered (virtual time), the page boxes of the answer
+# and of every rendered chart go into a <pre id="layout"> that --dump-dom prints.
+LAYOUT_SCRIPT = """<script>
+setTimeout(function () {
+  function box(el) { var r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; }
+  var out = {answer: box(document.getElementById("answer")), charts: []};
+  document.querySelectorAll("div.chart svg.marks").forEach(function (svg) { out.charts.push(box(svg)); });
+  var pre = document.createElement("pre"); pre.id = "layout"; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+}, 5000);
+</script>"""
+
+
+def chromium(page: Path, profile: Path, *args: str, size=(1400, 2400)) -> subprocess.CompletedProcess:
+    """Headless Debian chromium on a local page: no network, no sandbox (CI runs as root), ``size`` window."""
     flags = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
     flags += ["--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
-    flags += [f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
-    flags += ["--virtual-time-budget=10000", "--window-size=1400,2400"]
-    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=60)
+    flags += [f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
+    flags += ["--virtual-time-budget=10000", f"--window-size={size[0]},{size[1]}", *args, page.as_uri()]
+    return subprocess.run(flags, capture_output=True, text=True, timeout=90)
+
+
+def first_screen_layout(page: Path, profile: Path) -> dict:
+    """The answer's and the rendered charts' page boxes ([left, top, right, bottom], CSS px) in a first-screen
+    window, from the DOM (a layout check, so no pixel threshold decides it)."""
+    probe = page.with_name("layout-probe.html")
+    head, tail = page.read_text().rsplit("</body>", 1)  # the page's own end (the inlined bundle may spell it too)
+    probe.write_text(head + LAYOUT_SCRIPT + "</body>" + tail)
+    dom = chromium(probe, profile, "--dump-dom", size=FIRST_SCREEN).stdout
+    found = re.search(r'<pre id="layout">(.*?)</pre>', dom, flags=re.S)
+    assert found, "the layout probe did not run"
+    return json.loads(html.unescape(found.group(1)))
+
+
+def on_first_screen(box: list[float]) -> bool:
+    left, top, right, bottom = box
+    return left >= 0 and top >= 0 and right <= FIRST_SCREEN[0] and bottom <= FIRST_SCREEN[1]
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
+def test_report_renders_in_headless_chromium_with_the_answer_and_a_figure_on_the_first_screen(stage_out, tmp_path):
+    page = stage_out[0] / "report.html"
+    dom = chromium(page, tmp_path / "profile", "--dump-dom")
     console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert console == [], console
     # vega-embed puts an <svg class="marks"> in each chart div; a failed chart holds only its error text
     charts_in_report = len(re.findall(r'<div class="chart" id="chart-', page.read_text()))
     assert charts_in_report >= 10
     assert len(re.findall(r'<svg [^>]*class="marks"', dom.stdout)) == charts_in_report, "every chart rendered"
+    # the first screen: the answer and at least one whole chart, without scrolling
+    layout = first_screen_layout(page, tmp_path / "profile")
+    assert on_first_screen(layout["answer"]), layout
+    assert any(on_first_screen(box) for box in layout["charts"]), layout
     shot = tmp_path / "report.png"
-    subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=60, check=True)
+    chromium(page, tmp_path / "profile", f"--screenshot={shot}", size=FIRST_SCREEN)
     pixels = _png_pixels(shot.read_bytes())
-    assert pixels.std() > 20, "the screenshot is blank"
-    # The first figures are in view: their lines and dots are drawn in the rung colours.
+    assert pixels.shape[:2] == FIRST_SCREEN[::-1] and pixels.std() > 20, "the screenshot is blank"
+    # The lead figure is in view: its lines are drawn in the rung colours.
     rung_rgb = np.array([[int(c[i : i + 2], 16) for i in (1, 3, 5)] for c in charts.RUNG_COLORS], dtype=float)
     distance = np.abs(pixels[:, :, None, :] - rung_rgb[None, None]).max(axis=-1)
-    assert (distance.min(axis=-1) < 24).sum() > 2000, "no chart marks in the rung colours on the screenshot"
+    assert (distance.min(axis=-1) < 24).sum() > 1000, "no chart marks in the rung colours on the first screen"
 
 
 def _png_pixels(data: bytes) -> np.ndarray:
@@ -320,5 +377,5 @@ def test_dvc_repro_of_a_diverging_recipe_records_the_run_as_diverged_through_to_
         statuses = con.execute("SELECT DISTINCT status, reason FROM predictions").fetchall()
         assert statuses == [("excluded", "run diverged: loss is nan at step 2; kept checkpoints up to step 0")]
     metrics = json.loads((reproduced / "reports/metrics.json").read_text())
-    assert metrics["diverged"] == {"a-42": "loss is nan at step 2; kept checkpoints up to step 0"}
+    assert metrics["diverged_runs"] == 1 and metrics["final_val_loss"] == {}  # named in the report
     assert "1 DIVERGED (left out of fits and predictions)" in (reproduced / "reports/report.html").read_text()

@@ -121,9 +121,8 @@ def test_pickle_weights_are_skipped_with_the_conversion_and_never_opened(tmp_pat
     assert skipped["step_300.pt"]["step"] == 300 and skipped["checkpoint-400"]["step"] == 400
     reason = skipped["step_300.pt"]["reason"]
     assert "pickle weights are never opened" in reason
-    assert (
-        f"torch.load('{tmp_path / 'step_300.pt'}', weights_only=True), '{tmp_path / 'step_300.safetensors'}'" in reason
-    )
+    assert f"torch.load('{tmp_path / 'step_300.pt'}', map_location='cpu', weights_only=True)" in reason
+    assert reason.endswith(f"sd.items()}}, '{tmp_path / 'step_300.safetensors'}')\"")
     assert skipped["checkpoint-400"]["reason"].endswith(f"'{tmp_path / 'checkpoint-400' / 'model.safetensors'}')\"")
     assert [c.step for c in run.checkpoints] == [0]
 
@@ -160,3 +159,30 @@ def test_our_own_checkpoint_sidecars_give_the_losses(tmp_path):
     pd.testing.assert_frame_equal(
         frame, pd.DataFrame({"step": [5], "val_loss": [2.0], "train_loss": [2.5], "reason": [None]}), check_dtype=False
     )
+
+
+def test_the_conversion_command_converts_a_torch_saved_state_dict_with_a_tied_head(tmp_path):
+    """The command a pickle's skip reason gives, run as a user would, on a state dict saved with ``torch.save``
+    whose head is tied to the embedding (shared memory, which ``save_file`` refuses) and with a transposed
+    (non-contiguous) tensor. CUDA placement cannot be made on this machine: ``map_location='cpu'`` is run on a
+    CPU file here, and is what lets a file saved from CUDA load without it."""
+    import shlex
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    embedding = torch.randn(64, 16)
+    state = {"tok_emb.weight": embedding, "head.weight": embedding, "layers.0.attn.proj.weight": torch.randn(16, 16)}
+    state["layers.0.mlp.fc1.weight"] = torch.randn(16, 32).T  # stored transposed: not contiguous
+    state["layers.0.mlp.fc2.weight"] = torch.randn(16, 32)
+    torch.save(state, tmp_path / "step_100.pt")
+    (reason,) = [s["reason"] for s in scan_run_folder(tmp_path).skipped]
+    command = reason.split("convert it once, where you trust the file: ", 1)[1]
+    argv = shlex.split(command)
+    assert argv[:2] == ["python", "-c"]
+    subprocess.run([sys.executable, *argv[1:]], check=True, capture_output=True, text=True, timeout=120)
+    converted = load_file(tmp_path / "step_100.safetensors")
+    assert set(converted) == set(state)
+    assert all(torch.equal(converted[k], v) for k, v in state.items())
+    assert [c.step for c in scan_run_folder(tmp_path).checkpoints] == [100]  # the folder now reads

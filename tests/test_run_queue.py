@@ -119,7 +119,7 @@ def test_monitored_runs_log_in_their_run_directories_from_pool_processes_and_the
         assert sorted(features["step"].unique()) == steps, run.config.name
         assert set(features["rung"]) == {name} and set(features["seed"]) == {run.config.recipe.seed}
         last = features[(features["step"] == steps[-1]) & (features["layer"] == "all")].set_index("feature")["value"]
-        shown = json.loads(run.metrics.read_text())["monitor"]  # what `dvc exp show` lists
+        shown = json.loads(run.metrics.read_text())["monitor"]  # the run JSON's last measurement
         assert shown["step"] == steps[-1] and shown["measurements"] == len(steps)
         assert shown["np_norm"] == last["np_norm"] and shown["vr_tp0"] == last["vr_tp0"]
         assert losses.set_index("step").loc[0, "val_loss"] == list_checkpoints(run.run_dir)[0].meta["val_loss"]

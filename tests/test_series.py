@@ -29,7 +29,7 @@ from topometrics.params import FeaturesParams, ParamsError, SeriesParams, Series
 from topometrics.series.checkpoint import causal_lm_on_batch
 from topometrics.series.hub import hub_checkpoints, step_from_name
 from topometrics.series.safetensors_reader import SafetensorsFile
-from topometrics.series.source_shards import series_shards
+from topometrics.series.source_shards import grouped_lines, series_shards, summary_line
 from topometrics.training.corpus import offline_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -229,7 +229,8 @@ def test_a_folder_of_pickle_weights_is_skipped_with_the_reason_and_how_to_conver
     reason = status["step_000030"]["reason"]
     weights = tmp_path / "s" / "step_000030" / "pytorch_model.bin"
     assert reason.startswith(f"{weights}: pickle weights are never opened; convert it once, where you trust the file")
-    assert f"save_file(torch.load('{weights}', weights_only=True), '{weights.parent / 'model.safetensors'}')" in reason
+    assert f"torch.load('{weights}', map_location='cpu', weights_only=True)" in reason
+    assert reason.endswith(f"'{weights.parent / 'model.safetensors'}')\"")
     assert status["step_000010"]["status"] == "computed"
     only = tmp_path / "only"
     only.mkdir()
@@ -462,3 +463,37 @@ def test_unknown_architecture_and_a_layers_option_that_maps_it(tmp_path):
     result = one_series(tmp_path / "shards-bad", "u",
                         SeriesSource(path=str(tmp_path / "run"), layers=layers | {"attn.q": r"x\.(\d+)"}))  # fmt: skip
     assert "layers.attn.q ('x\\\\.(\\\\d+)') matches no 2-D tensor" in result.status[0]["reason"]
+
+
+def test_a_folder_with_an_unknown_layer_name_is_one_line_with_the_count_and_the_layers_fix(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for step in (10, 20, 30):
+        save_file(
+            {f"blocks.{i}.attn.mystery.weight": torch.randn(8, 8) for i in (0, 1)}, folder / f"step_{step}.safetensors"
+        )
+    lines = []
+    params = SeriesParams(sources={"mine": SeriesSource(path=str(folder))}, seq_len=SEQ_LEN)
+    result = series_shards(params, PARAMS, TEXT, tmp_path / "out", progress=lines.append)
+    skipped = [line for line in lines if " skipped" in line]
+    assert len(skipped) == 1 and skipped[0].startswith(
+        f"mine: 3 skipped: {folder / '<checkpoint>'}: unknown architecture"
+    )
+    (status,) = result.status["series"]
+    line = summary_line(status)
+    assert line.startswith("series mine: 0 computed, 0 reused, 3 skipped (see status.json; map the layers with")
+    assert line.endswith("`layers:` option (docs/series.md, Any decoder))") and "hub or cache" not in line  # no hub
+
+
+def test_grouped_lines_and_the_advice_for_a_hub_series():
+    reason = "not cached and not downloadable (LocalEntryNotFoundError: no snapshot)"
+    records = [{"revision": f"step{s}", "step": s, "status": "skipped", "reason": reason} for s in (0, 1000)]
+    records += [{"revision": "step5000", "step": 5000, "status": "computed", "reason": None}]
+    records += [{"revision": "step9000", "step": 9000, "status": "reused", "reason": None}]
+    assert grouped_lines("pythia", records) == ["pythia: 2 skipped: " + reason, "pythia: 1 computed"]
+    series = {"name": "pythia", "model": "EleutherAI/pythia-14m", "computed": 1, "reused": 1, "skipped": 2}
+    assert summary_line(series | {"checkpoints": records}) == (
+        "series pythia: 1 computed, 1 reused, 2 skipped (see status.json; rerun `dvc repro` when the hub or cache "
+        "has them)"
+    )
+    assert summary_line(series | {"skipped": 0, "checkpoints": []}) == "series pythia: 1 computed, 1 reused, 0 skipped"

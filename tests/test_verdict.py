@@ -182,12 +182,20 @@ def test_too_few_runs_for_bonferroni_is_not_enough_runs():
     assert {w[0] for w in got} == {"not enough runs (n=6)"}
 
 
-def test_metrics_carry_the_verdict_words_and_numbers(topology_case):
+def test_metrics_carry_the_headline_rows_words_and_numbers(topology_case):
     _, _, con = topology_case
     metrics = verdict.verdict_metrics(con.execute("SELECT * FROM topology_verdict").df())
-    entry = metrics["seed"]["f50"]["scale_free"]
+    assert metrics["cv"] == "seed" and set(metrics) == {"cv", "f10", "f30", "f50"}  # the nearest runs first
     row = con.execute(
-        "SELECT delta_mae, verdict FROM topology_verdict WHERE cv = 'seed' AND fraction = 0.5 AND family = 'scale_free'"
+        "SELECT delta_mae, verdict, n FROM topology_verdict WHERE cv = 'seed' AND fraction = 0.5 AND family = ?",
+        [verdict.HEADLINE_FAMILY],
     ).fetchone()
-    assert entry["verdict"] == row[1] == "adds" and entry["delta_mae"] == pytest.approx(row[0], rel=1e-5)
-    assert metrics["seed"]["f10"]["heavy_tail"]["verdict"].startswith("skipped: ")
+    assert metrics["f50"]["verdict"] == row[1] and metrics["f50"]["n"] == row[2] == 36
+    assert metrics["f50"]["delta_mae"] == pytest.approx(row[0], rel=1e-5)
+    assert metrics["f10"] == {"verdict": "skipped"}  # why: in the report and the view
+
+
+def test_metrics_of_a_verdict_that_could_not_run_name_no_scheme():
+    table, errors = verdict.incremental_validity(synthetic_runs("topology").query("fraction == 0.1"), n_boot=10)
+    metrics = verdict.verdict_metrics(warehouse_with(table, errors).execute("SELECT * FROM topology_verdict").df())
+    assert metrics == {"cv": "none", "f10": {"verdict": "skipped"}}

@@ -285,6 +285,21 @@ def test_spearman_view_on_a_hand_made_tie_case():
     assert rho == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
 
 
+def test_a_series_with_only_a_training_loss_is_correlated_against_it_and_says_so():
+    con = _hand_made_db(np_values=None)
+    x, val, train = [1.0, 2.0, 4.0, 3.0, 5.0], [3.0, 2.5, 2.0, 1.5, 1.0], [3.0, 1.0, 2.0, 0.5, 0.7]
+    for rung in ("both", "train-only", "none"):
+        _features_rows(con, rung, "vr_tp0", "all", x)
+    for i, (v, t) in enumerate(zip(val, train, strict=True)):
+        rows = [("both", v, t), ("train-only", None, t), ("none", None, None)]
+        for rung, vl, tl in rows:
+            con.execute("INSERT INTO checkpoints VALUES (?, 'base', 0, ?, ?, ?, NULL)", [rung, i * 100, vl, tl])
+    got = {r[0]: r[1:] for r in con.execute("SELECT rung, loss, n, rho FROM feature_loss_spearman").fetchall()}
+    assert got["both"] == ("val_loss", 5, pytest.approx(stats.spearmanr(x, val).statistic))
+    assert got["train-only"] == ("train_loss", 5, pytest.approx(stats.spearmanr(x, train).statistic))
+    assert "none" not in got  # no loss at all: no row (the report's banner says why)
+
+
 def test_phases_on_a_hand_made_np_series():
     # |dNP| = .01 .04 .10 .05 .02 .012 .004 ...: peak at step 300, first below 10% of it at step 700
     deltas = [0.01, 0.04, 0.10, 0.05, 0.02, 0.012, 0.004, 0.02, 0.001, 0.0]

@@ -16,7 +16,10 @@ Pure functions over arrays; a failed fit is returned with its reason, never rais
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+import pandas as pd
 from scipy.signal import lfilter
 from sklearn.linear_model import RidgeCV
 from sklearn.pipeline import make_pipeline
@@ -286,3 +289,37 @@ def _loglog_start(x, y, offset: float) -> tuple[list[float], float]:
     slope, intercept = np.polyfit(np.log(x), z, 1)
     resid = float(np.sum((np.polyval([slope, intercept], np.log(x)) - z) ** 2))
     return [float(np.exp(intercept)), float(np.clip(-slope, 0.0, 3.0)), float(offset)], resid
+
+
+def prediction_summary(predictions: pd.DataFrame, shown: int = 3) -> str:
+    """'<n> predictions (<k> failed: <count> <why>; ...)': the failures grouped by cause, the loss-curve fits'
+    shortage of checkpoints first (on a short run it is why the learned models lack their inputs too), then
+    the others, most common first. Reasons that differ only in a count or a run are one group."""
+    failed = predictions.loc[predictions["status"] == "failed", "reason"].fillna("no reason recorded")
+    text = f"{len(predictions)} predictions ({len(failed)} failed"
+    if failed.empty:
+        return text + ")"
+    found = failed.str.extract(_TOO_FEW_CHECKPOINTS).astype(float)
+    short = found[0].notna()
+    groups = []
+    if short.any():
+        need, got = found.loc[short, 0], int(found.loc[short, 1].max())
+        at_least = f"{int(need.min())}" if need.nunique() == 1 else f"{int(need.min())}-{int(need.max())}"
+        why = f"checkpoints after step 0 up to the fraction, got at most {got}"
+        groups.append(f"{int(short.sum())} need ≥ {at_least} {why}")
+    others = failed[~short].map(_reason_group).value_counts(sort=False).sort_values(ascending=False, kind="stable")
+    groups += [f"{n} {reason}" for reason, n in others.items()]
+    more = f"; {len(groups) - shown} other reasons" if len(groups) > shown else ""
+    return f"{text}: {'; '.join(groups[:shown])}{more})"
+
+
+# A loss-curve fit's reason (topometrics.analysis.predict): the checkpoints it needs and those it observed.
+_TOO_FEW_CHECKPOINTS = r"^need at least (\d+) checkpoints .*, got (\d+)$"
+
+
+def _reason_group(reason: str) -> str:
+    """A failure reason in words that hold for every prediction of its cause (no run name, no count)."""
+    if reason == "missing feature values in the observed window":  # the learned models' inputs
+        return "lack an input before the fraction (a failed loss-curve fit or a missing feature)"
+    held_out = r"^only \d+ training runs outside group \S+; need (\d+)$"  # topometrics.analysis.predict
+    return re.sub(held_out, r"have fewer than \1 training runs outside the held-out group", reason)

@@ -30,6 +30,8 @@ Pure functions over DataFrames.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 from sklearn.linear_model import RidgeCV
@@ -209,16 +211,93 @@ def _dropped_note(dropped: list[str]) -> str:
     return f"; not used (finite in < {MIN_COVERAGE:.0%} of runs): {', '.join(dropped)}"
 
 
+HEADLINE_FAMILY = "everything"  # the answer's row: every family added to the loss curve and weight norm
+
+
+def headline_scheme(view: pd.DataFrame) -> str | None:
+    """The cross-validation scheme the answer leads with: the first of :data:`SCHEMES` (seeds, then recipe
+    variants, then rungs: the nearest runs first) with a comparison that was not skipped; None when all were."""
+    tested = view[~view["verdict"].astype(str).str.startswith("skipped")]
+    return next((s for s in SCHEMES if (tested["cv"] == s).any()), None)
+
+
 def verdict_metrics(view: pd.DataFrame) -> dict:
-    """The ``topology_verdict`` view as the nested ``verdict`` entry of ``reports/metrics.json``:
-    ``{cv: {f<percent>: {family: {delta_mae, ci_low, ci_high, p_bonferroni, n, verdict}}}}`` (skips keep only
-    ``n`` and the verdict, which then names the reason)."""
-    out: dict = {}
-    for r in view.itertuples(index=False):
-        entry = {"n": int(r.n) if pd.notna(r.n) else 0, "verdict": r.verdict}
-        if not str(r.verdict).startswith("skipped"):
-            for key in ("delta_mae", "ci_low", "ci_high", "p_bonferroni"):
-                value = getattr(r, key)
-                entry[key] = None if pd.isna(value) else float(f"{float(value):.6g}")
-        out.setdefault(r.cv, {}).setdefault(f"f{round(100 * r.fraction):02d}", {})[r.family] = entry
+    """The headline rows of the ``topology_verdict`` view as the ``verdict`` entry of ``reports/metrics.json``:
+    ``{cv, f<percent>: {verdict, delta_mae, n}}``, the :data:`HEADLINE_FAMILY` row of each fraction of the
+    :func:`headline_scheme` (``cv`` 'none' and each verdict 'skipped' when nothing could be compared). A few
+    columns whatever the number of runs; every row is in the warehouse."""
+    if view.empty:
+        return {"cv": "none"}
+    scheme = headline_scheme(view)
+    rows = view[(view["cv"] == (scheme or view["cv"].iloc[0])) & (view["family"] == HEADLINE_FAMILY)]
+    out: dict = {"cv": scheme or "none"}
+    for r in rows.sort_values("fraction").itertuples(index=False):
+        word = str(r.verdict).split(":")[0]  # 'skipped: <reason>' -> 'skipped' (the report says why)
+        entry = {"verdict": word}
+        if scheme is not None and pd.notna(r.delta_mae):
+            entry |= {"delta_mae": float(f"{float(r.delta_mae):.6g}"), "n": int(r.n)}
+        out[f"f{round(100 * r.fraction):02d}"] = entry
     return out
+
+
+# The reasons _scheme_problem gives (the report groups skipped rows by them).
+TOO_FEW_CHECKPOINTS = re.compile(r"^fraction (\S+) observes at most (\d+) checkpoints per run; need (\d+)$")
+TOO_FEW_GROUPS = re.compile(r"^leave-one-(\w+)-out needs at least (\d+) \w+, got (\d+)$")
+
+
+def skip_groups(view: pd.DataFrame) -> list[tuple[str, int]]:
+    """The reasons of the view's skipped rows, one entry per cause with the number of comparisons it skipped,
+    most first: the per-fraction shortage of checkpoints is one cause (naming each fraction), a column note
+    (``; not used ...``) is dropped, every other reason is its own cause."""
+    skipped = view.loc[view["verdict"].astype(str).str.startswith("skipped"), "verdict"].astype(str)
+    reasons = skipped.str.removeprefix("skipped: ").str.split("; not used").str[0]
+    short = reasons.str.extract(TOO_FEW_CHECKPOINTS)
+    found = short[0].notna()
+    groups = [(reason, int(n)) for reason, n in reasons[~found].value_counts().items()]
+    if found.any():
+        seen = short[found].drop_duplicates().astype(float).sort_values(0)
+        fractions = ", ".join(f"{100 * f:g}%" for f in seen[0])
+        most = ", ".join(f"{int(m)}" for m in seen[1])
+        groups.append((f"by {fractions} of training the runs have at most {most} checkpoints; a comparison needs "
+                       f"{int(seen[2].max())}", int(found.sum())))  # fmt: skip
+    return sorted(groups, key=lambda g: -g[1])
+
+
+def remedy(params: dict, need_runs: int = 0) -> list[tuple[str, str]]:
+    """The ``dvc exp run -S`` settings that make the verdict computable for the declared runs, each with why
+    (``params``: the params snapshot the warehouse keeps in ``meta``); empty when the design allows it.
+
+    - a checkpoint every ``train.ckpt_every`` steps must give :data:`MIN_CHECKPOINTS` by the first fraction
+      (step 0 counts): the largest divisor of ``train.steps`` that does;
+    - some scheme needs :data:`MIN_GROUPS` groups: seeds are added after the largest until there are as many;
+    - ``need_runs``: the runs a comparison needs to pass the corrected level (verdict ``not enough runs``):
+      seeds are added until the declared runs reach it.
+    """
+    train, fractions = params["train"], params["analysis"]["fractions"]
+    steps, every, seeds = int(train["steps"]), int(train["ckpt_every"]), list(train["seeds"])
+    settings = []
+    cutoff = min(fractions) * steps
+    if cutoff // every + 1 < MIN_CHECKPOINTS:
+        fits = [d for d in range(1, steps + 1) if steps % d == 0 and cutoff // d + 1 >= MIN_CHECKPOINTS]
+        when = f"by {100 * min(fractions):g}% of training"
+        if fits:
+            settings.append((f"train.ckpt_every={max(fits)}", f"{MIN_CHECKPOINTS} checkpoints {when}"))
+        else:
+            settings.append((f"train.steps={steps * MIN_CHECKPOINTS}", f"enough steps for a checkpoint {when}"))
+    groups = {"seed": len(seeds), "variant": 1 + len(params.get("variants") or {}), "rung": len(params["ladder"])}
+    per_seed = groups["variant"] * groups["rung"]
+    wanted = max(MIN_GROUPS if max(groups.values()) < MIN_GROUPS else 0, -(-need_runs // per_seed))
+    if wanted > len(seeds):
+        more = seeds + [max(seeds) + i for i in range(1, wanted - len(seeds) + 1)]
+        why = f"{wanted} seeds, {wanted * per_seed} runs: leave-one-seed-out"
+        settings.append((f"'train.seeds=[{','.join(map(str, more))}]'", why))
+    return settings
+
+
+def runs_needed(n_tests: int, alpha: float) -> int:
+    """The fewest paired runs whose smallest two-sided Wilcoxon p, 2^(1-n), can pass alpha / n_tests (the
+    ``not enough runs`` rule of the ``topology_verdict`` view)."""
+    n = 2
+    while 2.0 ** (1 - n) >= alpha / max(n_tests, 1):
+        n += 1
+    return n

@@ -10,17 +10,21 @@ Each layer is named ``block{i}.{part}`` by the module's last name and the block 
 ==========  ==========================================================================
 part        module names
 ==========  ==========================================================================
-attn.q      q_proj, query, q
-attn.k      k_proj, key, k
-attn.v      v_proj, value, v
+attn.q      q_proj, query, q, wq
+attn.k      k_proj, key, k, wk
+attn.v      v_proj, value, v, wv
 attn.qkv    c_attn, query_key_value, qkv_proj, qkv, Wqkv, att_proj   (fused q, k, v)
-attn.out    o_proj, out_proj, dense, c_proj, out                     (inside attention)
-mlp.gate    gate_proj, gate
-mlp.up      up_proj, up
-mlp.down    down_proj, down
-mlp.in      c_fc, dense_h_to_4h, fc1, fc_in, gate_up_proj            (fused gate and up)
-mlp.out     c_proj, dense_4h_to_h, fc2, fc_out                       (inside the MLP)
+attn.out    o_proj, out_proj, dense, c_proj, out, proj, wo           (inside attention)
+mlp.gate    gate_proj, gate, w1                                      (LLaMA's w1: the gate)
+mlp.up      up_proj, up, w3                                          (LLaMA's w3: the up projection)
+mlp.down    down_proj, down, w2                                      (LLaMA's w2: back to the width)
+mlp.in      c_fc, dense_h_to_4h, fc1, fc_in, fc, gate_up_proj        (fused gate and up)
+mlp.out     c_proj, dense_4h_to_h, fc2, fc_out, proj                 (inside the MLP)
 ==========  ==========================================================================
+
+Attention sits in a module whose name contains ``attn`` or ``attention``, the MLP in one containing
+``mlp``, ``ffn``, ``ff`` or ``feed_forward`` (``layers.3.attn.proj``: attention's output;
+``layers.3.mlp.proj``: the MLP's).
 
 A block without ``mlp.gate`` is an ungated MLP, so its ``mlp.up``/``mlp.down`` are named
 ``mlp.in``/``mlp.out`` (our own ``blocks.{i}.mlp.up`` is ``block{i}.mlp.in``, as in the features
@@ -51,22 +55,23 @@ from torch import nn
 # the per-layer shuffled null, so it must not depend on how a file orders its tensors).
 PARTS = ("attn.q", "attn.k", "attn.v", "attn.qkv", "attn.out", "mlp.gate", "mlp.up", "mlp.in", "mlp.down", "mlp.out")
 _ATTN_LEAVES = {
-    "attn.q": ("q_proj", "query", "q"),
-    "attn.k": ("k_proj", "key", "k"),
-    "attn.v": ("v_proj", "value", "v"),
+    "attn.q": ("q_proj", "query", "q", "wq"),
+    "attn.k": ("k_proj", "key", "k", "wk"),
+    "attn.v": ("v_proj", "value", "v", "wv"),
     "attn.qkv": ("c_attn", "query_key_value", "qkv_proj", "qkv", "Wqkv", "att_proj"),
-    "attn.out": ("o_proj", "out_proj", "dense", "c_proj", "out"),
+    "attn.out": ("o_proj", "out_proj", "dense", "c_proj", "out", "proj", "wo"),
 }
 _MLP_LEAVES = {
-    "mlp.gate": ("gate_proj", "gate"),
-    "mlp.up": ("up_proj", "up"),
-    "mlp.down": ("down_proj", "down"),
-    "mlp.in": ("c_fc", "dense_h_to_4h", "fc1", "fc_in", "gate_up_proj"),
-    "mlp.out": ("c_proj", "dense_4h_to_h", "fc2", "fc_out"),
+    "mlp.gate": ("gate_proj", "gate", "w1"),
+    "mlp.up": ("up_proj", "up", "w3"),
+    "mlp.down": ("down_proj", "down", "w2"),
+    "mlp.in": ("c_fc", "dense_h_to_4h", "fc1", "fc_in", "fc", "gate_up_proj"),
+    "mlp.out": ("c_proj", "dense_4h_to_h", "fc2", "fc_out", "proj"),
 }
 _ATTN = {leaf: part for part, leaves in _ATTN_LEAVES.items() for leaf in leaves}
 _MLP = {leaf: part for part, leaves in _MLP_LEAVES.items() for leaf in leaves}
 _ATTN_WORDS, _MLP_WORDS = ("attn", "attention"), ("mlp", "ffn", "feed_forward")
+_MLP_NAMES = ("ff",)  # too short to look for inside a module name (diff_attn): the whole name only
 _BLOCK_NUMBER = re.compile(r"\.(\d+)\.")
 LAYERS_EXAMPLE = r"layers: {attn.qkv: 'blk\.(\d+)\.attn\.qkv\.weight', attn.out: 'blk\.(\d+)\.attn\.out\.weight', ...}"
 
@@ -153,7 +158,7 @@ def _part(rel: list[str]) -> str | None:
         return None  # nested numbering (experts of a mixture): not a plain block
     leaf, groups = rel[-1], [p.lower() for p in rel[:-1]]
     in_attn = any(w in g for g in groups for w in _ATTN_WORDS)
-    in_mlp = any(w in g for g in groups for w in _MLP_WORDS)
+    in_mlp = any(w in g for g in groups for w in _MLP_WORDS) or any(g in _MLP_NAMES for g in groups)
     if in_attn and not in_mlp:
         return _ATTN.get(leaf)
     if in_mlp and not in_attn:

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 import altair as alt
 import pandas as pd
 
+from topometrics.analysis.predict import prediction_summary
 from topometrics.report import charts
+from topometrics.report.answer import Answer, answer
 from topometrics.report.figures import dvc_plots, figures
 from topometrics.report.frames import BETTI, Missing, ladder_only, need, ordered, wide_features
 from topometrics.report.paper import (
@@ -48,7 +50,9 @@ class Report:
     tables: dict[str, pd.DataFrame | Missing] = field(default_factory=dict)  # title -> table
     figures: dict[str, alt.TopLevelMixin | Missing] = field(default_factory=dict)  # file stem -> chart
     plots: dict[str, pd.DataFrame] = field(default_factory=dict)  # DVC plot file stem -> long frame
-    # The lead section, "What topology adds": the verdict table (with a 'reads as' sentence) and its figures.
+    # The opening: the verdict in a few sentences, or why there is none and the command that gives one.
+    answer: Answer = field(default_factory=lambda: Answer(("not built",)))
+    # "What topology adds": the verdict table (with a 'reads as' sentence per row) and its figures.
     verdict: pd.DataFrame | Missing = field(default_factory=lambda: Missing("not built"))
     verdict_figures: dict[str, alt.TopLevelMixin | Missing] = field(default_factory=dict)
 
@@ -59,7 +63,10 @@ class Report:
 def build(frames: dict[str, pd.DataFrame | Missing], series_status: dict | None = None) -> Report:
     """Tables, figures and DVC plot frames from :func:`load`'s frames and the series stage's status."""
     available = {k: need(v, k) for k, v in frames.items()}
-    report = Report(*banner(available["runs"], available["meta"], series_status))
+    report = Report(
+        *banner(available["runs"], available["meta"], series_status, available["rho"], available.get("predictions"))
+    )
+    report.answer = answer(available["verdict"], available["meta"])
     report.verdict, report.verdict_figures = section(available)
     report.tables = {
         "Table 1 — model configurations and final loss": table1(available["rungs"], available["final"]),
@@ -89,8 +96,11 @@ def build(frames: dict[str, pd.DataFrame | Missing], series_status: dict | None 
     return report
 
 
-def banner(runs, meta, series_status: dict | None) -> tuple[dict[str, str], str | None, bool]:
-    """Banner lines (corpus, series status, params digest, code version), the corpus used, and the fallback flag."""
+def banner(
+    runs, meta, series_status: dict | None, rho=None, predictions=None
+) -> tuple[dict[str, str], str | None, bool]:
+    """Banner lines (corpus, series, runs, why predictions failed, params digest, code version), the corpus used and
+    the fallback flag."""
     out, used, fallback = {}, None, False
     ladder = ladder_only(runs) if isinstance(runs, pd.DataFrame) else pd.DataFrame()
     if ladder.empty:
@@ -106,7 +116,11 @@ def banner(runs, meta, series_status: dict | None) -> tuple[dict[str, str], str 
                 f"({first['corpus_reason']}). Losses are not comparable with the paper's WikiText-2 numbers."
             )
     out["validation series"] = series_line(runs, series_status)
+    if isinstance(runs, pd.DataFrame) and (runs["kind"] == "series").any():
+        out["series ρ against"] = series_loss_line(runs, rho)
     out["runs"] = runs_line(ladder)
+    if isinstance(predictions, pd.DataFrame):  # why predictions failed, grouped by cause (a short run: checkpoints)
+        out["predictions"] = prediction_summary(predictions)
     values = dict(zip(meta["key"], meta["value"], strict=True)) if isinstance(meta, pd.DataFrame) else {}
     out["params digest"] = params_digest(values)
     out["code version"] = values.get("code_version", "not recorded")
@@ -144,6 +158,18 @@ def _series_status(series: dict) -> str:
     reasons = sorted({c["reason"] for c in checkpoints if c.get("status") == "skipped" and c.get("reason")})
     text = f"{series.get('name')}: {'ran' if done else 'SKIPPED'} ({done} checkpoints computed, {skipped} skipped)"
     return text + (f"; why: {' | '.join(reasons[:3])}" if reasons else "")
+
+
+def series_loss_line(runs: pd.DataFrame, rho) -> str:
+    """Which loss each external series' rho is taken against (``feature_loss_spearman.loss``), or why it has none."""
+    found = rho[rho["kind"] == "series"] if isinstance(rho, pd.DataFrame) and "loss" in rho else pd.DataFrame()
+    against = found.groupby("rung")["loss"].first().to_dict() if len(found) else {}
+    words = {"val_loss": "the validation loss", "train_loss": "the training loss (no validation loss logged)"}
+    lines = []
+    for name in sorted(runs.loc[runs["kind"] == "series", "rung"].unique()):
+        why = "none: no loss at its checkpoints (hub revisions carry none; a run folder needs a losses file)"
+        lines.append(f"{name}: {words.get(against.get(name), why)}")
+    return "; ".join(lines)
 
 
 def params_digest(meta: dict[str, str]) -> str:

@@ -29,11 +29,12 @@ QUERIES = {
     "features": f"""SELECT f.rung, f.seed, f.step, f.feature, f.value, g.kind FROM features f JOIN rungs g USING (rung)
                    WHERE f.layer = 'all' AND f.value IS NOT NULL AND NOT isnan(f.value) AND {ANALYSED}""",
     "np": f"SELECT n.rung, n.seed, n.step, n.np, g.kind FROM np_series n JOIN rungs g USING (rung) WHERE {ANALYSED}",
-    "rho": f"""SELECT s.rung, s.seed, s.feature, s.n, s.rho, g.kind FROM feature_loss_spearman s
+    "rho": f"""SELECT s.rung, s.seed, s.feature, s.loss, s.n, s.rho, g.kind FROM feature_loss_spearman s
               JOIN rungs g USING (rung) WHERE s.layer = 'all' AND {ANALYSED}""",
     "spearman": "SELECT * FROM tests WHERE kind = 'spearman' AND layer = 'all'",
     "topo_vs_spectral": "SELECT * FROM tests WHERE kind = 'topo_vs_spectral'",
     "mae": "SELECT * FROM prediction_mae",
+    "predictions": "SELECT status, reason FROM predictions",
     "phases": f"SELECT * FROM phases WHERE {ANALYSED}",
     "early_stopping": f"SELECT * FROM early_stopping WHERE {ANALYSED}",
     "scaling": f"SELECT * FROM scaling WHERE kind = 'ladder' AND layer IN ('all', 'checkpoint') AND {ANALYSED}",

@@ -52,18 +52,34 @@ def write_report(warehouse: Path, series_status: Path, out: Path) -> str:
 
 
 def render_html(report: Report, vega_bundle: str) -> str:
-    """One self-contained HTML page: banner, figures, tables; ``vega_bundle`` is inlined, nothing is fetched."""
+    """One self-contained HTML page; ``vega_bundle`` is inlined, nothing is fetched.
+
+    First the answer beside one figure (the forest plot of the verdict when it can be drawn, else the loss
+    curves), so the first screen says what was found; then the banner, what topology adds, the figures, and
+    the tables with the full verdict table folded away first.
+    """
     if "</script" in vega_bundle.lower():
         raise ValueError(
             "the Vega bundle contains '</script' and cannot be inlined; use vl_convert.javascript_bundle()"
         )
+    lead = lead_figure(report)
     toc = "".join(f'<li><a href="#fig-{n}">Figure: {n.replace("_", " ")}</a></li>' for n in report.figures)
     toc += "".join(f'<li><a href="#{_slug(t)}">{html.escape(t)}</a></li>' for t in report.tables)
-    body = [_banner_html(report), _verdict_html(report), f'<nav><ol class="toc">{toc}</ol></nav>', "<h2>Figures</h2>"]
-    body += ['<div class="figures">', *(_figure_html(n, c) for n, c in report.figures.items()), "</div>"]
-    body.append("<h2>Tables (ours beside the paper's)</h2>")
+    body = ["<h1>topometrics report</h1>", _lead_html(report, lead), _banner_html(report)]
+    body += [_verdict_html(report, lead), f'<nav><ol class="toc">{toc}</ol></nav>', "<h2>Figures</h2>"]
+    shown = (_figure_html(n, c) for n, c in report.figures.items() if n != lead)
+    body += ['<div class="figures">', *shown, "</div>"]
+    body += ["<h2>Tables (ours beside the paper's)</h2>", _verdict_table_html(report.verdict)]
     body += [_table_html(title, table) for title, table in report.tables.items()]
     return _PAGE.format(style=_STYLE, bundle=vega_bundle, body="\n".join(body), embed=_EMBED)
+
+
+def lead_figure(report: Report) -> str | None:
+    """The figure shown beside the answer: the verdict's forest plot, else the loss curves (None: neither)."""
+    drawn = {**report.verdict_figures, **report.figures}
+    return next(
+        (n for n in ("topology_forest", "loss_curves") if n in drawn and not isinstance(drawn[n], Missing)), None
+    )
 
 
 def export_figure(chart: alt.TopLevelMixin, scale: float = 2.0) -> tuple[str, bytes]:
@@ -84,23 +100,44 @@ def spec_json(chart: alt.TopLevelMixin) -> str:
     return json.dumps(chart.to_dict(), sort_keys=True).replace("<", "\\u003c")
 
 
+def _lead_html(report: Report, lead: str | None) -> str:
+    """The answer (its sentences, and the command that makes the verdict computable) beside the lead figure."""
+    answer = report.answer
+    words = "".join(f"<p>{html.escape(s)}</p>" for s in answer.sentences)
+    if report.corpus_fallback:  # the banner says it in full below; the first screen must not hide it
+        words = '<p class="fallback">Offline fallback corpus: losses are not comparable with the paper.</p>' + words
+    if answer.command:
+        why = f" ({html.escape(answer.command_why)})" if answer.command_why else ""
+        label = "To show an effect" if answer.computed else "To make it computable"
+        words += f'<p class="command">{label}: <code>{html.escape(answer.command)}</code>{why}</p>'
+    drawn = {**report.verdict_figures, **report.figures}
+    figure = f'<div class="lead-figure">{_figure_html(lead, drawn[lead])}</div>' if lead else ""
+    return f'<div class="lead"><section id="answer" class="answer"><h2>The answer</h2>{words}</section>{figure}</div>'
+
+
 def _banner_html(report: Report) -> str:
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in report.banner.items())
     kind = "banner fallback" if report.corpus_fallback else "banner"
-    return f'<h1>topometrics report</h1><table class="{kind}">{rows}</table>'
+    return f'<table class="{kind}">{rows}</table>'
 
 
-def _verdict_html(report: Report) -> str:
-    """The lead section: what each family adds, in sentences and as a table, then the forest plot and partial rho."""
+def _verdict_html(report: Report, lead: str | None) -> str:
+    """What topology adds: the verdict's figures (less the one beside the answer), or why there is no verdict."""
     head = '<section id="what-topology-adds"><h2>What topology adds</h2>'
-    table = report.verdict
-    if isinstance(table, Missing):
-        words = f'<p class="missing">not available: {html.escape(table.reason)}</p>'
-    else:
-        items = "".join(f"<li>{html.escape(s)}</li>" for s in table["reads as"])
-        words = f'<ol class="verdict">{items}</ol>' + _table_html("Verdict per family and fraction", table)
-    figures = "".join(_figure_html(n, c) for n, c in report.verdict_figures.items())
+    missing = report.verdict
+    words = (
+        f'<p class="missing">not available: {html.escape(missing.reason)}</p>' if isinstance(missing, Missing) else ""
+    )
+    figures = "".join(_figure_html(n, c) for n, c in report.verdict_figures.items() if n != lead)
     return head + words + f'<div class="figures">{figures}</div></section>'
+
+
+def _verdict_table_html(table: pd.DataFrame | Missing) -> str:
+    """Every comparison of the verdict (scheme x fraction x family), each with its sentence, folded away."""
+    if isinstance(table, Missing):
+        return ""
+    title = f"Verdict per scheme, fraction and family ({len(table)} comparisons, each read as a sentence)"
+    return f'<details id="verdict-table"><summary>{html.escape(title)}</summary>{_table_html(title, table)}</details>'
 
 
 def _table_html(title: str, table: pd.DataFrame | Missing) -> str:
@@ -141,7 +178,11 @@ table.banner th { text-align: left; padding: 4px 12px; }
 table.data { border-collapse: collapse; font-size: 13px; margin-bottom: 1.5em; }
 table.data th, table.data td { border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 table.data th { background: #f3f3f3; }
-ol.verdict li { margin-bottom: 0.3em; }
+div.lead { display: flex; flex-wrap: wrap; gap: 1em 3em; align-items: flex-start; }
+section.answer { flex: 1 1 420px; max-width: 640px; font-size: 16px; line-height: 1.45; }
+section.answer p.command code { background: #f3f3f3; padding: 2px 4px; }
+section.answer p.fallback { color: #c00; font-weight: bold; }
+details summary { cursor: pointer; font-weight: bold; margin-bottom: 0.5em; }
 p.missing { color: #a40; font-style: italic; }
 div.figures { display: flex; flex-wrap: wrap; gap: 1em 3em; }
 div.chart { margin-bottom: 1em; }

@@ -40,9 +40,12 @@ _STEP_NAMES = (
 )
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
 _VAL_NAMES, _TRAIN_NAMES = ("val_loss", "eval_loss", "valid_loss"), ("train_loss", "loss")
+# map_location: a file saved from CUDA loads on a machine without it; clone: save_file refuses tensors that share
+# memory (a head tied to the embedding) and non-contiguous ones.
 CONVERT = (
     'convert it once, where you trust the file: python -c "import torch; from safetensors.torch import save_file; '
-    "save_file(torch.load('{path}', weights_only=True), '{target}')\""
+    "sd = torch.load('{path}', map_location='cpu', weights_only=True); "
+    "save_file({{k: v.contiguous().clone() for k, v in sd.items()}}, '{target}')\""
 )
 
 

@@ -124,9 +124,8 @@ def series_shards(
         losses += [_losses(name, source.seed, where) for key, (_, where) in found.items() if key not in run.failed]
         records += _records(out, run, tasks, {key: revision for key, (revision, _) in found.items()})
         records.sort(key=lambda r: (r["step"] is None, r["step"] or 0))
-        for r in records:
-            if r["status"] != "reused":  # one line per checkpoint that was computed or skipped
-                progress(f"{name} {r['revision']}: {r['status']}" + (f": {r['reason']}" if r["reason"] else ""))
+        for line in grouped_lines(name, records):  # a line per status and reason, not per checkpoint
+            progress(line)
         counts = {s: sum(r["status"] == s for r in records) for s in ("computed", "reused", "skipped")}
         status.append(header | counts | {"checkpoints": records})
     shards.prune(out, keep)
@@ -136,6 +135,43 @@ def series_shards(
     rows = pd.concat(logged, ignore_index=True) if logged else pd.DataFrame(columns=FEATURE_COLUMNS + ["series"])
     rows = rows.astype({"seed": "int64", "step": "int64", "value": "float64"})
     return SeriesShards({"series": status}, rows, frame[CHECKPOINT_COLUMNS].astype(types))
+
+
+def grouped_lines(name: str, records: list[dict]) -> list[str]:
+    """'<name>: <n> computed' and '<name>: <n> skipped: <reason>' per distinct reason, the checkpoint's own name
+    in a reason written ``<checkpoint>`` so that the reasons of many checkpoints read as one (each checkpoint's
+    own is in status.json)."""
+    counts: dict[tuple[str, str | None], int] = {}
+    for r in records:
+        if r["status"] == "reused":
+            continue
+        reason = r["reason"].replace(r["revision"], "<checkpoint>") if r["reason"] and r["revision"] else r["reason"]
+        counts[(r["status"], reason)] = counts.get((r["status"], reason), 0) + 1
+    return [f"{name}: {n} {status}" + (f": {reason}" if reason else "") for (status, reason), n in counts.items()]
+
+
+def summary_line(series: dict) -> str:
+    """The stage's line for one series of status.json: its counts and, when checkpoints were skipped, the advice
+    that fits the source and the reasons (a hub revision waits for the hub or cache; a folder needs a fix)."""
+    counts = f"{series['computed']} computed, {series['reused']} reused, {series['skipped']} skipped"
+    text = f"series {series['name']}: {counts}"
+    if not series["skipped"]:
+        return text
+    reasons = [c["reason"] or "" for c in series["checkpoints"] if c["status"] == "skipped"]
+    hints = [hint for words, hint in _ADVICE if any(w in r for r in reasons for w in words)]
+    if series.get("model") and not hints:  # a hub revision: fetched on a later run once the hub or cache has it
+        hints.append("rerun `dvc repro` when the hub or cache has them")
+    return f"{text} (see status.json; {'; '.join(hints or ['each checkpoint has its reason there'])})"
+
+
+# Skip reasons (their words) -> what fixes them, for a folder as for a hub model.
+_ADVICE = (
+    (("unknown architecture", "incomplete blocks"),
+     "map the layers with the source's `layers:` option (docs/series.md, Any decoder)"),
+    (("matches no 2-D tensor", "not a canonical part", "is not a regular expression", "needs exactly one group"),
+     "fix the source's `layers:` option (docs/series.md, Any decoder)"),
+    (("pickle weights are never opened",), "convert the pickle files with the command in the reason"),
+)  # fmt: skip
 
 
 def log_series(name: str, source: SeriesSource, progress: Callable[[str], None] = lambda line: None) -> LogSeries:

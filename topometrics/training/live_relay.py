@@ -3,10 +3,10 @@
 Each run of the train stage writes its own files in its own process: a checkpoint sidecar per
 checkpoint (:mod:`topometrics.models.checkpoints`) and, with ``train.monitor_every`` > 0, its live
 monitor's log (:mod:`topometrics.training.monitor_log`). The stage's parent process relays what is new
-every few seconds into one dvclive folder (``reports/live``), which ``dvc.yaml`` declares as the
-train stage's metrics (``metrics.json``) and plots (``plots/metrics``). ``dvc exp show`` and
-``dvc plots show`` read the workspace, so they (and the DVC editor integrations built on them) show
-the runs while the stage runs, not only when it ends.
+every few seconds into one dvclive folder (``reports/live``), whose ``plots/metrics`` ``dvc.yaml``
+declares as the train stage's plots (and ``metrics.json`` as an output, not a metric: a metric per run
+would widen ``dvc exp show`` with every run). ``dvc plots show`` reads the workspace, so it (and the
+DVC editor integrations built on it) shows the runs while the stage runs, not only when it ends.
 
 Names, per run (``<run>`` = ``<rung>[-<variant>]-<seed>``)::
 

@@ -1,0 +1,114 @@
+"""topometrics.report.answer: the report opens with the verdict in sentences, or why not and the command for one.
+
+The verdict views are computed by the real analysis (topometrics.analysis.verdict) from the synthetic runs of
+tests/test_verdict.py, so the reasons grouped here are the ones the analysis writes.
+"""
+
+import json
+
+import duckdb
+import pandas as pd
+import pytest
+from test_verdict import synthetic_runs, warehouse_with
+
+from topometrics.analysis import verdict
+from topometrics.report import contents as report
+from topometrics.report import frames as report_frames
+from topometrics.report import html as report_html
+from topometrics.report.answer import answer
+
+
+def view(runs: pd.DataFrame) -> pd.DataFrame:
+    table, errors = verdict.incremental_validity(runs, n_boot=100, seed=0)
+    return warehouse_with(table, errors).execute("SELECT * FROM topology_verdict ORDER BY ALL").df()
+
+
+def meta(**params) -> pd.DataFrame:
+    """The warehouse's meta frame with a params snapshot: tiny-project defaults, overridden by ``params``."""
+    snapshot = {"train": {"steps": 40, "ckpt_every": 10, "seeds": [42]}, "analysis": {"fractions": [0.2, 0.3, 0.5]}}
+    snapshot |= {"ladder": {"a": {}, "b": {}}, "variants": {}} | params
+    return pd.DataFrame({"key": ["params", "code_version"], "value": [json.dumps(snapshot), "test"]})
+
+
+def test_a_short_single_seed_run_says_why_in_one_paragraph_and_gives_the_command():
+    skipped = view(synthetic_runs("topology").query("fraction == 0.1"))  # 3 checkpoints: every comparison skipped
+    got = answer(skipped, meta())
+    assert not got.computed and len(got.sentences) == 2
+    assert got.sentences[0].startswith("Tested: whether adding the topology of a run's weights and representations")
+    assert got.sentences[1] == (
+        f"The verdict cannot be computed yet: none of its {len(skipped)} comparisons could run: by 10% of training "
+        f"the runs have at most 3 checkpoints; a comparison needs 4 ({len(skipped)} comparisons)."
+    )
+    # 40 steps, a checkpoint every 10: 2 steps give 4 checkpoints by 20%; 1 seed, 1 recipe and 2 rungs: 3 seeds
+    assert got.command == "dvc exp run -S train.ckpt_every=2 -S 'train.seeds=[42,43,44]'"
+    assert got.command_why == "4 checkpoints by 20% of training; 3 seeds, 6 runs: leave-one-seed-out"
+
+
+def test_too_few_groups_in_every_scheme_are_grouped_by_reason():
+    runs = synthetic_runs("topology").query("rung != 'c' and seed <= 2 and variant == 'x' and fraction > 0.1")
+    got = answer(view(runs.drop(columns="variant")), meta(train={"steps": 5000, "ckpt_every": 100, "seeds": [1, 2]}))
+    assert got.sentences[1] == (
+        "The verdict cannot be computed yet: none of its 42 comparisons could run: "  # 2 fractions x 7 comparisons
+        "leave-one-rung-out needs at least 3 rungs, got 2 (14 comparisons); leave-one-seed-out needs at least 3 "
+        "seeds, got 2 (14 comparisons); runs have no variant column (a single recipe) (14 comparisons)."
+    )
+    assert got.command == "dvc exp run -S 'train.seeds=[1,2,3]'"
+
+
+def test_a_computed_verdict_reads_as_quotable_sentences():
+    got = answer(view(synthetic_runs("topology")), meta())
+    assert got.computed and got.command is None
+    assert got.sentences[0].endswith(": 36 runs, leave-one-seed-out (4 seeds).")
+    assert "weights-NP, weights-VR, scale-free, heavy-tail, representation families" in got.sentences[0]
+    at_50 = next(s for s in got.sentences if s.startswith("At 50% of training"))
+    assert "adding every family to loss curve + weight norm changes MAE by" in at_50 and "(n=36 runs" in at_50
+    assert not any(s.startswith("At 10%") for s in got.sentences)  # skipped there: the table says why
+    families = got.sentences[-1]
+    assert families.startswith("Single families (leave-one-seed-out): ") and "scale-free adds at" in families
+
+
+def test_without_the_all_families_row_the_families_that_ran_lead():
+    frame = view(synthetic_runs("topology"))
+    frame = frame[frame["family"] != verdict.HEADLINE_FAMILY]
+    got = answer(frame, meta())
+    assert got.computed and got.sentences[0].endswith(": 36 runs, leave-one-seed-out (4 seeds).")
+    assert sum(s.startswith("At 50% of training, adding") for s in got.sentences) == 5  # weight norm + 4 families
+
+
+def test_not_enough_runs_says_how_many_would_do_and_the_seeds_that_give_them():
+    runs = synthetic_runs("topology").query("variant == 'x' and seed <= 3 and rung != 'c'")  # 6 runs, 3 seeds
+    frame = view(runs)
+    need = verdict.runs_needed(int(frame["n_tests"].max()), 0.05)
+    got = answer(frame, meta(train={"steps": 40, "ckpt_every": 2, "seeds": [1, 2, 3]}))
+    assert got.computed and f"With 6 runs no comparison can pass the corrected level; {need} runs can." in got.sentences
+    seeds = list(range(1, -(-need // 2) + 1))
+    assert got.command == f"dvc exp run -S 'train.seeds=[{','.join(map(str, seeds))}]'"
+
+
+def test_remedy_is_empty_when_the_design_allows_a_verdict():
+    default = {"train": {"steps": 5000, "ckpt_every": 100, "seeds": [42]}, "analysis": {"fractions": [0.2, 0.3, 0.5]}}
+    default |= {"ladder": dict.fromkeys(["tiny", "small", "medium", "large", "xl"], {}), "variants": {}}
+    assert verdict.remedy(default) == []  # leave-one-rung-out over five rungs, 11 checkpoints by 20%
+    assert verdict.remedy(default | {"analysis": {"fractions": [0.05]}}) == [
+        ("train.ckpt_every=50", "4 checkpoints by 5% of training")
+    ]
+
+
+def test_the_page_opens_with_the_answer_and_folds_the_verdict_table_away():
+    frames = report_frames.load(duckdb.connect())  # an empty warehouse: every other piece is Missing
+    frames |= {"verdict": view(synthetic_runs("topology").query("fraction == 0.1")), "meta": meta()}
+    doc = report.build(frames)
+    page = report_html.render_html(doc, "/* no bundle */")
+    answer_at = page.index('<section id="answer"')
+    assert answer_at < page.index('<table class="banner') < page.index("<h2>Figures</h2>")
+    command = "dvc exp run -S train.ckpt_every=2 -S &#x27;train.seeds=[42,43,44]&#x27;"  # HTML-escaped quotes
+    assert f"To make it computable: <code>{command}</code>" in page
+    table = page.index('<details id="verdict-table"><summary>Verdict per scheme, fraction and family (21 comparisons')
+    assert page.index("<h2>Figures</h2>") < table
+    assert page.count("The verdict cannot be computed yet") == 1
+
+
+@pytest.mark.parametrize("frame", [report_frames.Missing("the warehouse cannot answer `verdict`"), None])
+def test_no_verdict_view_says_so_and_points_at_dvc_repro(frame):
+    got = answer(frame if frame is not None else report_frames.need(pd.DataFrame(), "verdict"), None)
+    assert got.sentences[0].startswith("No verdict yet: ") and got.command == "dvc repro"

@@ -1,0 +1,106 @@
+"""The report's opening: the between-run verdict in a few sentences a researcher can quote, or why there is none.
+
+From the ``topology_verdict`` view and the params snapshot the warehouse keeps in ``meta``: what was
+tested, against which baseline, on how many runs, and the verdict of every topological family together
+at each fraction of training (:data:`topometrics.analysis.verdict.HEADLINE_FAMILY`, in the scheme of
+:func:`topometrics.analysis.verdict.headline_scheme`). When nothing could be compared, one paragraph
+gives the reasons grouped by cause and the ``dvc exp run`` that makes the verdict computable, derived
+from the params (:func:`topometrics.analysis.verdict.remedy`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pandas as pd
+
+from topometrics.analysis import verdict as analysis_verdict
+from topometrics.report.frames import Missing
+from topometrics.report.verdict import CV_WORDS, FAMILY_WORDS, sentence
+from topometrics.vocabulary import verdict_families
+
+QUESTION = (
+    "Tested: whether adding the topology of a run's weights and representations ({families}) to its loss curve "
+    "and weight norm predicts the run's final validation loss better, between runs"
+)
+SCHEME_GROUPS = {"seed": "seeds", "variant": "recipe variants", "rung": "rungs"}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The sentences that open the report, and the command that makes the verdict computable (or able to show
+    an effect) with why, when there is one."""
+
+    sentences: tuple[str, ...]
+    command: str | None = None
+    command_why: str | None = None
+    computed: bool = False
+
+
+def answer(verdict, meta) -> Answer:
+    """The opening from the ``topology_verdict`` frame (or :class:`Missing`) and the ``meta`` frame."""
+    params = _params(meta)
+    if isinstance(verdict, Missing):
+        return Answer((f"No verdict yet: {verdict.reason}.",), "dvc repro", "runs the analysis and the warehouse")
+    scheme = analysis_verdict.headline_scheme(verdict)
+    if scheme is None:
+        return _not_computable(verdict, params)
+    in_scheme = verdict[(verdict["cv"] == scheme) & ~verdict["verdict"].astype(str).str.startswith("skipped")]
+    tested = in_scheme[in_scheme["family"] == analysis_verdict.HEADLINE_FAMILY]
+    if tested.empty:  # every family together could not be compared: the families that could, at the last fraction
+        tested = in_scheme[in_scheme["fraction"] == in_scheme["fraction"].max()]
+    tested = tested.sort_values(["fraction", "family"])
+    n, groups = int(tested["n"].max()), int(tested["n_groups"].max())
+    head = f"{_question(verdict)}: {n} runs, {CV_WORDS[scheme]} ({groups} {SCHEME_GROUPS[scheme]})."
+    sentences = [head, *(sentence(r) for _, r in tested.iterrows()), _families(verdict, scheme)]
+    command, why = None, None
+    if tested["verdict"].astype(str).str.startswith("not enough runs").all() and params is not None:
+        row = tested.iloc[-1]
+        need = analysis_verdict.runs_needed(int(row["n_tests"]), float(row["alpha"]))
+        command, why = _command(analysis_verdict.remedy(params, need))
+        sentences.append(f"With {n} runs no comparison can pass the corrected level; {need} runs can.")
+    return Answer(tuple(sentences), command, why, computed=True)
+
+
+def _not_computable(verdict: pd.DataFrame, params: dict | None) -> Answer:
+    """Why no comparison ran, grouped by cause, and the command that lets them run."""
+    causes = "; ".join(f"{reason} ({n} comparisons)" for reason, n in analysis_verdict.skip_groups(verdict))
+    why = f"The verdict cannot be computed yet: none of its {len(verdict)} comparisons could run: {causes}."
+    command, because = _command(analysis_verdict.remedy(params)) if params is not None else (None, None)
+    return Answer((f"{_question(verdict)}.", why), command, because)
+
+
+def _command(settings: list[tuple[str, str]]) -> tuple[str | None, str | None]:
+    if not settings:
+        return None, None
+    return "dvc exp run " + " ".join(f"-S {s}" for s, _ in settings), "; ".join(why for _, why in settings)
+
+
+def _question(verdict: pd.DataFrame) -> str:
+    families = [f for f in verdict_families() if f in set(verdict["family"])]  # in the vocabulary's order
+    words = [FAMILY_WORDS.get(f, f.replace("_", "-")) for f in families]
+    return QUESTION.format(families=", ".join(words) + (" families" if words else "no families"))
+
+
+def _families(verdict: pd.DataFrame, scheme: str) -> str:
+    """Which single families add or hurt in the headline scheme, at which fractions."""
+    single = verdict[(verdict["cv"] == scheme) & ~verdict["family"].isin(["weight_norm", "everything"])]
+    found = []
+    for word in ("adds", "hurts"):
+        hits = single[single["verdict"] == word]
+        for family, g in hits.groupby("family", sort=False):
+            at = ", ".join(f"{100 * f:g}%" for f in sorted(g["fraction"]))
+            found.append(f"{FAMILY_WORDS.get(family, family.replace('_', '-'))} {word} at {at}")
+    if not found:
+        return f"No single family adds or hurts at any fraction ({CV_WORDS[scheme]})."
+    return f"Single families ({CV_WORDS[scheme]}): {'; '.join(found)}."
+
+
+def _params(meta) -> dict | None:
+    """The params snapshot of ``meta`` (None for a warehouse without one)."""
+    if not isinstance(meta, pd.DataFrame):
+        return None
+    values = dict(zip(meta["key"], meta["value"], strict=True))
+    params = json.loads(values["params"]) if values.get("params") else {}
+    return params if {"train", "ladder", "analysis"} <= set(params) else None
