@@ -104,6 +104,10 @@ def test_runs_train_at_once_a_diverging_run_stops_alone_and_complete_runs_are_sk
     assert snapshot(runs[0].run_dir) == before[0] and snapshot(runs[2].run_dir) == before[2]
     assert json.loads(runs[0].metrics.read_text()) == metrics
     assert again["t-2"]["status"].startswith("diverged")
+    weights = bytearray((runs[2].run_dir / "step_000020.safetensors").read_bytes())
+    weights[-1] ^= 1  # one bit of the last tensor: header and size stay whole
+    (runs[2].run_dir / "step_000020.safetensors").write_bytes(bytes(weights))
+    assert not is_complete(runs[2].config, runs[2].run_dir, "test")  # its sha256 is not the sidecar's
 
 
 def test_monitored_runs_log_in_their_run_directories_from_pool_processes_and_the_metrics_show_the_last(tmp_path):

@@ -23,7 +23,6 @@ from topometrics.execution.shards import (
     ShardKey,
     Task,
     compute_shards,
-    file_sha256,
     is_current,
     module_source_hash,
     params_digest,
@@ -78,14 +77,6 @@ def test_params_digest_ignores_workers_only():
     assert params_digest(base) == params_digest(FeaturesParams(workers=7))
     assert params_digest(base) != params_digest(FeaturesParams(max_points=base.max_points + 1))
     assert params_digest({"a": 1, "b": 2}) == params_digest({"b": 2, "a": 1})
-
-
-def test_file_sha256_is_hashlib_of_the_bytes(tmp_path):
-    import hashlib
-
-    path = tmp_path / "w.bin"
-    path.write_bytes(os.urandom(3 * 2**20 + 5))
-    assert file_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_module_source_hash_follows_the_import_closure(tmp_path, monkeypatch):

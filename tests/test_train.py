@@ -1,6 +1,7 @@
 """Training: schedule, checkpoints that describe themselves, bit-exact resume after kill -9,
 stale-recipe protection and divergence handling."""
 
+import hashlib
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from topometrics.models.checkpoints import (
     load_model,
     load_state,
     safetensors_problem,
+    verify_checkpoint,
 )
 from topometrics.models.model import GPTConfig
 from topometrics.models.tokens import encode
@@ -193,7 +195,14 @@ def test_a_corpus_shorter_than_a_window_is_refused_before_the_run_directory_is_t
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
-@pytest.mark.parametrize("damage", ["truncate", "delete", "sidecar"])
+def flip_bit(path: Path, from_end: int = 1) -> None:
+    """Flip the lowest bit of one byte ``from_end`` bytes before the end of ``path`` (inside the last tensor)."""
+    data = bytearray(path.read_bytes())
+    data[-from_end] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "sidecar", "flip"])
 def test_a_damaged_checkpoint_of_a_finished_run_is_recomputed_identically(tmp_path, damage):
     torch.set_num_threads(1)
     train_run(config(steps=30), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
@@ -203,15 +212,39 @@ def test_a_damaged_checkpoint_of_a_finished_run_is_recomputed_identically(tmp_pa
         target.write_bytes(target.read_bytes()[:100])
     elif damage == "delete":
         target.unlink()
-    else:
+    elif damage == "sidecar":
         target.with_suffix(".json").write_text("{")
+    else:  # header and size intact: only the content hash sees it
+        flip_bit(target)
+        assert safetensors_problem(target) is None
     lines = []
     summary = train_run(config(steps=30), TRAIN, VAL, tmp_path, "sha", "cpu", lines.append)
     assert summary["status"] == "complete" and summary["checkpoints"] == 4
     assert {p.name: p.read_bytes() for p in tmp_path.glob("step_*")} == good
     named = {"truncate": "step_000010.safetensors: truncated", "delete": "step_000010.safetensors: missing",
-             "sidecar": "step_000010.json: not valid JSON"}[damage]  # fmt: skip
+             "sidecar": "step_000010.json: not valid JSON",
+             "flip": "step_000010.safetensors: content changed after it was written (sha256 "}[damage]  # fmt: skip
     assert any(named in line and "recomputing from step 0" in line for line in lines), lines
+
+
+def test_sidecars_record_the_weights_sha256_and_one_written_before_hashes_is_recorded_not_retrained(tmp_path):
+    torch.set_num_threads(1)
+    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    for ckpt in list_checkpoints(tmp_path):
+        assert ckpt.meta["sha256"] == hashlib.sha256(ckpt.path.read_bytes()).hexdigest()
+    legacy = {}
+    for sidecar in tmp_path.glob("step_*.json"):  # as an older version wrote them
+        meta = json.loads(sidecar.read_text())
+        legacy[sidecar.name] = meta.pop("sha256")
+        sidecar.write_text(json.dumps(meta))
+    weights = {p.name: p.read_bytes() for p in tmp_path.glob("step_*.safetensors")}
+    lines = []
+    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", lines.append)
+    assert lines == [f"[t-7] complete: all 3 checkpoints whole ({tmp_path})"]  # verified, not retrained
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("step_*.safetensors")} == weights
+    assert {p.name: json.loads(p.read_text())["sha256"] for p in tmp_path.glob("step_*.json")} == legacy
+    flip_bit(tmp_path / "step_000020.safetensors")  # from now on a change is caught
+    assert "step_000020.safetensors: content changed" in verify_checkpoint(tmp_path, 20)
 
 
 def test_a_complete_run_is_skipped_after_its_checkpoints_are_verified(tmp_path):

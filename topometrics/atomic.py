@@ -5,10 +5,15 @@ new one, never half of one, and a killed writer leaves the previous file intact.
 project writes goes through :func:`replacing` (the DuckDB warehouse and the Parquet shards with their
 own temporary names, safetensors in ``topometrics.models.checkpoints.save_tensors``; everything else through the
 ``write_*`` functions here).
+
+:func:`file_sha256` is the content hash that verifies such a file later (a checkpoint against its
+sidecar, a token file against ``source.json``): a rename proves a file whole when written, not
+unchanged since.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,3 +63,13 @@ def write_array(path: Path, array: np.ndarray) -> None:
     """Write an array's raw bytes (``ndarray.tofile``) to ``path`` atomically."""
     with replacing(path) as tmp:
         array.tofile(tmp)
+
+
+def file_sha256(*paths: Path) -> str:
+    """sha256 (hex) of the files' bytes, in order (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()

@@ -90,16 +90,6 @@ def params_digest(params) -> str:
     return _sha256(json.dumps(values, sort_keys=True, default=list).encode())[:16]
 
 
-def file_sha256(*paths: Path) -> str:
-    """sha256 of the files' bytes, in order (read in 1 MiB blocks)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
-    return digest.hexdigest()
-
-
 def module_source_hash(module: str) -> str:
     """A short hash of the source of ``module`` and every module of its package it imports, transitively.
 

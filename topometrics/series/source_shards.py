@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from topometrics.atomic import file_sha256
 from topometrics.execution import shards
 from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table
@@ -112,7 +113,7 @@ def series_shards(
                 records.append(ckpt)
                 continue
             revision, step, where = ckpt
-            inputs = f"{source.model}@{revision}" if source.model else f"weights {shards.file_sha256(*where.weights)}"
+            inputs = f"{source.model}@{revision}" if source.model else f"weights {file_sha256(*where.weights)}"
             key = shards.ShardKey(name, BASE_VARIANT, source.seed, step)
             job = SeriesJob(settings, key, revision, where)
             tasks.append(shards.Task(key, shards.Fingerprint(f"{inputs} {context}", digest, code), job))

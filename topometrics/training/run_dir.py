@@ -9,14 +9,16 @@ live monitor, whose files :mod:`topometrics.training.monitor_log` names). Before
 - :func:`claim_run_dir` refuses a directory whose own records name another rung or seed, and
   empties (of the run's own files only) one of this rung and seed made with another recipe;
 - :func:`resume_step` verifies every checkpoint the run lists (sidecar, safetensors header and
-  size) and says where to continue: the end of a complete run, the resume point, or step 0 when
-  a checkpoint is damaged or missing (training is deterministic, so it is recomputed identically).
+  size, the weights' sha256 against the sidecar's) and says where to continue: the end of a
+  complete run, the resume point, or step 0 when a checkpoint is damaged, changed or missing
+  (training is deterministic, so it is recomputed identically).
 
 :func:`save_resume` and :func:`load_resume` write and read the training state itself.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -27,10 +29,10 @@ from safetensors import safe_open
 from topometrics.atomic import write_text
 from topometrics.models.checkpoints import (
     CheckpointError,
-    checkpoint_problem,
     load_state,
     safetensors_problem,
     save_tensors,
+    verify_checkpoint,
 )
 from topometrics.params import BASE_VARIANT, run_name
 from topometrics.training.monitor_log import RUN_DIR_FILES
@@ -123,13 +125,13 @@ def resume_step(run_dir: Path, name: str, steps: int, ckpt_every: int, fingerpri
     """
     run_dir = Path(run_dir)
     present = sorted({int(m.group(1)) for p in run_dir.glob("step_*") if (m := _STEP_NAME.match(p.name))})
-    whole = not any(checkpoint_problem(run_dir, s) for s in range(0, steps + 1, ckpt_every))
-    if present and present[-1] == steps and whole:
+    problem = functools.cache(functools.partial(verify_checkpoint, run_dir))  # each file hashed once
+    if present and present[-1] == steps and not any(problem(s) for s in range(0, steps + 1, ckpt_every)):
         return steps
     info = resume_info(run_dir)
     usable = info is not None and info.get("recipe_fingerprint") == fingerprint
     last = int(info["step"]) if usable else max(present, default=-1)
-    bad = [p for s in range(0, last + 1, ckpt_every) if (p := checkpoint_problem(run_dir, s))]
+    bad = [p for s in range(0, last + 1, ckpt_every) if (p := problem(s))]
     if not bad and (usable or last < 0):
         return max(last, 0)
     if not usable:

@@ -41,7 +41,7 @@ import torch
 
 from topometrics.atomic import write_text
 from topometrics.errors import TopometricsError
-from topometrics.models.checkpoints import checkpoint_problem, list_checkpoints
+from topometrics.models.checkpoints import list_checkpoints, verify_checkpoint
 from topometrics.models.model import GPT, count_parameters
 from topometrics.models.tokens import load_tokens
 from topometrics.params import Params, ParamsError
@@ -142,13 +142,15 @@ def run_progress(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> int:
 
 def is_complete(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> bool:
     """The run reached its last step with this recipe and corpus, its checkpoint table (written
-    last) says so, and every checkpoint is whole (header and size: a cheap check): nothing to do,
-    no file to touch. A damaged or missing checkpoint sends the run to training, which recomputes it."""
+    last) says so, and every checkpoint is whole and unchanged (header, size and the sha256 its
+    sidecar records: :func:`topometrics.models.checkpoints.verify_checkpoint`, which records the hash
+    of a sidecar written before hashes): nothing to do. A damaged, changed or missing checkpoint sends
+    the run to training, which names it and recomputes it."""
     table = Path(run_dir) / "checkpoints.csv"
     r = cfg.recipe
     if run_progress(cfg, run_dir, corpus_sha256) != r.steps or not table.exists():
         return False
-    if any(checkpoint_problem(run_dir, step) for step in range(0, r.steps + 1, r.ckpt_every)):
+    if any(verify_checkpoint(run_dir, step) for step in range(0, r.steps + 1, r.ckpt_every)):
         return False
     return table.read_text().rstrip("\n").rsplit("\n", 1)[-1].startswith(f"{r.steps},")
 
