@@ -14,7 +14,7 @@ import pytest
 
 from topometrics.models.tokens import decode, encode
 from topometrics.training import corpus
-from topometrics.training.corpus import CorpusError, FallbackWarning, prepare, split_local
+from topometrics.training.corpus import CorpusError, FallbackWarning, prepare, split_local, summary
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 
@@ -167,6 +167,43 @@ def test_a_corpus_too_small_for_a_window_is_refused_and_the_previous_preparation
     assert message.startswith(f"data.corpus={str(small)!r} gives ") and "training and" in message
     assert "each split needs at least data.seq_len + 2 = 34" in message and "lower data.seq_len" in message
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "record"])
+def test_a_prepared_token_file_that_changed_is_named_and_rewritten(tmp_path, damage):
+    good = tmp_path / "good.txt"
+    good.write_text("".join(f"line {i} of a corpus long enough\n" for i in range(200)))
+    out = tmp_path / "corpus"
+    first = prepare(str(good), (), 1, 0.1, out, 32)
+    assert first["tokens_sha256"]["train"] == hashlib.sha256((out / "train.u8").read_bytes()).hexdigest()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    if damage == "truncate":  # the stage used to report the half that was left as the corpus
+        (out / "train.u8").write_bytes(before["train.u8"][: len(before["train.u8"]) // 2])
+        named = f"{out / 'train.u8'}: 2,915 tokens where source.json records 5,830 (truncated or extended)"
+    elif damage == "flip":
+        (out / "val.u8").write_bytes(before["val.u8"][:-1] + b"X")
+        named = f"{out / 'val.u8'}: content changed after the corpus stage wrote it (sha256 "
+    else:
+        (out / "source.json").write_text("[]")
+        named = f"{out / 'source.json'}: not the corpus stage's record"
+    again = prepare(str(good), (), 1, 0.1, out, 32)
+    assert again["changed"] and again["redone"].startswith(named)
+    assert summary(again, out).startswith(f"corpus: {named}")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_record_written_before_token_hashes_gets_them_without_rewriting_the_tokens(tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("".join(f"line {i} of a corpus long enough\n" for i in range(200)))
+    out = tmp_path / "corpus"
+    record = prepare(str(good), (), 1, 0.1, out, 32)
+    legacy = {k: v for k, v in json.loads((out / "source.json").read_text()).items() if k != "tokens_sha256"}
+    (out / "source.json").write_text(json.dumps(legacy))
+    tokens = {p.name: p.read_bytes() for p in out.glob("*.u8")}
+    again = prepare(str(good), (), 1, 0.1, out, 32)
+    assert not again["changed"] and again["tokens_sha256"] == record["tokens_sha256"]
+    assert json.loads((out / "source.json").read_text())["tokens_sha256"] == record["tokens_sha256"]
+    assert {p.name: p.read_bytes() for p in out.glob("*.u8")} == tokens
 
 
 def test_a_directory_whose_train_file_is_shorter_than_a_window_is_refused(tmp_path):

@@ -239,3 +239,16 @@ def test_an_undeclared_run_is_refused_before_any_work(tmp_path):
     with pytest.raises(ParamsError, match=r"^--run tiny-1 is not declared in params.yaml; runs are tiny-42, "):
         train_declared(params, paths, only=["tiny-1"], log=quiet)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_token_file_that_is_not_what_the_corpus_stage_recorded_stops_the_queue_before_any_run(tmp_path):
+    from topometrics.models.tokens import TokensError
+
+    data = corpus(tmp_path / "corpus")
+    record = json.loads((data / "source.json").read_text()) | {"train_tokens": 180_000}
+    (data / "source.json").write_text(json.dumps(record))
+    (data / "train.u8").write_bytes((data / "train.u8").read_bytes()[:90_000])  # truncated after it was written
+    run = files(tmp_path, config(seed=1))
+    with pytest.raises(TokensError, match=r"train.u8: 90,000 tokens where source.json records 180,000 \(truncated"):
+        train_runs([run], data, Pool(1, 1, ("cpu",)), log=quiet)
+    assert not run.run_dir.exists()

@@ -27,9 +27,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from topometrics.atomic import write_array, write_text
 from topometrics.errors import TopometricsError
-from topometrics.models.tokens import encode, token_file, vocabulary
+from topometrics.models.tokens import SPLITS, encode, token_file, token_problem, tokens_sha256, vocabulary
 
 WIKITEXT = "wikitext-2-raw-v1"
 FALLBACK = "python-docs-offline"
@@ -208,19 +210,34 @@ def resolve(
 # ---------------------------------------------------------------- the prepared directory (the stage's edge)
 
 
-def read_source(out_dir: Path, required: bool = False) -> dict | None:
-    """``source.json`` of a complete preparation, else None (or :class:`CorpusError` when ``required``)."""
+def read_source(out_dir: Path) -> tuple[dict | None, str | None]:
+    """``source.json`` of a complete preparation whose token files are the ones it records, and why an
+    existing preparation is not (it is then redone): ``(record, None)``, ``(None, reason)``, or ``(None, None)``
+    when there is none.
+
+    A record written before token files carried their sha256 gets it now (trust on first use, after
+    the token counts it records are checked), so any later change is caught.
+    """
     path = Path(out_dir) / "source.json"
-    files = [token_file(out_dir, "train"), token_file(out_dir, "val"), Path(out_dir) / "vocab.json"]
-    source = None
-    if path.exists() and all(f.exists() for f in files):
-        try:
-            source = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            source = None  # a damaged preparation is simply redone
-    if source is None and required:
-        raise CorpusError(f"{out_dir} is not a complete prepared corpus; run the corpus stage (dvc repro corpus)")
-    return source
+    if not (path.exists() and all(f.exists() for f in _prepared_files(out_dir))):
+        return None, None
+    try:
+        source = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, f"{path}: not valid JSON"
+    if not isinstance(source, dict):
+        return None, f"{path}: not the corpus stage's record"
+    ids = {split: np.fromfile(token_file(out_dir, split), dtype=np.uint8) for split in SPLITS}
+    if problems := [f"{Path(out_dir) / p}" for split in SPLITS if (p := token_problem(ids[split], split, source))]:
+        return None, "; ".join(problems)
+    if "tokens_sha256" not in source:
+        source |= {"tokens_sha256": {split: tokens_sha256(ids[split]) for split in SPLITS}}
+        write_text(path, json.dumps(source, indent=1, sort_keys=True))
+    return source, None
+
+
+def _prepared_files(out_dir: Path) -> list[Path]:
+    return [token_file(out_dir, "train"), token_file(out_dir, "val"), Path(out_dir) / "vocab.json"]
 
 
 def min_split_tokens(seq_len: int) -> int:
@@ -249,10 +266,12 @@ def prepare(
 
     A corpus with a split shorter than one window of ``seq_len`` raises :class:`CorpusError`
     before anything in ``out_dir`` is touched (the previous preparation stays).
+    A preparation whose token files are not those its ``source.json`` records (truncated, changed) is
+    redone, and the record says why (``redone``).
     Returns the source record (with ``changed``: whether files were rewritten).
     """
     out_dir = Path(out_dir)
-    cached = read_source(out_dir)
+    cached, damage = read_source(out_dir)
     resolved = resolve(corpus, urls, timeout_s, val_fraction, cached)
     if resolved is None:
         sizes = cached.get("train_tokens", 0), cached.get("val_tokens", 0)
@@ -262,11 +281,12 @@ def prepare(
     check_split_sizes(f"data.corpus={corpus!r}", int(train.size), int(val.size), seq_len)
     out_dir.mkdir(parents=True, exist_ok=True)
     source = resolved.source | {"train_tokens": int(train.size), "val_tokens": int(val.size)}
+    source |= {"tokens_sha256": {"train": tokens_sha256(train), "val": tokens_sha256(val)}}
     for split, ids in (("train", train), ("val", val)):
         write_array(token_file(out_dir, split), ids)
     write_text(out_dir / "vocab.json", json.dumps(vocabulary(), ensure_ascii=False))
     write_text(out_dir / "source.json", json.dumps(source, indent=1, sort_keys=True))
-    return source | {"changed": True}
+    return source | {"changed": True} | ({"redone": damage} if damage else {})
 
 
 def summary(source: dict, out_dir: Path) -> str:
@@ -275,5 +295,7 @@ def summary(source: dict, out_dir: Path) -> str:
     state = "wrote" if source["changed"] else "kept"
     tokens = f"{source['train_tokens']:,} train / {source['val_tokens']:,} val tokens"
     fallback = f" FALLBACK: {source['reason']}" if source["fallback"] else ""
-    record = {k: v for k, v in source.items() if k != "changed"}
-    return f"corpus: {state} {out_dir} ({source['used']}, {tokens}){fallback}\n{json.dumps(record, sort_keys=True)}"
+    record = {k: v for k, v in source.items() if k not in ("changed", "redone")}
+    redone = f"corpus: {source['redone']}; rewriting the prepared corpus\n" if source.get("redone") else ""
+    line = f"corpus: {state} {out_dir} ({source['used']}, {tokens}){fallback}"
+    return f"{redone}{line}\n{json.dumps(record, sort_keys=True)}"

@@ -43,7 +43,7 @@ from topometrics.atomic import write_text
 from topometrics.errors import TopometricsError
 from topometrics.models.checkpoints import list_checkpoints, verify_checkpoint
 from topometrics.models.model import GPT, count_parameters
-from topometrics.models.tokens import load_tokens
+from topometrics.models.tokens import load_tokens, read_record
 from topometrics.params import Params, ParamsError
 from topometrics.training.live_relay import LiveRelay
 from topometrics.training.monitor_log import MONITOR_DIR, latest_measurement
@@ -242,7 +242,7 @@ def train_runs(
     (the others still finish). Complete runs are not touched: only their reports are written.
     """
     corpus_dir = Path(corpus_dir)
-    source = json.loads((corpus_dir / "source.json").read_text())
+    source = read_record(corpus_dir)
     sha = source["sha256"]
     done = {r.config.name: r for r in runs if is_complete(r.config, r.run_dir, sha)}
     start = {r.config.name: run_progress(r.config, r.run_dir, sha) for r in runs if r.config.name not in done}
@@ -259,6 +259,8 @@ def train_runs(
         relay = LiveRelay(live, {r.config.name: (r.run_dir, recipe_fingerprint(r.config, sha)) for r in runs})
         relay.poll()  # complete runs show at once
     if todo:
+        for split in ("train", "val"):  # checked once here: a changed token file is one line, not one per run
+            load_tokens(corpus_dir, split)
         context = mp.get_context("spawn")  # CUDA-safe, and no torch state inherited from this process
         observe = tuple(observers)
         workers = min(pool.workers, len(todo))
