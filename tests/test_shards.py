@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -23,6 +24,7 @@ from topometrics.execution.shards import (
     ShardKey,
     Task,
     compute_shards,
+    content_problem,
     is_current,
     module_source_hash,
     params_digest,
@@ -169,6 +171,39 @@ def test_compute_shards_records_a_failed_checkpoint_and_writes_the_others(tmp_pa
     assert [k.step for k in run.computed] == [0, 100]
     assert run.failed == {ShardKey("tiny", "base", 1, 200): "negative job -1"}
     assert not ShardKey("tiny", "base", 1, 200).folder(tmp_path).exists()
+
+
+def flip_a_page_byte(path):
+    """Flip one bit in the last data page of a Parquet file; the footer (and so the fingerprint) stays whole."""
+    data = bytearray(path.read_bytes())
+    pages_end = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    data[pages_end - 3] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_a_shard_whose_data_pages_changed_is_named_and_recomputed_identically(tmp_path):
+    compute_shards(tmp_path, tasks_for([0, 100, 200]), double, in_process, ("features",))
+    path = ShardKey("tiny", "base", 1, 100).folder(tmp_path) / "features.parquet"
+    good = path.read_bytes()
+    flip_a_page_byte(path)
+    assert stored_fingerprint(path) == tasks_for([100])[0].fingerprint  # a footer-only check calls it current
+    assert content_problem(path).startswith("features.parquet: content changed after it was written (sha256 ")
+    run = compute_shards(tmp_path, tasks_for([0, 100, 200]), double, in_process, ("features",))
+    assert [k.step for k in run.computed] == [100] and [k.step for k in run.reused] == [0, 200]
+    assert run.damaged[ShardKey("tiny", "base", 1, 100)].startswith("features.parquet: content changed after it")
+    assert run.damage_note().startswith("; 1 damaged shards recomputed (step 100: features.parquet: content changed")
+    assert path.read_bytes() == good and content_problem(path) is None
+
+
+def test_a_shard_written_without_a_content_hash_is_recomputed_not_trusted(tmp_path):
+    (task,) = tasks_for([0])
+    folder = task.key.folder(tmp_path)
+    folder.mkdir(parents=True)
+    table = pa.Table.from_pandas(frame(0), preserve_index=False)
+    pq.write_table(table.replace_schema_metadata({META_KEY: task.fingerprint.to_json()}), folder / "features.parquet")
+    run = compute_shards(tmp_path, [task], double, in_process, ("features",))
+    assert run.damaged == {task.key: "features.parquet: no content hash (written before shards carried one)"}
+    assert content_problem(folder / "features.parquet") is None
 
 
 RESUME_SCRIPT = textwrap.dedent(

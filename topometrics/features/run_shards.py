@@ -125,7 +125,7 @@ def run_shards(
     keys, computed = {t.key for t in tasks}, set(own.computed)  # renewed distances alone are not a computed checkpoint
     progress(
         f"{label}: {len(keys)} checkpoints, {len(computed)} computed, {len(keys - computed - set(run.failed))} "
-        f"already current, {len(run.failed)} failed, {time.monotonic() - start:.1f} s -> {out}"
+        f"already current, {len(run.failed)} failed, {time.monotonic() - start:.1f} s -> {out}{run.damage_note()}"
     )
     if run.failed:
         first, reason = next(iter(run.failed.items()))

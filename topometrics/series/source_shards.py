@@ -124,6 +124,8 @@ def series_shards(
         keep += [t.key for t in tasks if t.key not in run.failed]
         losses += [_losses(name, source.seed, where) for key, (_, where) in found.items() if key not in run.failed]
         records += _records(out, run, tasks, {key: revision for key, (revision, _) in found.items()})
+        if run.damaged:
+            progress(f"{name}:{run.damage_note()[1:]}")
         records.sort(key=lambda r: (r["step"] is None, r["step"] or 0))
         for r in records:
             if r["status"] != "reused":  # one line per checkpoint that was computed or skipped
