@@ -6,8 +6,9 @@ its metadata names the step, rung, seed and recipe fingerprint), ``steps.csv``, 
 ``run.json`` (how the run ended) and, when ``train.monitor_every`` > 0, ``monitor/`` (the log of a
 live monitor, whose files :mod:`topometrics.training.monitor_log` names). Before training touches it:
 
-- :func:`claim_run_dir` refuses a directory whose own records name another rung or seed, and
-  empties (of the run's own files only) one of this rung and seed made with another recipe;
+- :func:`claim_run_dir` refuses a directory whose own records name another rung or seed, and says
+  whether it holds this run's files made with another recipe, which :func:`discard_stale` deletes
+  (the run's own files only) once the new recipe's first step has run;
 - :func:`resume_step` verifies every checkpoint the run lists (sidecar, safetensors header and
   size, the weights' sha256 against the sidecar's) and says where to continue: the end of a
   complete run, the resume point, or step 0 when a checkpoint is damaged, changed or missing
@@ -91,11 +92,13 @@ def load_resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimize
     return info
 
 
-def claim_run_dir(run_dir: Path, name: str, fingerprint: str, log=print) -> None:
+def claim_run_dir(run_dir: Path, name: str, fingerprint: str) -> bool:
     """Make ``run_dir`` the directory of run ``name`` (``<rung>[-<variant>]-<seed>``) with this recipe.
 
-    Raises :class:`CheckpointError` (nothing changed) when its records name another run; deletes
-    the run's own files when they were made with another recipe; keeps a matching run.
+    Raises :class:`CheckpointError` (nothing changed) when its records name another run. Returns True
+    when it holds the run's files made with another recipe: they are *stale*, but kept until the new
+    recipe's first step has run (then :func:`discard_stale`), so a recipe that fails at once (too large
+    a batch, say) leaves the finished run byte for byte as it was.
     """
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -108,11 +111,15 @@ def claim_run_dir(run_dir: Path, name: str, fingerprint: str, log=print) -> None
             f"{run_dir} holds the checkpoints of run {', '.join(foreign)}, not {name}; train {name} into "
             f"its own directory data/runs/{name} (nothing was changed)"
         )
-    if owners and set(owners.values()) != {fingerprint}:
-        log(f"[{name}] the recipe changed (model shape, recipe or corpus): discarding the old checkpoints")
-        for pattern in RUN_FILES:
-            for path in run_dir.glob(pattern):
-                path.unlink()
+    return bool(owners) and set(owners.values()) != {fingerprint}
+
+
+def discard_stale(run_dir: Path, name: str, log=print) -> None:
+    """Delete the run's own files made with another recipe (:data:`RUN_FILES`: never another file, nor the folder)."""
+    log(f"[{name}] the recipe changed (model shape, recipe or corpus): discarding the old checkpoints")
+    for pattern in RUN_FILES:
+        for path in Path(run_dir).glob(pattern):
+            path.unlink()
 
 
 def resume_step(run_dir: Path, name: str, steps: int, ckpt_every: int, fingerprint: str, log=print) -> int:
