@@ -109,7 +109,7 @@ def test_unreachable_download_falls_back_loudly_and_is_cheap_when_cached(tmp_pat
         again = prepare("wikitext-2-raw-v1", (), 1, 0.1, out, 32)
     assert not again["changed"] and (out / "train.u8").stat().st_mtime_ns == mtime
     line, record = corpus.summary(again, out).splitlines()
-    tokens = f"{source['train_tokens']:,} train / {source['val_tokens']:,} val tokens"
+    tokens = f"{source['train_tokens']:,} train / {source['val_tokens']:,} val tokens, 0.12% unknown characters"
     assert line == f"corpus: kept {out} ({corpus.FALLBACK}, {tokens}) FALLBACK: {source['reason']}"
     assert json.loads(record) == source  # the stage prints the record as written, without 'changed'
 
@@ -192,17 +192,39 @@ def test_a_prepared_token_file_that_changed_is_named_and_rewritten(tmp_path, dam
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_a_corpus_mostly_outside_the_tokenizers_range_is_refused_naming_the_share_the_range_and_the_fix(tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("".join(f"line {i} of a corpus long enough\n" for i in range(200)))
+    out = tmp_path / "corpus"
+    kept = prepare(str(good), (), 1, 0.1, out, 32, max_unknown_share=0.05)
+    assert kept["unknown_share"] == 0.0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    cjk = tmp_path / "cjk.txt"  # valid UTF-8, almost no ASCII: nearly every character would become id 127
+    cjk.write_text("".join(f"第{i}行的文本🙂很长很长很长\n" for i in range(300)))
+    with pytest.raises(CorpusError) as err:
+        prepare(str(cjk), (), 1, 0.1, out, 32, max_unknown_share=0.05)
+    assert str(err.value) == (
+        f"data.corpus={str(cjk)!r}: 76.8% of its characters are outside the character tokenizer's range (ASCII "
+        "0-126; every other character becomes the unknown id 127), above data.max_unknown_share=0.05; point "
+        "data.corpus at mostly-ASCII text (e.g. English) or raise data.max_unknown_share"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    lowered = prepare(str(good), (), 1, 0.1, out, 32, max_unknown_share=0.0)  # a kept preparation is checked too
+    assert lowered["unknown_share"] == 0.0 and not lowered["changed"]
+
+
 def test_a_record_written_before_token_hashes_gets_them_without_rewriting_the_tokens(tmp_path):
     good = tmp_path / "good.txt"
     good.write_text("".join(f"line {i} of a corpus long enough\n" for i in range(200)))
     out = tmp_path / "corpus"
     record = prepare(str(good), (), 1, 0.1, out, 32)
-    legacy = {k: v for k, v in json.loads((out / "source.json").read_text()).items() if k != "tokens_sha256"}
+    recorded = json.loads((out / "source.json").read_text())
+    legacy = {k: v for k, v in recorded.items() if k not in ("tokens_sha256", "unknown_share")}
     (out / "source.json").write_text(json.dumps(legacy))
     tokens = {p.name: p.read_bytes() for p in out.glob("*.u8")}
     again = prepare(str(good), (), 1, 0.1, out, 32)
     assert not again["changed"] and again["tokens_sha256"] == record["tokens_sha256"]
-    assert json.loads((out / "source.json").read_text())["tokens_sha256"] == record["tokens_sha256"]
+    assert json.loads((out / "source.json").read_text()) == recorded
     assert {p.name: p.read_bytes() for p in out.glob("*.u8")} == tokens
 
 

@@ -35,9 +35,11 @@ class DataParams:
     seq_len: int = 128  # characters per training window = the model context
     val_fraction: float = 0.1  # tail of a single local corpus held out for validation
     val_windows: int = 256  # fixed held-out windows scored at every checkpoint
+    max_unknown_share: float = 0.05  # refuse a corpus with more characters outside ASCII 0-126 (WikiText-2: 0.07%)
 
     def check(self) -> None:
         positive(self, "data", ("seq_len", "val_windows", "download_timeout_s"))
+        within(self, "data", "max_unknown_share", 0.0, 1.0, "a share of the corpus's characters")
         if not 0.0 < self.val_fraction < 1.0:
             raise ParamsError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")
         if not self.corpus:

@@ -31,7 +31,16 @@ import numpy as np
 
 from topometrics.atomic import write_array, write_text
 from topometrics.errors import TopometricsError
-from topometrics.models.tokens import SPLITS, encode, token_file, token_problem, tokens_sha256, vocabulary
+from topometrics.models.tokens import (
+    SPLITS,
+    UNKNOWN_ID,
+    encode,
+    token_file,
+    token_problem,
+    tokens_sha256,
+    vocabulary,
+)
+from topometrics.params import DataParams
 
 WIKITEXT = "wikitext-2-raw-v1"
 FALLBACK = "python-docs-offline"
@@ -230,8 +239,9 @@ def read_source(out_dir: Path) -> tuple[dict | None, str | None]:
     ids = {split: np.fromfile(token_file(out_dir, split), dtype=np.uint8) for split in SPLITS}
     if problems := [f"{Path(out_dir) / p}" for split in SPLITS if (p := token_problem(ids[split], split, source))]:
         return None, "; ".join(problems)
-    if "tokens_sha256" not in source:
+    if "tokens_sha256" not in source or "unknown_share" not in source:
         source |= {"tokens_sha256": {split: tokens_sha256(ids[split]) for split in SPLITS}}
+        source |= {"unknown_share": unknown_share(*ids.values())}
         write_text(path, json.dumps(source, indent=1, sort_keys=True))
     return source, None
 
@@ -258,13 +268,41 @@ def check_split_sizes(what: str, train_tokens: int, val_tokens: int, seq_len: in
         )
 
 
+def unknown_share(*splits: np.ndarray) -> float:
+    """The share of token ids that are :data:`~topometrics.models.tokens.UNKNOWN_ID` over all ``splits``."""
+    total = sum(int(ids.size) for ids in splits)
+    return sum(int(np.count_nonzero(ids == UNKNOWN_ID)) for ids in splits) / total if total else 0.0
+
+
+def check_unknown_share(what: str, share: float, limit: float) -> None:
+    """Refuse a corpus most of whose characters the tokenizer cannot tell apart (share above ``limit``,
+    ``data.max_unknown_share``), naming the tokenizer's range and the fix.
+
+    Valid UTF-8 in another script (CJK, emoji) becomes almost all one id: training then learns to
+    predict it, a low loss that means nothing.
+    """
+    if share > limit:
+        raise CorpusError(
+            f"{what}: {share:.1%} of its characters are outside the character tokenizer's range (ASCII 0-126; "
+            f"every other character becomes the unknown id {UNKNOWN_ID}), above data.max_unknown_share={limit}; "
+            "point data.corpus at mostly-ASCII text (e.g. English) or raise data.max_unknown_share"
+        )
+
+
 def prepare(
-    corpus: str, urls: tuple[str, ...], timeout_s: float, val_fraction: float, out_dir: Path, seq_len: int
+    corpus: str,
+    urls: tuple[str, ...],
+    timeout_s: float,
+    val_fraction: float,
+    out_dir: Path,
+    seq_len: int,
+    max_unknown_share: float = DataParams.max_unknown_share,
 ) -> dict:
     """Resolve the corpus and write ``train.u8``, ``val.u8`` (uint8 ids), ``vocab.json`` and
     ``source.json`` into ``out_dir``; leave them untouched when they are still right.
 
-    A corpus with a split shorter than one window of ``seq_len`` raises :class:`CorpusError`
+    A corpus with a split shorter than one window of ``seq_len``, or with a larger share of unknown
+    characters than ``max_unknown_share`` (:func:`check_unknown_share`), raises :class:`CorpusError`
     before anything in ``out_dir`` is touched (the previous preparation stays).
     A preparation whose token files are not those its ``source.json`` records (truncated, changed) is
     redone, and the record says why (``redone``).
@@ -276,11 +314,14 @@ def prepare(
     if resolved is None:
         sizes = cached.get("train_tokens", 0), cached.get("val_tokens", 0)
         check_split_sizes(f"data.corpus={corpus!r}", *sizes, seq_len)
+        check_unknown_share(f"data.corpus={corpus!r}", cached["unknown_share"], max_unknown_share)
         return cached | {"changed": False}
     train, val = encode(resolved.train), encode(resolved.val)
     check_split_sizes(f"data.corpus={corpus!r}", int(train.size), int(val.size), seq_len)
+    share = unknown_share(train, val)
+    check_unknown_share(f"data.corpus={corpus!r}", share, max_unknown_share)
     out_dir.mkdir(parents=True, exist_ok=True)
-    source = resolved.source | {"train_tokens": int(train.size), "val_tokens": int(val.size)}
+    source = resolved.source | {"train_tokens": int(train.size), "val_tokens": int(val.size), "unknown_share": share}
     source |= {"tokens_sha256": {"train": tokens_sha256(train), "val": tokens_sha256(val)}}
     for split, ids in (("train", train), ("val", val)):
         write_array(token_file(out_dir, split), ids)
@@ -294,6 +335,7 @@ def summary(source: dict, out_dir: Path) -> str:
     counts, FALLBACK with the reason), then the record as JSON."""
     state = "wrote" if source["changed"] else "kept"
     tokens = f"{source['train_tokens']:,} train / {source['val_tokens']:,} val tokens"
+    tokens += f", {source['unknown_share']:.2%} unknown characters"
     fallback = f" FALLBACK: {source['reason']}" if source["fallback"] else ""
     record = {k: v for k, v in source.items() if k not in ("changed", "redone")}
     redone = f"corpus: {source['redone']}; rewriting the prepared corpus\n" if source.get("redone") else ""
