@@ -149,12 +149,16 @@ def log_series(name: str, source: SeriesSource, progress: Callable[[str], None] 
     (``stop.json``) is in the status of its step.
     """
     folder = Path(source.log)
-    features, losses = read_log(folder) if folder.is_dir() else (pd.DataFrame(), pd.DataFrame())
-    if features.empty:
-        reason = f"{folder}: no features-<step>.parquet files (is it a TopologyMonitor log folder?)"
+    try:
+        features, losses = read_log(folder) if folder.is_dir() else (pd.DataFrame(), pd.DataFrame())
+        stop = read_stop(folder) if folder.is_dir() else {}
+    except (OSError, ValueError, RecursionError) as err:  # a damaged Parquet or JSON file: ValueErrors both
+        features, losses, stop = pd.DataFrame(), pd.DataFrame(), {"unreadable": f"{type(err).__name__}: {err}"}
+    if features.empty or "unreadable" in stop:
+        why = stop.get("unreadable", "no features-<step>.parquet files (is it a TopologyMonitor log folder?)")
+        reason = f"{folder}: {why}".splitlines()[0]
         progress(f"{name}: skipped: {reason}")
         return LogSeries(status=[skip_record(folder.name, None, reason)])
-    stop = read_stop(folder)
     extra = {"series": str(folder), "revision": "live"}
     result = LogSeries(features=[features.assign(rung=name, seed=source.seed, **extra)])
     for step in sorted(features["step"].unique()):

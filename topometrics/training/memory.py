@@ -35,9 +35,12 @@ def check_step_memory(model: GPTConfig, batch_size: int, name: str, variant: str
 
 
 def free_memory_bytes(device: torch.device) -> int | None:
-    """Bytes free on ``device`` (Linux's MemAvailable for the CPU; None where it cannot be told)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+    """Bytes free on ``device`` (:func:`available_ram_bytes` for the CPU; None where it cannot be told)."""
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_ram_bytes()
+
+
+def available_ram_bytes() -> int | None:
+    """Linux's MemAvailable in bytes: what new allocations can take without swapping (None elsewhere)."""
     try:
         with open("/proc/meminfo") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
