@@ -252,3 +252,31 @@ def test_a_token_file_that_is_not_what_the_corpus_stage_recorded_stops_the_queue
     with pytest.raises(TokensError, match=r"train.u8: 90,000 tokens where source.json records 180,000 \(truncated"):
         train_runs([run], data, Pool(1, 1, ("cpu",)), log=quiet)
     assert not run.run_dir.exists()
+
+
+def test_kill_9_of_the_queue_alone_leaves_no_training_process_or_monitor_worker_behind(tmp_path):
+    """Regression: SIGKILL of the train stage's own process left its training processes and their monitors'
+    fork servers running (0.9-2 GB each). Only the queue's process is killed here; the rest must follow it."""
+    import psutil
+
+    corpus(tmp_path / "corpus")
+    code = KILLED.format(tests=str(Path(__file__).parent), root=str(tmp_path)).replace("steps=200", "steps=4000")
+    queue = subprocess.Popen([sys.executable, "-c", code])
+    family = []
+    try:
+        deadline = time.time() + 300  # a guard against a hang only
+        while True:
+            assert queue.poll() is None, "the queue ended before its processes started; nothing was tested"
+            family = psutil.Process(queue.pid).children(recursive=True)
+            trainers = [p for p in family if p.ppid() == queue.pid and "spawn_main" in " ".join(p.cmdline())]
+            if len(trainers) == 2 and any(p.ppid() in {t.pid for t in trainers} for p in family):  # monitors up
+                break
+            assert time.time() < deadline
+            time.sleep(0.05)
+    finally:
+        queue.send_signal(signal.SIGKILL)
+        queue.wait()
+    _, alive = psutil.wait_procs(family, timeout=30)
+    for leftover in alive:  # so that a failure does not leak them either
+        leftover.kill()
+    assert not alive, [" ".join(p.cmdline()) for p in alive]

@@ -41,6 +41,7 @@ import torch
 
 from topometrics.atomic import write_text
 from topometrics.errors import TopometricsError
+from topometrics.execution.lifeline import die_with
 from topometrics.models.checkpoints import list_checkpoints, verify_checkpoint
 from topometrics.models.model import GPT, count_parameters
 from topometrics.models.tokens import load_tokens, read_record
@@ -187,7 +188,10 @@ def latest_monitored(run_dir: Path) -> dict | None:
     return latest_measurement(folder) if folder.is_dir() else None
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, caller: int) -> None:
+    # A SIGKILLed train stage runs no cleanup: without this its training processes (0.9-2 GB each) and,
+    # through them, their monitors' workers would train on. The features pool's lifeline, reused.
+    die_with(caller)
     torch.set_num_threads(threads)
 
 
@@ -264,7 +268,7 @@ def train_runs(
         context = mp.get_context("spawn")  # CUDA-safe, and no torch state inherited from this process
         observe = tuple(observers)
         workers = min(pool.workers, len(todo))
-        with ProcessPoolExecutor(workers, context, _init_worker, (pool.threads,)) as executor:
+        with ProcessPoolExecutor(workers, context, _init_worker, (pool.threads, os.getpid())) as executor:
             futures: dict[Future, RunFiles] = {
                 executor.submit(_train_one, r, corpus_dir, sha, pool.devices[i % len(pool.devices)], observe): r
                 for i, r in enumerate(todo)
