@@ -280,3 +280,28 @@ def test_kill_9_of_the_queue_alone_leaves_no_training_process_or_monitor_worker_
     for leftover in alive:  # so that a failure does not leak them either
         leftover.kill()
     assert not alive, [" ".join(p.cmdline()) for p in alive]
+
+
+def test_a_full_disk_while_training_is_one_error_line_naming_the_run_and_its_file(tmp_path, tiny_disk):
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["data"] |= {"seq_len": 32, "val_windows": 8}
+    params["train"] |= {"steps": 400, "ckpt_every": 10, "batch_size": 8, "warmup": 2, "workers": 1}
+    params["ladder"] = {"a": {"hidden": 8, "layers": 1, "heads": 1}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    corpus(tmp_path / "corpus")
+    env = os.environ | {"PYTHONPATH": str(repo)}
+    subprocess.run([sys.executable, str(repo / "stages/config.py"), "--out", "configs"], cwd=tmp_path, env=env,
+                   check=True, capture_output=True)  # fmt: skip
+    runs = tiny_disk("128k")  # a few checkpoints and their resume states fit, then the disk is full
+    cmd = [sys.executable, str(repo / "stages/train.py"), "--configs", "configs", "--corpus", "corpus", "--runs",
+           str(runs), "--metrics", "metrics", "--curves", "curves"]  # fmt: skip
+    stage = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert stage.returncode == 1 and "Traceback" not in stage.stderr, stage.stderr
+    (line,) = stage.stderr.splitlines()
+    assert line.startswith(f"error: a-42: {runs / 'a-42'}") and (
+        ": no space left on its disk; free space there (or point the output elsewhere) and rerun `dvc repro`" in line
+    ), line
+    assert list_checkpoints(runs / "a-42"), "the checkpoints written before the disk filled are kept"

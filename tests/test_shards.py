@@ -276,3 +276,16 @@ def test_scan_of_an_empty_or_missing_folder_reads_no_rows(tmp_path):
     found = scan(con, tmp_path / "missing", "features", "p1")
     assert found.matching == [] and found.report() is None
     assert con.execute(f"SELECT count(*) FROM {found.relation()}").fetchone() == (0,)
+
+
+def test_a_full_disk_while_writing_a_shard_names_the_file_and_keeps_the_shard_before_it(tiny_disk):
+    from topometrics.errors import DiskFullError
+
+    root, key = tiny_disk("256k"), ShardKey("tiny", "base", 1, 0)
+    write_shard(root, key, FP, {"features": frame(0)})
+    big = pd.DataFrame({"value": np.random.default_rng(0).standard_normal(200_000)})  # 1.6 MB of random floats
+    path = key.folder(root) / "features.parquet"
+    with pytest.raises(DiskFullError, match=f"^{path}: no space left on its disk; free space there"):
+        write_shard(root, key, Fingerprint("new", "p1", "c1"), {"features": big})
+    assert stored_fingerprint(path) == FP and content_problem(path) is None
+    assert [p.name for p in key.folder(root).iterdir()] == ["features.parquet"]

@@ -1,7 +1,8 @@
 """Atomic file writes: write a temporary file beside the target, then rename it over the target.
 
 A rename within one directory is atomic (``os.replace``), so a reader sees the old file or the
-new one, never half of one, and a killed writer leaves the previous file intact. Every file the
+new one, never half of one, and a killed writer leaves the previous file intact (a write that finds
+its disk full too: it raises :class:`topometrics.errors.DiskFullError` naming the file). Every file the
 project writes goes through :func:`replacing` (the DuckDB warehouse and the Parquet shards with their
 own temporary names, safetensors in ``topometrics.models.checkpoints.save_tensors``; everything else through the
 ``write_*`` functions here).
@@ -20,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from topometrics.errors import NO_SPACE, disk_full
+
 if TYPE_CHECKING:  # annotations only: writing text needs neither numpy nor pandas loaded
     import numpy as np
     import pandas as pd
@@ -37,6 +40,10 @@ def replacing(path: Path, tmp: Path | None = None) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as err:
+        if err.errno in NO_SPACE:  # one line naming the file, not errno 28's traceback
+            raise disk_full(path) from err
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -40,7 +40,7 @@ from typing import Protocol
 import torch
 
 from topometrics.atomic import write_text
-from topometrics.errors import TopometricsError
+from topometrics.errors import NO_SPACE, TopometricsError, disk_full
 from topometrics.execution.lifeline import die_with
 from topometrics.models.checkpoints import list_checkpoints, verify_checkpoint
 from topometrics.models.model import GPT, count_parameters
@@ -340,6 +340,8 @@ def _outcome(future: Future, run: RunFiles) -> dict:
     error = future.exception()
     if error is None:
         return future.result()
+    if isinstance(error, OSError) and error.errno in NO_SPACE:  # a write outside topometrics.atomic (steps.csv)
+        error = disk_full(error.filename or run.run_dir)
     # A user mistake (topometrics.errors) keeps its one-line message for the stage to print.
     mistake = {"mistake": str(error)} if isinstance(error, TopometricsError) else {}
     return {"rung": run.config.rung, "variant": run.config.variant, "seed": run.config.recipe.seed,
