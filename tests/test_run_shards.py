@@ -159,3 +159,17 @@ def test_a_checkpoint_changed_after_training_is_named_and_not_read_and_one_witho
     assert lines[0].startswith("features@run: 2 checkpoints (e.g. step_000000.safetensors) have no sha256 in their")
     assert "read unverified; `dvc repro -f train` records it" in lines[0]
     assert {k.step for k in run.reused} == {0} and {k.step for k in run.computed} == {100}
+
+
+def test_a_resumed_stage_counts_the_checkpoints_it_reuses_as_current_not_computed(tiny, tmp_path):
+    """Regression: a stage killed after its checkpoints' shards, before their distances, reported every reused
+    checkpoint as computed on the next run (renewing a distance shard counted as computing the checkpoint)."""
+    root, _, _ = tiny
+    out = tmp_path / "shards"
+    run_shards(root / "run", root / "corpus", PARAMS, out)
+    for path in out.glob("**/distances.parquet"):  # as a kill between the two passes leaves them
+        path.unlink()
+    lines = []
+    run = run_shards(root / "run", root / "corpus", PARAMS, out, progress=lines.append)
+    assert f"{len(STEPS)} checkpoints, 0 computed, {len(STEPS)} already current, 0 failed" in lines[-1]
+    assert len(run.computed) == len(STEPS)  # the distance shards, written again
