@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-BENCHMARKS = ("train", "np", "features", "series", "scale", "monitor")
+BENCHMARKS = ("train", "np", "features", "series", "scale", "monitor", "verify")
 
 
 def main(argv: list[str]) -> int:

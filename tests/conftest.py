@@ -1,6 +1,7 @@
 """Shared fixtures: one tiny pipeline reproduced once per test process, copied per test."""
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,24 @@ def error_lines(output: str) -> list[str]:
 def snapshot(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` by relative path: to show that nothing was lost or changed."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """``mount(size)``: a real filesystem of ``size`` (a tmpfs, e.g. '256k') at a fresh folder, unmounted after
+    the test, so writes there meet a full disk. Mounting needs root: elsewhere the test is skipped, saying so."""
+    mounted = []
+
+    def mount(size: str) -> Path:
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                              capture_output=True, text=True)  # fmt: skip
+        if proc.returncode:
+            pytest.skip(f"a full disk is made with a tmpfs, which this user cannot mount: {proc.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)

@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from topometrics.features import checkpoint as feat
 from topometrics.models.architectures import (
+    MAX_CONFIG_BYTES,
     PARTS,
     ArchitectureError,
     block_path,
@@ -283,3 +284,20 @@ def test_ff_is_a_whole_module_name_not_a_part_of_one():
 def test_block_path():
     assert block_path("transformer.h.11.attn.c_attn.weight") == "transformer.h.11"
     assert block_path("model.decoder.layers.0.fc1.weight") == "model.decoder.layers.0"
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"model_type": "gpt2", "n_layer": 10**7}, "config.json: n_layer=10000000 is not a layer count (1 to 1024)"),
+        ({"model_type": "llama", "num_hidden_layers": "3"}, "num_hidden_layers='3' is not a layer count"),
+        ('{"model_type": "gpt2", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "not a JSON object (RecursionError)"),
+        ("[1, 2]", "config.json is not a JSON object"),
+        ('{"model_type": "gpt2", "pad": "' + "x" * (MAX_CONFIG_BYTES + 1) + '"}', "bytes, more than a config.json's"),
+    ],
+)
+def test_a_config_json_with_sizes_no_model_has_is_refused_before_a_module_is_built(tmp_path, config, message):
+    text = config if isinstance(config, str) else json.dumps(config)
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ArchitectureError, match=re.escape(message)):
+        config_rules(tmp_path)

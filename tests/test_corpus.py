@@ -14,7 +14,7 @@ import pytest
 
 from topometrics.models.tokens import decode, encode
 from topometrics.training import corpus
-from topometrics.training.corpus import CorpusError, FallbackWarning, prepare, split_local
+from topometrics.training.corpus import CorpusError, FallbackWarning, prepare, split_local, summary
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 
@@ -109,7 +109,7 @@ def test_unreachable_download_falls_back_loudly_and_is_cheap_when_cached(tmp_pat
         again = prepare("wikitext-2-raw-v1", (), 1, 0.1, out, 32)
     assert not again["changed"] and (out / "train.u8").stat().st_mtime_ns == mtime
     line, record = corpus.summary(again, out).splitlines()
-    tokens = f"{source['train_tokens']:,} train / {source['val_tokens']:,} val tokens"
+    tokens = f"{source['train_tokens']:,} train / {source['val_tokens']:,} val tokens, 0.12% unknown characters"
     assert line == f"corpus: kept {out} ({corpus.FALLBACK}, {tokens}) FALLBACK: {source['reason']}"
     assert json.loads(record) == source  # the stage prints the record as written, without 'changed'
 
@@ -167,6 +167,65 @@ def test_a_corpus_too_small_for_a_window_is_refused_and_the_previous_preparation
     assert message.startswith(f"data.corpus={str(small)!r} gives ") and "training and" in message
     assert "each split needs at least data.seq_len + 2 = 34" in message and "lower data.seq_len" in message
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "record"])
+def test_a_prepared_token_file_that_changed_is_named_and_rewritten(tmp_path, damage):
+    good = tmp_path / "good.txt"
+    good.write_text("".join(f"line {i} of a corpus long enough\n" for i in range(200)))
+    out = tmp_path / "corpus"
+    first = prepare(str(good), (), 1, 0.1, out, 32)
+    assert first["tokens_sha256"]["train"] == hashlib.sha256((out / "train.u8").read_bytes()).hexdigest()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    if damage == "truncate":  # the stage used to report the half that was left as the corpus
+        (out / "train.u8").write_bytes(before["train.u8"][: len(before["train.u8"]) // 2])
+        named = f"{out / 'train.u8'}: 2,915 tokens where source.json records 5,830 (truncated or extended)"
+    elif damage == "flip":
+        (out / "val.u8").write_bytes(before["val.u8"][:-1] + b"X")
+        named = f"{out / 'val.u8'}: content changed after the corpus stage wrote it (sha256 "
+    else:
+        (out / "source.json").write_text("[]")
+        named = f"{out / 'source.json'}: not the corpus stage's record"
+    again = prepare(str(good), (), 1, 0.1, out, 32)
+    assert again["changed"] and again["redone"].startswith(named)
+    assert summary(again, out).startswith(f"corpus: {named}")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_corpus_mostly_outside_the_tokenizers_range_is_refused_naming_the_share_the_range_and_the_fix(tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("".join(f"line {i} of a corpus long enough\n" for i in range(200)))
+    out = tmp_path / "corpus"
+    kept = prepare(str(good), (), 1, 0.1, out, 32, max_unknown_share=0.05)
+    assert kept["unknown_share"] == 0.0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    cjk = tmp_path / "cjk.txt"  # valid UTF-8, almost no ASCII: nearly every character would become id 127
+    cjk.write_text("".join(f"第{i}行的文本🙂很长很长很长\n" for i in range(300)))
+    with pytest.raises(CorpusError) as err:
+        prepare(str(cjk), (), 1, 0.1, out, 32, max_unknown_share=0.05)
+    assert str(err.value) == (
+        f"data.corpus={str(cjk)!r}: 76.8% of its characters are outside the character tokenizer's range (ASCII "
+        "0-126; every other character becomes the unknown id 127), above data.max_unknown_share=0.05; point "
+        "data.corpus at mostly-ASCII text (e.g. English) or raise data.max_unknown_share"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    lowered = prepare(str(good), (), 1, 0.1, out, 32, max_unknown_share=0.0)  # a kept preparation is checked too
+    assert lowered["unknown_share"] == 0.0 and not lowered["changed"]
+
+
+def test_a_record_written_before_token_hashes_gets_them_without_rewriting_the_tokens(tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("".join(f"line {i} of a corpus long enough\n" for i in range(200)))
+    out = tmp_path / "corpus"
+    record = prepare(str(good), (), 1, 0.1, out, 32)
+    recorded = json.loads((out / "source.json").read_text())
+    legacy = {k: v for k, v in recorded.items() if k not in ("tokens_sha256", "unknown_share")}
+    (out / "source.json").write_text(json.dumps(legacy))
+    tokens = {p.name: p.read_bytes() for p in out.glob("*.u8")}
+    again = prepare(str(good), (), 1, 0.1, out, 32)
+    assert not again["changed"] and again["tokens_sha256"] == record["tokens_sha256"]
+    assert json.loads((out / "source.json").read_text()) == recorded
+    assert {p.name: p.read_bytes() for p in out.glob("*.u8")} == tokens
 
 
 def test_a_directory_whose_train_file_is_shorter_than_a_window_is_refused(tmp_path):

@@ -10,6 +10,7 @@ from topometrics.models.model import (
     linear_layer_names,
     linear_modules,
     linear_weights,
+    step_memory_bytes,
 )
 
 TABLE_1 = {  # (hidden, layers, heads) -> parameters, from the paper's Table 1
@@ -89,3 +90,32 @@ def test_sequence_longer_than_context_is_rejected():
 def test_invalid_config_is_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GPTConfig(**kwargs)
+
+
+STEP_PEAK = """
+import sys, torch
+from pathlib import Path
+from topometrics.models.model import GPT, GPTConfig
+def kib(field):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
+torch.set_num_threads(1)
+batch, hidden, layers, heads = map(int, sys.argv[1:])
+model = GPT(GPTConfig(hidden=hidden, layers=layers, heads=heads, context=128))
+x, y = torch.randint(0, 128, (batch, 128)), torch.randint(0, 128, (batch, 128))
+before = kib("VmRSS:")
+Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to now: import-time peaks do not count
+model.loss(x, y).backward()
+print((kib("VmHWM:") - before) * 1024)
+"""
+
+
+@pytest.mark.parametrize(("batch", "hidden", "layers", "heads"), [(256, 48, 3, 4), (1024, 8, 1, 1)])
+def test_the_step_memory_estimate_is_a_lower_bound_of_the_measured_peak(batch, hidden, layers, heads):
+    import subprocess
+    import sys
+
+    shape = [str(v) for v in (batch, hidden, layers, heads)]
+    peak = int(subprocess.run([sys.executable, "-c", STEP_PEAK, *shape], capture_output=True, text=True,
+                              check=True, timeout=120).stdout)  # fmt: skip
+    estimate = step_memory_bytes(GPTConfig(hidden=hidden, layers=layers, heads=heads, context=128), batch)
+    assert 0.5 * peak < estimate <= peak  # never refuses a batch that fits, and not far below what it needs

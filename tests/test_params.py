@@ -69,6 +69,19 @@ def test_empty_rung_inherits_and_partial_rung_overrides():
         ("train", "seed", 42, "unknown param train.seed: train.seed became train.seeds"),
         ("train", "monitor_every", -1, "train.monitor_every must be >= 0, got -1"),
         ("train", "monitor_every", 2.5, "train.monitor_every must be int"),
+        ("train", "lr", float("nan"), "train.lr must be a finite number, got nan; write a number such as 0.001"),
+        ("train", "lr", float("inf"), "train.lr must be a finite number, got inf"),
+        ("train", "grad_clip", float("-inf"), "train.grad_clip must be a finite number, got -inf"),
+        ("train", "min_lr_ratio", 2.0, "train.min_lr_ratio must be between 0.0 and 1.0 (the cosine's floor as a"),
+        ("data", "download_timeout_s", float("inf"), "data.download_timeout_s must be a finite number"),
+        ("analysis", "phase_threshold", float("inf"), "analysis.phase_threshold must be a finite number, got inf"),
+        ("analysis", "phase_threshold", 1.5, "analysis.phase_threshold must be between 0.0 and 1.0 (a share of"),
+        ("analysis", "alpha", 5.0, "analysis.alpha must be between 0.0 and 1.0 (a significance level"),
+        ("analysis", "fractions", [0.2, float("nan")], "1] must be a finite number, got nan"),
+        ("features", "max_points", 1, "features.max_points must be at least 4 (fewer points cannot form a loop"),
+        ("features", "unit_points", 3, "features.unit_points must be at least 4"),
+        ("features", "rep_dim", 1, "features.rep_dim and features.betti_scales must be at least 2"),
+        ("features", "significance", 1.5, "features.significance must be between 0.0 and 1.0"),
     ],
 )
 def test_invalid_params_name_the_key(section, key, value, message):
@@ -152,6 +165,7 @@ def test_the_default_params_declare_one_base_run_per_rung():
         ({"v": {"steps": 550}}, "variants.v: steps=550 is not a multiple of ckpt_every=100"),
         ({"v": {"warmup": 9000}}, "variants.v: warmup=9000 must be smaller than steps=5000"),
         ({"v": {"lr": 0}}, "variants.v.lr must be positive"),
+        ({"v": {"lr": float("nan")}}, "variants.v.lr must be a finite number, got nan"),
         ({"v": [1]}, "variants.v must map recipe keys to values"),
         ([1], "variants must map variant names to recipe overrides"),
     ],
@@ -182,3 +196,11 @@ def test_cuda_without_a_cuda_device_is_a_params_error():
     raw["train"]["device"] = "cuda"
     with pytest.raises(ParamsError, match="train.device is cuda but no CUDA device is visible; set train.device"):
         parse_params(raw)
+
+
+def test_yaml_nan_and_inf_are_refused_naming_the_key(tmp_path):
+    text = (REPO / "params.yaml").read_text().replace("  lr: 0.003\n", "  lr: .nan\n")
+    assert "lr: .nan" in text
+    (tmp_path / "params.yaml").write_text(text)
+    with pytest.raises(ParamsError, match=r"^train\.lr must be a finite number, got nan; write a number such as"):
+        load_params(tmp_path / "params.yaml")

@@ -216,3 +216,29 @@ def test_invalid_params_stop_repro_before_any_work(tmp_path):
     with pytest.raises(AssertionError, match="unknown param train.hidden_size"):
         run(["dvc", "repro"], project)
     assert not (project / "data" / "corpus").exists()
+
+
+def test_dvc_repro_names_and_recomputes_content_that_changed_and_the_warehouse_is_as_before(reproduced):
+    """One flipped bit in a finished checkpoint, one in a feature shard's data page (their headers and footers
+    whole) and a truncated train.u8: each used to be trusted (a run called complete, a shard "already current",
+    the half corpus "kept"). `dvc repro` names all three, restores each byte for byte, and the warehouse's
+    features are the ones before."""
+    checkpoint = reproduced / "data/runs/a-42/step_000020.safetensors"
+    shard = reproduced / "data/features/a-42/rung=a/variant=base/seed=42/step=10/features.parquet"
+    tokens = reproduced / "data/corpus/train.u8"
+    good = {path: path.read_bytes() for path in (checkpoint, shard, tokens)}
+    query = "SELECT rung, step, layer, feature, value FROM features ORDER BY ALL"
+    with duckdb.connect(str(reproduced / "data/warehouse.duckdb"), read_only=True) as con:
+        features = con.execute(query).fetchall()
+    for path, offset in ((checkpoint, -1), (shard, -(8 + int.from_bytes(good[shard][-8:-4], "little")) - 3)):
+        data = bytearray(good[path])
+        data[offset] ^= 1
+        path.write_bytes(bytes(data))
+    tokens.write_bytes(good[tokens][: len(good[tokens]) // 2])
+    out = run(["dvc", "repro"], reproduced)
+    assert f"corpus: {Path('data/corpus/train.u8')}: " in out and "(truncated or extended); rewriting" in out
+    assert "step_000020.safetensors: content changed after it was written (sha256 " in out
+    assert "1 damaged shards recomputed (step 10: features.parquet: content changed after it was written" in out
+    assert {path: path.read_bytes() for path in good} == good
+    with duckdb.connect(str(reproduced / "data/warehouse.duckdb"), read_only=True) as con:
+        assert con.execute(query).fetchall() == features

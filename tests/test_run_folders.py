@@ -186,3 +186,128 @@ def test_the_conversion_command_converts_a_torch_saved_state_dict_with_a_tied_he
     assert set(converted) == set(state)
     assert all(torch.equal(converted[k], v) for k, v in state.items())
     assert [c.step for c in scan_run_folder(tmp_path).checkpoints] == [100]  # the folder now reads
+
+
+# ---------------------------------------------------------------------------
+# A stranger's folder: every hostile file is a skip with its reason, fast, and the others are kept
+# ---------------------------------------------------------------------------
+
+
+def scan_within(seconds: float, folder, losses_file=None):
+    """scan_run_folder in a thread that must finish within ``seconds`` (a hang fails the test, not the run)."""
+    import threading
+
+    found = []
+    worker = threading.Thread(target=lambda: found.append(scan_run_folder(folder, losses_file)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert found, f"scan_run_folder({folder}) did not return within {seconds} s"
+    return found[0]
+
+
+def sparse_safetensors(path, shape: tuple[int, ...], stored: int = 4096) -> None:
+    """A safetensors file whose header claims one float32 tensor of ``shape``, as long as the header says,
+    of which only ``stored`` bytes are written (the rest a hole: a sparse file)."""
+    size = 4 * int(np.prod(shape))
+    header = json.dumps({"w": {"dtype": "F32", "shape": list(shape), "data_offsets": [0, size]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header + b"\x01" * stored)
+        f.truncate(8 + len(header) + size)
+
+
+def peak_rss_growth(fn) -> int:
+    """Bytes the process's peak resident memory grew by while ``fn`` ran (Linux: VmHWM reset first)."""
+    from pathlib import Path
+
+    def kib(field):
+        return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
+
+    before = kib("VmRSS:")
+    Path("/proc/self/clear_refs").write_text("5")
+    fn()
+    return (kib("VmHWM:") - before) * 1024
+
+
+def test_a_fifo_named_like_a_checkpoint_is_skipped_without_being_opened(tmp_path):
+    import os
+
+    plain_run(tmp_path, steps=(0,))
+    os.mkfifo(tmp_path / "step_9.safetensors")  # opening it for reading would block forever
+    (tmp_path / "checkpoint-5").mkdir()
+    os.mkfifo(tmp_path / "checkpoint-5" / "model.safetensors")
+    run = scan_within(30, tmp_path)
+    assert [c.step for c in run.checkpoints] == [0]
+    reasons = {s["revision"]: s["reason"] for s in run.skipped}
+    assert reasons["step_9.safetensors"] == (f"{tmp_path / 'step_9.safetensors'}: not a regular file (a FIFO, socket "
+                                             "or device; it could block the stage forever): never read")  # fmt: skip
+    assert reasons["checkpoint-5"].startswith(f"{tmp_path / 'checkpoint-5' / 'model.safetensors'}: not a regular")
+    os.mkfifo(tmp_path / "losses.csv")
+    with pytest.raises(RunFolderError, match=r"losses.csv: not a regular file; give a CSV or JSONL file"):
+        read_losses(tmp_path / "losses.csv")
+
+
+def test_a_sparse_file_claiming_an_8_gib_tensor_is_skipped_fast_without_allocating_it(tmp_path):
+    import time
+
+    plain_run(tmp_path, steps=(0,))
+    sparse_safetensors(tmp_path / "step_7.safetensors", (65536, 32768))  # 8 GiB long, 4 KiB written
+    assert (tmp_path / "step_7.safetensors").stat().st_size > 8 * 2**30
+    found, start = [], time.monotonic()
+    grew = peak_rss_growth(lambda: found.append(scan_within(30, tmp_path)))
+    assert time.monotonic() - start < 10 and grew < 256 * 2**20  # it used to be OOM-killed at 24 GB
+    (skip,) = found[0].skipped
+    assert skip["revision"] == "step_7.safetensors" and skip["step"] == 7
+    # which bound speaks first depends on the memory free: 16 GiB of float32 copies, or the holes
+    assert "bytes long but only 8,192 stored (a sparse file" in skip["reason"] or "GiB free" in skip["reason"]
+    assert [c.step for c in found[0].checkpoints] == [0]
+
+
+def test_a_tensor_larger_than_the_free_memory_is_skipped_naming_the_sizes(tmp_path):
+    sparse_safetensors(tmp_path / "step_3.safetensors", (2**20, 2**18))  # 1 TiB claimed
+    (skip,) = scan_within(30, tmp_path).skipped
+    assert skip["reason"].startswith(f"{tmp_path / 'step_3.safetensors'}: tensor w [1048576, 262144] needs 2048.0 "
+                                     "GiB to read as float32, more than the ")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("state", "why"),
+    [
+        ('{"global_step": Infinity}', "global_step inf is not a step (an integer from 0 to 2**53)"),
+        ('{"global_step": 1e30}', "global_step 1e+30 is not a step (an integer from 0 to 2**53)"),
+        ('{"global_step": "12"}', "global_step '12' is not a step (an integer from 0 to 2**53)"),
+        ('{"global_step": -3}', "global_step -3 is not a step (an integer from 0 to 2**53)"),
+        ("[" * 100_000 + "]" * 100_000, "nested deeper than a JSON file here may be"),
+    ],
+)
+def test_a_trainer_state_without_a_usable_step_is_a_skip_with_the_reason(tmp_path, state, why):
+    plain_run(tmp_path, steps=(0,))
+    folder = tmp_path / "final"  # no step in the name: the trainer state must give it
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes((tmp_path / "run-0.safetensors").read_bytes())
+    (folder / "trainer_state.json").write_text(state)
+    run = scan_within(30, tmp_path)
+    assert [c.step for c in run.checkpoints] == [0]
+    assert run.skipped == [{"revision": "final", "step": None, "status": "skipped",
+                            "reason": f"{folder / 'trainer_state.json'}: {why}"}]  # fmt: skip
+
+
+def test_losses_that_are_not_numbers_leave_null_losses_with_the_reason(tmp_path):
+    history = [{"step": 10, "loss": "NaN-ish", "eval_loss": [1]}, {"step": 10, "eval_loss": float("inf")}]
+    (tmp_path / "trainer_state.json").write_text(trainer_state(10, history))
+    assert trainer_losses(tmp_path / "trainer_state.json", 10) == (
+        None, None, "trainer_state.json logs no eval_loss or loss at step 10 (make logging_steps and eval_steps "
+        "divide save_steps)")  # fmt: skip
+    (tmp_path / "deep.json").write_text('{"a": ' * 50_000 + "1" + "}" * 50_000)
+    val, train, reason = trainer_losses(tmp_path / "deep.json", 10)
+    assert (val, train) == (None, None) and reason.endswith("deep.json: nested deeper than a JSON file here may be")
+
+
+@pytest.mark.parametrize("step", ["ten", "1e30", "-1", "2.5", ""])
+def test_a_losses_csv_with_a_step_that_is_not_a_step_names_the_row(tmp_path, step):
+    path = tmp_path / "losses.csv"
+    path.write_text(f"step,val_loss\n0,4.0\n{step},3.0\n")
+    with pytest.raises(RunFolderError, match=r"losses.csv: step .* \(row 2\) is not an integer from 0 to 2\*\*53; fix"):
+        read_losses(path)
+    path.write_text("step,val_loss\n0,four\n1,3.0\n")
+    assert read_losses(path)["val_loss"].isna().tolist() == [True, False]  # a loss that is no number is missing

@@ -104,6 +104,10 @@ def test_runs_train_at_once_a_diverging_run_stops_alone_and_complete_runs_are_sk
     assert snapshot(runs[0].run_dir) == before[0] and snapshot(runs[2].run_dir) == before[2]
     assert json.loads(runs[0].metrics.read_text()) == metrics
     assert again["t-2"]["status"].startswith("diverged")
+    weights = bytearray((runs[2].run_dir / "step_000020.safetensors").read_bytes())
+    weights[-1] ^= 1  # one bit of the last tensor: header and size stay whole
+    (runs[2].run_dir / "step_000020.safetensors").write_bytes(bytes(weights))
+    assert not is_complete(runs[2].config, runs[2].run_dir, "test")  # its sha256 is not the sidecar's
 
 
 def test_monitored_runs_log_in_their_run_directories_from_pool_processes_and_the_metrics_show_the_last(tmp_path):
@@ -235,3 +239,69 @@ def test_an_undeclared_run_is_refused_before_any_work(tmp_path):
     with pytest.raises(ParamsError, match=r"^--run tiny-1 is not declared in params.yaml; runs are tiny-42, "):
         train_declared(params, paths, only=["tiny-1"], log=quiet)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_token_file_that_is_not_what_the_corpus_stage_recorded_stops_the_queue_before_any_run(tmp_path):
+    from topometrics.models.tokens import TokensError
+
+    data = corpus(tmp_path / "corpus")
+    record = json.loads((data / "source.json").read_text()) | {"train_tokens": 180_000}
+    (data / "source.json").write_text(json.dumps(record))
+    (data / "train.u8").write_bytes((data / "train.u8").read_bytes()[:90_000])  # truncated after it was written
+    run = files(tmp_path, config(seed=1))
+    with pytest.raises(TokensError, match=r"train.u8: 90,000 tokens where source.json records 180,000 \(truncated"):
+        train_runs([run], data, Pool(1, 1, ("cpu",)), log=quiet)
+    assert not run.run_dir.exists()
+
+
+def test_kill_9_of_the_queue_alone_leaves_no_training_process_or_monitor_worker_behind(tmp_path):
+    """Regression: SIGKILL of the train stage's own process left its training processes and their monitors'
+    fork servers running (0.9-2 GB each). Only the queue's process is killed here; the rest must follow it."""
+    import psutil
+
+    corpus(tmp_path / "corpus")
+    code = KILLED.format(tests=str(Path(__file__).parent), root=str(tmp_path)).replace("steps=200", "steps=4000")
+    queue = subprocess.Popen([sys.executable, "-c", code])
+    family = []
+    try:
+        deadline = time.time() + 300  # a guard against a hang only
+        while True:
+            assert queue.poll() is None, "the queue ended before its processes started; nothing was tested"
+            family = psutil.Process(queue.pid).children(recursive=True)
+            trainers = [p for p in family if p.ppid() == queue.pid and "spawn_main" in " ".join(p.cmdline())]
+            if len(trainers) == 2 and any(p.ppid() in {t.pid for t in trainers} for p in family):  # monitors up
+                break
+            assert time.time() < deadline
+            time.sleep(0.05)
+    finally:
+        queue.send_signal(signal.SIGKILL)
+        queue.wait()
+    _, alive = psutil.wait_procs(family, timeout=30)
+    for leftover in alive:  # so that a failure does not leak them either
+        leftover.kill()
+    assert not alive, [" ".join(p.cmdline()) for p in alive]
+
+
+def test_a_full_disk_while_training_is_one_error_line_naming_the_run_and_its_file(tmp_path, tiny_disk):
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["data"] |= {"seq_len": 32, "val_windows": 8}
+    params["train"] |= {"steps": 400, "ckpt_every": 10, "batch_size": 8, "warmup": 2, "workers": 1}
+    params["ladder"] = {"a": {"hidden": 8, "layers": 1, "heads": 1}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    corpus(tmp_path / "corpus")
+    env = os.environ | {"PYTHONPATH": str(repo)}
+    subprocess.run([sys.executable, str(repo / "stages/config.py"), "--out", "configs"], cwd=tmp_path, env=env,
+                   check=True, capture_output=True)  # fmt: skip
+    runs = tiny_disk("128k")  # a few checkpoints and their resume states fit, then the disk is full
+    cmd = [sys.executable, str(repo / "stages/train.py"), "--configs", "configs", "--corpus", "corpus", "--runs",
+           str(runs), "--metrics", "metrics", "--curves", "curves"]  # fmt: skip
+    stage = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert stage.returncode == 1 and "Traceback" not in stage.stderr, stage.stderr
+    (line,) = stage.stderr.splitlines()
+    assert line.startswith(f"error: a-42: {runs / 'a-42'}") and (
+        ": no space left on its disk; free space there (or point the output elsewhere) and rerun `dvc repro`" in line
+    ), line
+    assert list_checkpoints(runs / "a-42"), "the checkpoints written before the disk filled are kept"

@@ -128,6 +128,48 @@ def test_a_failed_checkpoint_fails_the_stage_in_one_line_after_the_others_are_wr
     assert stage.returncode == 1, stage.stderr
     assert "features@run: 3 checkpoints, 2 computed, 0 already current, 1 failed" in stage.stdout
     (error,) = [line for line in stage.stderr.splitlines() if line.startswith("error: ")]  # the others: progress
-    assert error.startswith("error: features@run: 1 checkpoints failed (step 100: run/step_000100.safetensors: not a")
+    assert error.startswith("error: features@run: 1 checkpoints failed (step 100: step_000100.safetensors: truncated (")
+    assert "`dvc repro` recomputes it (the train stage, identically)" in error
     assert error.endswith("; the others are written, re-run to retry them") and "Traceback" not in stage.stderr
     assert sorted(p.parent.name for p in (tmp_path / "out").glob("**/features.parquet")) == ["step=0", "step=200"]
+
+
+def test_a_checkpoint_changed_after_training_is_named_and_not_read_and_one_without_a_hash_is_read_unverified(tmp_path):
+    import json
+
+    from topometrics.models.checkpoints import CheckpointError
+
+    write_run(tmp_path, (0, 100))
+    changed = tmp_path / "run" / "step_000100.safetensors"
+    weights = bytearray(changed.read_bytes())
+    weights[-1] ^= 1  # header and size whole: only the sidecar's sha256 tells
+    changed.write_bytes(bytes(weights))
+    lines = []
+    expected = r"step 100: step_000100.safetensors: content changed after it was written \(sha256 "
+    with pytest.raises(CheckpointError, match=expected):
+        run_shards(tmp_path / "run", tmp_path / "corpus", PARAMS, tmp_path / "out", progress=lines.append)
+    assert sorted(p.parent.name for p in (tmp_path / "out").glob("**/features.parquet")) == ["step=0"]
+    assert "2 checkpoints, 1 computed, 0 already current, 1 failed" in lines[-1]
+    for sidecar in (tmp_path / "run").glob("step_*.json"):  # as written before sidecars held the hash
+        meta = json.loads(sidecar.read_text())
+        del meta["sha256"]
+        sidecar.write_text(json.dumps(meta))
+    lines = []
+    run = run_shards(tmp_path / "run", tmp_path / "corpus", PARAMS, tmp_path / "out", progress=lines.append)
+    assert lines[0].startswith("features@run: 2 checkpoints (e.g. step_000000.safetensors) have no sha256 in their")
+    assert "read unverified; `dvc repro -f train` records it" in lines[0]
+    assert {k.step for k in run.reused} == {0} and {k.step for k in run.computed} == {100}
+
+
+def test_a_resumed_stage_counts_the_checkpoints_it_reuses_as_current_not_computed(tiny, tmp_path):
+    """Regression: a stage killed after its checkpoints' shards, before their distances, reported every reused
+    checkpoint as computed on the next run (renewing a distance shard counted as computing the checkpoint)."""
+    root, _, _ = tiny
+    out = tmp_path / "shards"
+    run_shards(root / "run", root / "corpus", PARAMS, out)
+    for path in out.glob("**/distances.parquet"):  # as a kill between the two passes leaves them
+        path.unlink()
+    lines = []
+    run = run_shards(root / "run", root / "corpus", PARAMS, out, progress=lines.append)
+    assert f"{len(STEPS)} checkpoints, 0 computed, {len(STEPS)} already current, 0 failed" in lines[-1]
+    assert len(run.computed) == len(STEPS)  # the distance shards, written again

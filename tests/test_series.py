@@ -497,3 +497,67 @@ def test_grouped_lines_and_the_advice_for_a_hub_series():
         "has them)"
     )
     assert summary_line(series | {"skipped": 0, "checkpoints": []}) == "series pythia: 1 computed, 1 reused, 0 skipped"
+
+
+def test_one_hostile_source_never_stops_the_others_and_each_bad_file_is_a_skip_with_its_reason(local_series, tmp_path):
+    """A FIFO, a sparse file claiming 8 GiB, a trainer state without a step, a losses file with a step that is
+    no number, a config.json claiming ten million layers, one claiming a far larger model than its weights and a
+    monitor log with a damaged Parquet file, each in its own source beside a good one: the stage finishes
+    promptly, every bad file is named, and the good source's checkpoints are all computed."""
+    import threading
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_run_folders import sparse_safetensors
+
+    root, _ = local_series
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    os.mkfifo(hostile / "step_9.safetensors")
+    sparse_safetensors(hostile / "step_7.safetensors", (65536, 32768))
+    (hostile / "final").mkdir()
+    shutil.copy(root / "step0" / "model.safetensors", hostile / "final" / "model.safetensors")
+    (hostile / "final" / "trainer_state.json").write_text('{"global_step": Infinity}')
+    layers, wide = tmp_path / "layers", tmp_path / "wide"
+    for folder, change in ((layers, {"num_hidden_layers": 10**7}), (wide, {"intermediate_size": 10**6})):
+        shutil.copytree(root / "step0", folder / "step_000000")
+        config = json.loads((folder / "step_000000" / "config.json").read_text()) | change
+        (folder / "step_000000" / "config.json").write_text(json.dumps(config))
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (root / name).exists():
+                shutil.copy(root / name, folder / name)
+    (tmp_path / "losses.csv").write_text("step,val_loss\n0,4.0\nten,3.0\n")
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "features-000010.parquet").write_bytes(b"PAR1 not really PAR1")
+    sources = {
+        "good": SeriesSource(path=str(root)),
+        "hostile": SeriesSource(path=str(hostile)),
+        "layers": SeriesSource(path=str(layers)),
+        "wide": SeriesSource(path=str(wide)),
+        "csv": SeriesSource(path=str(root), losses=str(tmp_path / "losses.csv")),
+        "log": SeriesSource(log=str(tmp_path / "log")),
+    }
+    done = []
+    stage = threading.Thread(target=lambda: done.append(series_shards(
+        SeriesParams(sources=sources, seq_len=SEQ_LEN), PARAMS, TEXT, tmp_path / "shards")), daemon=True)  # fmt: skip
+    stage.start()
+    stage.join(600)
+    assert done, "the series stage did not finish"
+    by_name = {s["name"]: s for s in done[0].status["series"]}
+    assert (by_name["good"]["computed"], by_name["good"]["skipped"]) == (3, 0)
+    reasons = {c["revision"]: c["reason"] for c in by_name["hostile"]["checkpoints"]}
+    assert by_name["hostile"]["computed"] == 0 and len(reasons) == 3
+    assert reasons["step_9.safetensors"].endswith("not a regular file (a FIFO, socket or device; it could block the "
+                                                  "stage forever): never read")  # fmt: skip
+    assert "sparse file" in reasons["step_7.safetensors"] or "GiB free" in reasons["step_7.safetensors"]
+    assert reasons["final"].endswith("trainer_state.json: global_step inf is not a step (an integer from 0 to 2**53)")
+    (layer_skip,) = by_name["layers"]["checkpoints"]
+    assert layer_skip["status"] == "skipped" and "num_hidden_layers=10000000 is not a" in layer_skip["reason"]
+    assert by_name["wide"]["computed"] == 1  # weight features from the file; the forward pass refused, with why
+    features, _ = read_tables(tmp_path / "shards")
+    rep = features[(features["rung"] == "wide") & (features["feature"] == "rep_tp0")]
+    assert rep["value"].isna().all() and rep["reason"].str.contains("config.json describes").all()
+    (csv_skip,) = by_name["csv"]["checkpoints"]
+    assert csv_skip["reason"].endswith("losses.csv: step 'ten' (row 2) is not an integer from 0 to 2**53; fix that "
+                                       "row of the losses file")  # fmt: skip
+    (log_skip,) = by_name["log"]["checkpoints"]
+    assert log_skip["status"] == "skipped" and log_skip["reason"].startswith(f"{tmp_path / 'log'}: ")

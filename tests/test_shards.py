@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -23,7 +24,7 @@ from topometrics.execution.shards import (
     ShardKey,
     Task,
     compute_shards,
-    file_sha256,
+    content_problem,
     is_current,
     module_source_hash,
     params_digest,
@@ -78,14 +79,6 @@ def test_params_digest_ignores_workers_only():
     assert params_digest(base) == params_digest(FeaturesParams(workers=7))
     assert params_digest(base) != params_digest(FeaturesParams(max_points=base.max_points + 1))
     assert params_digest({"a": 1, "b": 2}) == params_digest({"b": 2, "a": 1})
-
-
-def test_file_sha256_is_hashlib_of_the_bytes(tmp_path):
-    import hashlib
-
-    path = tmp_path / "w.bin"
-    path.write_bytes(os.urandom(3 * 2**20 + 5))
-    assert file_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_module_source_hash_follows_the_import_closure(tmp_path, monkeypatch):
@@ -180,6 +173,39 @@ def test_compute_shards_records_a_failed_checkpoint_and_writes_the_others(tmp_pa
     assert not ShardKey("tiny", "base", 1, 200).folder(tmp_path).exists()
 
 
+def flip_a_page_byte(path):
+    """Flip one bit in the last data page of a Parquet file; the footer (and so the fingerprint) stays whole."""
+    data = bytearray(path.read_bytes())
+    pages_end = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    data[pages_end - 3] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_a_shard_whose_data_pages_changed_is_named_and_recomputed_identically(tmp_path):
+    compute_shards(tmp_path, tasks_for([0, 100, 200]), double, in_process, ("features",))
+    path = ShardKey("tiny", "base", 1, 100).folder(tmp_path) / "features.parquet"
+    good = path.read_bytes()
+    flip_a_page_byte(path)
+    assert stored_fingerprint(path) == tasks_for([100])[0].fingerprint  # a footer-only check calls it current
+    assert content_problem(path).startswith("features.parquet: content changed after it was written (sha256 ")
+    run = compute_shards(tmp_path, tasks_for([0, 100, 200]), double, in_process, ("features",))
+    assert [k.step for k in run.computed] == [100] and [k.step for k in run.reused] == [0, 200]
+    assert run.damaged[ShardKey("tiny", "base", 1, 100)].startswith("features.parquet: content changed after it")
+    assert run.damage_note().startswith("; 1 damaged shards recomputed (step 100: features.parquet: content changed")
+    assert path.read_bytes() == good and content_problem(path) is None
+
+
+def test_a_shard_written_without_a_content_hash_is_recomputed_not_trusted(tmp_path):
+    (task,) = tasks_for([0])
+    folder = task.key.folder(tmp_path)
+    folder.mkdir(parents=True)
+    table = pa.Table.from_pandas(frame(0), preserve_index=False)
+    pq.write_table(table.replace_schema_metadata({META_KEY: task.fingerprint.to_json()}), folder / "features.parquet")
+    run = compute_shards(tmp_path, [task], double, in_process, ("features",))
+    assert run.damaged == {task.key: "features.parquet: no content hash (written before shards carried one)"}
+    assert content_problem(folder / "features.parquet") is None
+
+
 RESUME_SCRIPT = textwrap.dedent(
     """
     import sys, time
@@ -250,3 +276,16 @@ def test_scan_of_an_empty_or_missing_folder_reads_no_rows(tmp_path):
     found = scan(con, tmp_path / "missing", "features", "p1")
     assert found.matching == [] and found.report() is None
     assert con.execute(f"SELECT count(*) FROM {found.relation()}").fetchone() == (0,)
+
+
+def test_a_full_disk_while_writing_a_shard_names_the_file_and_keeps_the_shard_before_it(tiny_disk):
+    from topometrics.errors import DiskFullError
+
+    root, key = tiny_disk("256k"), ShardKey("tiny", "base", 1, 0)
+    write_shard(root, key, FP, {"features": frame(0)})
+    big = pd.DataFrame({"value": np.random.default_rng(0).standard_normal(200_000)})  # 1.6 MB of random floats
+    path = key.folder(root) / "features.parquet"
+    with pytest.raises(DiskFullError, match=f"^{path}: no space left on its disk; free space there"):
+        write_shard(root, key, Fingerprint("new", "p1", "c1"), {"features": big})
+    assert stored_fingerprint(path) == FP and content_problem(path) is None
+    assert [p.name for p in key.folder(root).iterdir()] == ["features.parquet"]

@@ -1,9 +1,11 @@
 """Tests of topometrics.models.tokens: the character tokenizer and the one reader of prepared token files."""
 
+import json
+
 import numpy as np
 import pytest
 
-from topometrics.models.tokens import decode, encode, load_tokens, token_file, vocabulary
+from topometrics.models.tokens import TokensError, decode, encode, load_tokens, token_file, tokens_sha256, vocabulary
 
 
 def test_ascii_text_round_trips():
@@ -29,3 +31,23 @@ def test_load_tokens_reads_what_was_written_and_names_a_missing_file(tmp_path):
         load_tokens(tmp_path, "train")
     with pytest.raises(ValueError, match="split must be one of"):
         token_file(tmp_path, "test")
+
+
+def test_load_tokens_refuses_a_split_that_is_not_what_source_json_records(tmp_path):
+    ids = encode("hello world, " * 20)
+    ids.tofile(tmp_path / "train.u8")
+    record = {"train_tokens": int(ids.size), "tokens_sha256": {"train": tokens_sha256(ids)}}
+    (tmp_path / "source.json").write_text(json.dumps(record))
+    np.testing.assert_array_equal(load_tokens(tmp_path, "train"), ids)
+    ids[: ids.size // 2].tofile(tmp_path / "train.u8")  # truncated
+    with pytest.raises(TokensError, match=r"train.u8: 130 tokens where source.json records 260 \(truncated or "):
+        load_tokens(tmp_path, "train")
+    changed = ids.copy()
+    changed[7] ^= 1
+    changed.tofile(tmp_path / "train.u8")
+    with pytest.raises(TokensError, match=r"train.u8: content changed after the corpus stage wrote it \(sha256 .*"
+                       r"run `dvc repro corpus` \(the corpus stage rewrites it\)$"):  # fmt: skip
+        load_tokens(tmp_path, "train")
+    (tmp_path / "source.json").write_text("{")
+    with pytest.raises(TokensError, match=r"source.json is not valid JSON .*; run `dvc repro corpus`"):
+        load_tokens(tmp_path, "train")

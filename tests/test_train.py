@@ -1,6 +1,8 @@
 """Training: schedule, checkpoints that describe themselves, bit-exact resume after kill -9,
 stale-recipe protection and divergence handling."""
 
+import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -24,6 +26,7 @@ from topometrics.models.checkpoints import (
     load_model,
     load_state,
     safetensors_problem,
+    verify_checkpoint,
 )
 from topometrics.models.model import GPTConfig
 from topometrics.models.tokens import encode
@@ -184,6 +187,56 @@ def test_a_changed_recipe_discards_the_monitor_log_and_another_runs_directory_ge
     assert sorted(p.name for p in (tmp_path / "monitor").iterdir()) == ["notes.txt"]  # no stale measurement
 
 
+def config_with_batch(batch_size: int, steps=20, lr=3e-3) -> RunConfig:
+    recipe = dataclasses.replace(config(steps=steps, lr=lr).recipe, batch_size=batch_size)
+    return dataclasses.replace(config(), recipe=recipe)
+
+
+def test_a_batch_too_large_for_memory_is_refused_before_the_run_directory_is_touched(tmp_path):
+    torch.set_num_threads(1)
+    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    before = snapshot(tmp_path)
+    message = (r"^train\.batch_size=100000000: one training step of t-7 needs at least [\d.]+ GiB "
+               r"\(100,000,000 windows of 32 characters\), more than the [\d.]+ GiB free; lower it$")  # fmt: skip
+    with pytest.raises(ParamsError, match=message):
+        train_run(config_with_batch(10**8), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    assert snapshot(tmp_path) == before
+
+
+OUT_OF_MEMORY = """
+import resource, sys, torch
+sys.path.insert(0, {tests!r})
+torch.set_num_threads(1)
+from test_train import TRAIN, VAL, config_with_batch, quiet
+from topometrics.errors import run_stage
+from topometrics.training.train import train_run
+with open("/proc/self/status") as f:  # the address space in use now, plus 256 MiB: the step's logits cannot fit
+    used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (used + 256 * 2**20, resource.RLIM_INFINITY))
+run_stage(lambda argv: train_run(config_with_batch(40_000, lr=1e-3), TRAIN, VAL, {out!r}, "sha", "cpu", quiet), [])
+"""
+
+
+def test_a_new_recipe_whose_first_step_fails_leaves_the_finished_run_byte_identical(tmp_path):
+    """Regression: a changed recipe discarded the finished run first, then failed at its first step (a batch
+    too large gave a raw allocator error). Now the old files stay until the new recipe's step 0 has run; a
+    real allocation failure (the address space capped) is one line naming the param."""
+    torch.set_num_threads(1)
+    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    before = snapshot(tmp_path)
+    code = OUT_OF_MEMORY.format(tests=str(Path(__file__).parent), out=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("error: train.batch_size=40000: a training step of t-7 ran out of memory (")
+    assert proc.stderr.rstrip().endswith("; lower it (the run's finished files are kept)")
+    assert len(proc.stderr.splitlines()) == 1 and "can't allocate memory" in proc.stderr
+    assert snapshot(tmp_path) == before
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def test_a_corpus_shorter_than_a_window_is_refused_before_the_run_directory_is_touched(tmp_path):
     torch.set_num_threads(1)
     train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
@@ -193,7 +246,14 @@ def test_a_corpus_shorter_than_a_window_is_refused_before_the_run_directory_is_t
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
-@pytest.mark.parametrize("damage", ["truncate", "delete", "sidecar"])
+def flip_bit(path: Path, from_end: int = 1) -> None:
+    """Flip the lowest bit of one byte ``from_end`` bytes before the end of ``path`` (inside the last tensor)."""
+    data = bytearray(path.read_bytes())
+    data[-from_end] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "sidecar", "flip"])
 def test_a_damaged_checkpoint_of_a_finished_run_is_recomputed_identically(tmp_path, damage):
     torch.set_num_threads(1)
     train_run(config(steps=30), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
@@ -203,15 +263,39 @@ def test_a_damaged_checkpoint_of_a_finished_run_is_recomputed_identically(tmp_pa
         target.write_bytes(target.read_bytes()[:100])
     elif damage == "delete":
         target.unlink()
-    else:
+    elif damage == "sidecar":
         target.with_suffix(".json").write_text("{")
+    else:  # header and size intact: only the content hash sees it
+        flip_bit(target)
+        assert safetensors_problem(target) is None
     lines = []
     summary = train_run(config(steps=30), TRAIN, VAL, tmp_path, "sha", "cpu", lines.append)
     assert summary["status"] == "complete" and summary["checkpoints"] == 4
     assert {p.name: p.read_bytes() for p in tmp_path.glob("step_*")} == good
     named = {"truncate": "step_000010.safetensors: truncated", "delete": "step_000010.safetensors: missing",
-             "sidecar": "step_000010.json: not valid JSON"}[damage]  # fmt: skip
+             "sidecar": "step_000010.json: not valid JSON",
+             "flip": "step_000010.safetensors: content changed after it was written (sha256 "}[damage]  # fmt: skip
     assert any(named in line and "recomputing from step 0" in line for line in lines), lines
+
+
+def test_sidecars_record_the_weights_sha256_and_one_written_before_hashes_is_recorded_not_retrained(tmp_path):
+    torch.set_num_threads(1)
+    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    for ckpt in list_checkpoints(tmp_path):
+        assert ckpt.meta["sha256"] == hashlib.sha256(ckpt.path.read_bytes()).hexdigest()
+    legacy = {}
+    for sidecar in tmp_path.glob("step_*.json"):  # as an older version wrote them
+        meta = json.loads(sidecar.read_text())
+        legacy[sidecar.name] = meta.pop("sha256")
+        sidecar.write_text(json.dumps(meta))
+    weights = {p.name: p.read_bytes() for p in tmp_path.glob("step_*.safetensors")}
+    lines = []
+    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", lines.append)
+    assert lines == [f"[t-7] complete: all 3 checkpoints whole ({tmp_path})"]  # verified, not retrained
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("step_*.safetensors")} == weights
+    assert {p.name: json.loads(p.read_text())["sha256"] for p in tmp_path.glob("step_*.json")} == legacy
+    flip_bit(tmp_path / "step_000020.safetensors")  # from now on a change is caught
+    assert "step_000020.safetensors: content changed" in verify_checkpoint(tmp_path, 20)
 
 
 def test_a_complete_run_is_skipped_after_its_checkpoints_are_verified(tmp_path):

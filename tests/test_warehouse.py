@@ -201,6 +201,80 @@ warehouse.build_warehouse(Path({str(target)!r}), inputs, AnalysisParams().settin
     assert not list(tmp_path.glob(".warehouse.duckdb.*")), "stale temporaries of dead builds are removed"
 
 
+def test_a_full_disk_during_the_build_is_one_error_naming_the_warehouse_and_keeps_the_previous_one(built, tiny_disk):
+    from topometrics.errors import DiskFullError
+
+    path, inputs = built
+    target = tiny_disk("1m") / "warehouse.duckdb"  # the inputs' steps and features do not fit in 1 MiB
+    target.write_bytes(b"the previous warehouse")
+    with pytest.raises(DiskFullError, match=f"^{target}: no space left on its disk; free space there"):
+        warehouse.build_warehouse(target, inputs, AnalysisParams().settings(), {"code_version": "test"})
+    assert target.read_bytes() == b"the previous warehouse"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["warehouse.duckdb"]  # no temporary, no log
+
+
+INTERRUPTED = """
+import time
+from pathlib import Path, PosixPath
+from topometrics.analysis import warehouse
+from topometrics.analysis.warehouse import Inputs
+from topometrics.errors import run_stage
+from topometrics.params import AnalysisParams
+real = warehouse.populate
+def long_build(con, *args):
+    real(con, *args)
+    Path({ready!r}).touch()
+    con.execute("SELECT count(*) FROM range(10000000000000)").fetchall()  # a long query, as a big build runs
+warehouse.populate = long_build
+inputs = {inputs!r}
+run_stage(lambda argv: warehouse.build_warehouse(Path({target!r}), inputs, AnalysisParams().settings(), {{}}), [])
+"""
+
+
+def test_ctrl_c_inside_a_duckdb_query_of_the_build_exits_130_in_one_line_and_keeps_the_previous_one(built, tmp_path):
+    """Regression: DuckDB turns SIGINT into its own error, so the stage printed a traceback and exited 1."""
+    path, inputs = built
+    target, ready = tmp_path / "warehouse.duckdb", tmp_path / "ready"
+    warehouse.build_warehouse(target, inputs, AnalysisParams().settings(), {"code_version": "v1"})
+    code = INTERRUPTED.format(ready=str(ready), inputs=inputs, target=str(target))
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not ready.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), "the build never reached its long query"
+    time.sleep(0.5)  # inside the query
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.splitlines() == ["error: interrupted (Ctrl-C); finished work is kept, rerun `dvc repro` to go on"]
+    with _con(target) as con:
+        assert con.execute("SELECT value FROM meta WHERE key = 'code_version'").fetchone() == ("v1",)
+    assert sorted(p.name for p in tmp_path.iterdir() if "warehouse" in p.name) == ["warehouse.duckdb"]
+
+
+def corrupt_blocks(path: Path) -> None:
+    """Overwrite bytes inside the data blocks of a DuckDB file, its header (the first 12 KiB) left whole."""
+    data = bytearray(path.read_bytes())
+    for offset in range(3 * 4096 + 262_144, len(data), 262_144):
+        data[offset + 100 : offset + 164] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+
+
+def test_a_warehouse_with_a_whole_header_and_damaged_blocks_is_named_with_the_fix(built, tmp_path):
+    path, _ = built
+    damaged = tmp_path / "warehouse.duckdb"
+    damaged.write_bytes(path.read_bytes())
+    corrupt_blocks(damaged)
+    expected = rf"^{damaged} cannot be read \(.+\); it is damaged: rebuild it with `dvc repro -f warehouse`$"
+    with pytest.raises(WarehouseError, match=expected):  # the report stage's path: open, then every frame
+        from topometrics.report.html import write_report
+
+        write_report(damaged, tmp_path / "no-status.json", tmp_path / "reports")
+    (tmp_path / "header.duckdb").write_bytes(b"\0" * 8192)
+    with pytest.raises(WarehouseError, match=r"header.duckdb cannot be read \(.+\); it is damaged: rebuild it"):
+        warehouse.connect_read_only(tmp_path / "header.duckdb")
+
+
 def test_missing_run_log_names_the_file_and_the_fix(tmp_path):
     inputs = write_inputs(tmp_path, rungs={"tiny": 2936})
     (tmp_path / "runs" / "tiny-42" / "steps.csv").unlink()

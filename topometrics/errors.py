@@ -2,8 +2,9 @@
 
 A user mistake (a wrong param, a corpus too small, a damaged checkpoint, a held warehouse file)
 raises a :class:`TopometricsError` whose message says what is wrong, which key or file, and the
-fix. :func:`run_stage` prints it as one line, ``error: <message>``, and exits with status 1. Any
-other exception is a bug in this code and keeps its traceback. ``TOPOMETRICS_TRACEBACK=1`` shows
+fix. :func:`run_stage` prints it as one line, ``error: <message>``, and exits with status 1; so is a
+full disk (:class:`DiskFullError`), and Ctrl-C is one line and exit status 130. Any other exception
+is a bug in this code and keeps its traceback. ``TOPOMETRICS_TRACEBACK=1`` shows
 the traceback of a user mistake too (for reporting a message that does not help).
 
 The shared command line of ``stages/*.py``: ``main(argv)`` parses its arguments with
@@ -14,6 +15,7 @@ and the script ends with ``run_stage(main)``.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -24,6 +26,21 @@ TRACEBACK_ENV = "TOPOMETRICS_TRACEBACK"
 
 class TopometricsError(Exception):
     """A mistake the user can fix; the message names what is wrong, the key or file, and the fix."""
+
+
+class DiskFullError(TopometricsError, OSError):
+    """A write failed for want of space (or quota); the message names the file and the fix."""
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(path: Path | str | None) -> DiskFullError:
+    """The one-line error of a write to ``path`` that found its disk full (every write is atomic, so the
+    file's previous version, and every finished file, is intact)."""
+    where = f"{path}: no space left on its disk" if path else "no space left on the disk being written"
+    return DiskFullError(f"{where}; free space there (or point the output elsewhere) and rerun `dvc repro`: "
+                         "finished work is kept and only what was being written is redone")  # fmt: skip
 
 
 def stage_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -49,5 +66,11 @@ def run_stage(main: Callable[[Sequence[str]], object], argv: Sequence[str] | Non
         print(one_line(err), file=sys.stderr, flush=True)
         sys.exit(1)
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr, flush=True)
+        print("error: interrupted (Ctrl-C); finished work is kept, rerun `dvc repro` to go on", file=sys.stderr,
+              flush=True)  # fmt: skip
         sys.exit(130)
+    except OSError as err:  # a write outside topometrics.atomic (a log appended row by row) found the disk full
+        if err.errno not in NO_SPACE:
+            raise
+        print(one_line(disk_full(err.filename)), file=sys.stderr, flush=True)
+        sys.exit(1)

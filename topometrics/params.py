@@ -13,12 +13,15 @@ from pathlib import Path
 
 import yaml
 
-from topometrics.params_schema import ParamsError, build, non_negative, positive, reject_unknown
+from topometrics.params_schema import ParamsError, build, non_negative, positive, reject_unknown, within
 
 SHAPE_KEYS = ("hidden", "layers", "heads")
 # keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
 RECIPE_KEYS = ("steps", "ckpt_every", "batch_size", "lr", "warmup", "min_lr_ratio", "weight_decay", "grad_clip")
 BASE_VARIANT = "base"  # the recipe in `train` itself; its runs keep the short name <rung>-<seed>
+# Fewest points of a cloud whose Vietoris-Rips diagram can hold a loop: the smallest cycle not filled
+# by triangles is a square, so with fewer points every H1 feature is 0 by construction, not by measurement.
+MIN_CLOUD_POINTS = 4
 
 
 @dataclass(frozen=True)
@@ -32,9 +35,11 @@ class DataParams:
     seq_len: int = 128  # characters per training window = the model context
     val_fraction: float = 0.1  # tail of a single local corpus held out for validation
     val_windows: int = 256  # fixed held-out windows scored at every checkpoint
+    max_unknown_share: float = 0.05  # refuse a corpus with more characters outside ASCII 0-126 (WikiText-2: 0.07%)
 
     def check(self) -> None:
         positive(self, "data", ("seq_len", "val_windows", "download_timeout_s"))
+        within(self, "data", "max_unknown_share", 0.0, 1.0, "a share of the corpus's characters")
         if not 0.0 < self.val_fraction < 1.0:
             raise ParamsError(f"data.val_fraction must be in (0, 1), got {self.val_fraction}")
         if not self.corpus:
@@ -78,6 +83,7 @@ class TrainParams:
         whose values may be inherited from train, so its messages name the variant and then the key)."""
         positive(self, prefix, ("steps", "ckpt_every", "batch_size", "lr"))
         non_negative(self, prefix, ("warmup", "weight_decay", "grad_clip", "min_lr_ratio"))
+        within(self, prefix, "min_lr_ratio", 0.0, 1.0, "the cosine's floor as a share of lr")
         head, key = ("", "train.") if prefix == "train" else (f"{prefix}: ", "")
         if self.steps % self.ckpt_every:
             raise ParamsError(
@@ -141,6 +147,18 @@ class FeaturesParams:
             ),
         )
         non_negative(self, "features", ("seed", "significance"))
+        within(self, "features", "significance", 0.0, 1.0, "a share of the longest bar's persistence")
+        for name in ("max_points", "rep_points", "unit_points"):
+            if getattr(self, name) < MIN_CLOUD_POINTS:
+                raise ParamsError(
+                    f"features.{name} must be at least {MIN_CLOUD_POINTS} (fewer points cannot form a loop, so every "
+                    f"H1 feature would be 0 whatever the weights), got {getattr(self, name)}"
+                )
+        if self.rep_dim < 2 or self.betti_scales < 2:
+            raise ParamsError(
+                f"features.rep_dim and features.betti_scales must be at least 2 (a loop needs a plane, a curve two "
+                f"scales), got {self.rep_dim} and {self.betti_scales}"
+            )
 
 
 PYTHIA_REVISIONS = ("step0", "step1000", "step5000", "step10000", "step50000", "step100000", "step143000")
@@ -231,6 +249,8 @@ class AnalysisParams:
     def check(self) -> None:
         positive(self, "analysis", ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold"))
         non_negative(self, "analysis", ("seed", "np_min_delta", "loss_min_delta"))
+        within(self, "analysis", "alpha", 0.0, 1.0, "a significance level")
+        within(self, "analysis", "phase_threshold", 0.0, 1.0, "a share of the NP change's peak")
         if not self.fractions or not all(0.0 < f < 1.0 for f in self.fractions):
             raise ParamsError(f"analysis.fractions must be shares in (0, 1), got {list(self.fractions)}")
 

@@ -1,12 +1,15 @@
 """Mapping -> frozen dataclass, checked key by key: the machinery under topometrics.params.
 
 :func:`build` rejects unknown keys (naming the known ones, or the new name of a renamed key) and
-checks each value against its field's type; :func:`positive` and :func:`non_negative` check
-ranges. Every failure is a :class:`ParamsError` whose message names the key and the fix.
+checks each value against its field's type (a float must be finite: YAML's ``.nan`` and ``.inf`` are
+refused, since no param means anything at either); :func:`positive`, :func:`non_negative` and
+:func:`within` check ranges. Every failure is a :class:`ParamsError` whose message names the key and
+the fix.
 """
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from dataclasses import fields
@@ -61,6 +64,8 @@ def coerce(value: object, hint: object, key: str) -> object:
         return float(value)
     if hint is int and isinstance(value, bool) or not isinstance(value, hint):
         raise ParamsError(f"{key} must be {hint.__name__}, got {value!r} ({type(value).__name__})")
+    if hint is float and not math.isfinite(value):
+        raise ParamsError(f"{key} must be a finite number, got {value}; write a number such as 0.001")
     return value
 
 
@@ -75,3 +80,10 @@ def non_negative(obj: object, prefix: str, names: tuple[str, ...]) -> None:
     for name in names:
         if getattr(obj, name) < 0:
             raise ParamsError(f"{prefix}.{name} must be >= 0, got {getattr(obj, name)}")
+
+
+def within(obj: object, prefix: str, name: str, low: float, high: float, why: str) -> None:
+    """``low <= value <= high`` for ``<prefix>.<name>``; ``why`` says what the bounds mean (in the message)."""
+    value = getattr(obj, name)
+    if not low <= value <= high:
+        raise ParamsError(f"{prefix}.{name} must be between {low} and {high} ({why}), got {value}")

@@ -12,12 +12,13 @@ runs the views before the file exists (one writer per artifact: analysis -> ware
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ import psutil
 
 import topometrics
 from topometrics.atomic import replacing
-from topometrics.errors import TopometricsError
+from topometrics.errors import TopometricsError, disk_full
 from topometrics.execution.shards import params_digest, split_by_params
 from topometrics.params import BASE_VARIANT, Params, ViewSettings, as_dict
 
@@ -179,7 +180,7 @@ def build_warehouse(path: Path, inputs: Inputs, settings: ViewSettings, meta: Ma
     remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with replacing(path, tmp):
+        with replacing(path, tmp), duckdb_errors_named(path):
             con = duckdb.connect(str(tmp))
             try:
                 populate(con, inputs, settings, meta)
@@ -191,6 +192,24 @@ def build_warehouse(path: Path, inputs: Inputs, settings: ViewSettings, meta: Ma
     finally:
         Path(f"{tmp}.wal").unlink(missing_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def duckdb_errors_named(path: Path) -> Iterator[None]:
+    """DuckDB's own forms of a full disk and of Ctrl-C (it catches the signal and raises its own error) as the
+    project's: :class:`DiskFullError` naming ``path``, and ``KeyboardInterrupt`` (the stage's exit status 130)."""
+    try:
+        yield
+    except duckdb.InterruptException as err:
+        raise KeyboardInterrupt from err
+    except RuntimeError as err:  # what this duckdb raises for a query that SIGINT stopped
+        if str(err).strip().lower() == "query interrupted":
+            raise KeyboardInterrupt from err
+        raise
+    except duckdb.Error as err:
+        if "no space left on device" in str(err).lower() or "disk quota exceeded" in str(err).lower():
+            raise disk_full(path) from err
+        raise
 
 
 def check_no_writer(path: Path) -> None:
@@ -222,13 +241,18 @@ def connect_read_only(path: Path) -> duckdb.DuckDBPyConnection:
         raise WarehouseError(f"{path} not found; build it with `dvc repro warehouse`")
     try:
         return duckdb.connect(str(path), read_only=True)
-    except duckdb.IOException as err:
-        if "lock" not in str(err).lower():
-            why = str(err).splitlines()[0]
-            raise WarehouseError(f"{path} cannot be opened ({why}); rebuild it with `dvc repro`") from err
+    except duckdb.Error as err:
+        if not isinstance(err, duckdb.IOException) or "lock" not in str(err).lower():
+            raise damaged(path, err) from err
         raise WarehouseError(
             f"{path} is open for writing by {_holder(str(err), path)}; close that connection and re-run"
         ) from err
+
+
+def damaged(path: Path, err: Exception) -> WarehouseError:
+    """The one-line error of a warehouse file DuckDB cannot read (a damaged header or block), with the fix."""
+    why = (str(err).splitlines() or [type(err).__name__])[0]
+    return WarehouseError(f"{path} cannot be read ({why}); it is damaged: rebuild it with `dvc repro -f warehouse`")
 
 
 def _holder(message: str, path: Path) -> str:

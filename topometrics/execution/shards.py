@@ -7,9 +7,12 @@ Layout (Hive-style partition folders; the same columns are also inside every fil
 ``rung`` is a ladder rung or an external series' name. Each file's Parquet key-value metadata
 holds, under :data:`META_KEY`, the JSON :class:`Fingerprint` of what it was computed from: the
 inputs (weights hash, or hub model and revision), the feature params and the code version. A
-shard whose stored fingerprint equals the one the inputs have now is *current*: it is not
-computed again, so a killed stage resumes where it stopped. Files are written under a temporary
-name and renamed, so a shard is either whole or absent.
+shard whose stored fingerprint equals the one the inputs have now, and whose data pages are the
+ones it was written with (their sha256, under :data:`CONTENT_KEY` in the same metadata), is
+*current*: it is not computed again, so a killed stage resumes where it stopped. A shard whose
+pages changed after it was written (a flipped byte keeps the footer whole) is named and
+recomputed. Files are written under a temporary name and renamed, so a shard is either whole or
+absent.
 
 Readers select shards by feature params (:func:`scan`, DuckDB ``parquet_kv_metadata`` over the
 folder, local or ``s3://``): the matching ones are read, the others are counted and reported.
@@ -36,6 +39,7 @@ from topometrics.errors import TopometricsError
 
 META_KEY = "topometrics"
 INFO_KEY = "topometrics.info"
+CONTENT_KEY = "topometrics.content"  # sha256 of the file's bytes before its footer: every data page
 EXECUTION_PARAMS = frozenset({"workers"})  # how the work runs, not what it computes: not fingerprinted
 
 
@@ -88,16 +92,6 @@ def params_digest(params) -> str:
     values = asdict(params) if is_dataclass(params) else dict(params)
     values = {k: v for k, v in values.items() if k not in EXECUTION_PARAMS}
     return _sha256(json.dumps(values, sort_keys=True, default=list).encode())[:16]
-
-
-def file_sha256(*paths: Path) -> str:
-    """sha256 of the files' bytes, in order (read in 1 MiB blocks)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 def module_source_hash(module: str) -> str:
@@ -157,12 +151,58 @@ def write_shard(
         extra[INFO_KEY.encode()] = json.dumps(info, sort_keys=True).encode()
     for name, frame in tables.items():
         table = pa.Table.from_pandas(frame, preserve_index=False)
-        metadata = {**(table.schema.metadata or {}), **extra}
+        data = _hashed_parquet(table, {**(table.schema.metadata or {}), **extra})
         path = folder / f"{name}.parquet"
         tmp = folder / f".{name}.parquet.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         with replacing(path, tmp):
-            pq.write_table(table.replace_schema_metadata(metadata), tmp)
+            tmp.write_bytes(data)
     return folder
+
+
+def _hashed_parquet(table: pa.Table, metadata: dict[bytes, bytes]) -> bytes:
+    """The Parquet file of ``table`` whose footer holds ``metadata`` and the sha256 of its data pages.
+
+    The pages come before the footer and do not depend on its key-value metadata, so the file is
+    encoded twice in memory: once to hash the pages, once with the hash in the footer (shards are
+    small; the check that both encodings hold the same pages keeps that assumption honest).
+    """
+    digest = _pages_sha256(_parquet_bytes(table, metadata))
+    data = _parquet_bytes(table, metadata | {CONTENT_KEY.encode(): digest.encode()})
+    if _pages_sha256(data) != digest:
+        raise RuntimeError("pyarrow encoded the same table into different pages twice; shards cannot be hashed")
+    return data
+
+
+def _parquet_bytes(table: pa.Table, metadata: dict[bytes, bytes]) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.replace_schema_metadata(metadata), sink)
+    return sink.getvalue().to_pybytes()
+
+
+def _pages_sha256(data: bytes) -> str:
+    """sha256 of a Parquet file's bytes before its footer (layout: pages, footer, 4-byte footer length, PAR1)."""
+    footer = int.from_bytes(data[-8:-4], "little")
+    return _sha256(data[: max(0, len(data) - 8 - footer)])
+
+
+def content_problem(path: Path) -> str | None:
+    """``<file>: <why>`` when a shard file's data pages are not those its footer hashes, else None.
+
+    Reads the whole file (a footer-only read cannot see a changed page). A file without the hash
+    was written before shards carried one: it is recomputed rather than trusted.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        recorded = (pq.read_schema(pa.BufferReader(data)).metadata or {}).get(CONTENT_KEY.encode())
+    except (OSError, pa.ArrowInvalid):
+        return f"{path.name}: damaged footer (not a Parquet file)"
+    if recorded is None:
+        return f"{path.name}: no content hash (written before shards carried one)"
+    if (digest := _pages_sha256(data)) != recorded.decode():
+        hashes = f"sha256 {digest[:12]}..., its footer's {recorded[:12].decode()}..."
+        return f"{path.name}: content changed after it was written ({hashes})"
+    return None
 
 
 def stored_fingerprint(path: Path) -> Fingerprint | None:
@@ -195,9 +235,18 @@ def split_by_params(files: Iterable[Path], params: str) -> tuple[list[Path], lis
 
 
 def is_current(root: Path, key: ShardKey, fingerprint: Fingerprint, tables: Iterable[str]) -> bool:
-    """Whether every table of the shard exists with this fingerprint (footers only are read)."""
+    """Whether every table of the shard exists with this fingerprint and its data pages unchanged."""
+    return shard_state(root, key, fingerprint, tables) is None
+
+
+def shard_state(root: Path, key: ShardKey, fingerprint: Fingerprint, tables: Iterable[str]) -> str | None:
+    """None when every table of the shard is current; else why not: ``'stale'`` (missing, or made from other
+    inputs: computed as a matter of course) or a damage (``<file>: <why>``, :func:`content_problem`)."""
     folder = key.folder(root)
-    return all(stored_fingerprint(folder / f"{name}.parquet") == fingerprint for name in tables)
+    paths = [folder / f"{name}.parquet" for name in tables]
+    if any(stored_fingerprint(path) != fingerprint for path in paths):
+        return "stale"
+    return next((problem for path in paths if (problem := content_problem(path))), None)
 
 
 def remove_temporaries(root: Path) -> list[Path]:
@@ -232,14 +281,24 @@ class Task:
 
 @dataclass
 class ShardRun:
-    """What :func:`compute_shards` did: keys computed, reused (already current) and failed (with why)."""
+    """What :func:`compute_shards` did: keys computed, reused (already current) and failed (with why),
+    and the shards found damaged (with why), which were recomputed."""
 
     computed: list[ShardKey] = field(default_factory=list)
     reused: list[ShardKey] = field(default_factory=list)
     failed: dict[ShardKey, str] = field(default_factory=dict)
+    damaged: dict[ShardKey, str] = field(default_factory=dict)
 
     def merge(self, other: ShardRun) -> ShardRun:
-        return ShardRun(self.computed + other.computed, self.reused + other.reused, self.failed | other.failed)
+        return ShardRun(self.computed + other.computed, self.reused + other.reused, self.failed | other.failed,
+                        self.damaged | other.damaged)  # fmt: skip
+
+    def damage_note(self) -> str:
+        """``; N damaged shards recomputed (step S: <why>)`` for a progress line ('' when none)."""
+        if not self.damaged:
+            return ""
+        key, why = next(iter(self.damaged.items()))
+        return f"; {len(self.damaged)} damaged shards recomputed (step {key.step}: {why})"
 
 
 def compute_shards(
@@ -255,15 +314,19 @@ def compute_shards(
     (a JSON-able dict kept in the shard's metadata); a failed job's exception is recorded as the
     checkpoint's failure; ``map_jobs(fn, jobs)`` runs it wherever the execution seam says and
     yields ``(index, result)``. Each result is written as soon as it arrives, so a killed run keeps
-    what it finished.
+    what it finished. A shard whose pages changed after it was written is recomputed and listed in
+    ``damaged``.
     """
     remove_temporaries(root)
     run, todo = ShardRun(), []
     for task in tasks:
-        if is_current(root, task.key, task.fingerprint, tables):
+        state = shard_state(root, task.key, task.fingerprint, tables)
+        if state is None:
             run.reused.append(task.key)
-        else:
-            todo.append(task)
+            continue
+        todo.append(task)
+        if state != "stale":
+            run.damaged[task.key] = state
     for i, result in map_jobs(fn, [t.job for t in todo]):
         task = todo[i]
         if isinstance(result, BaseException):

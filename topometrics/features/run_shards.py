@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from topometrics.atomic import file_sha256
 from topometrics.execution.compute import each_result
 from topometrics.execution.shards import (
     Fingerprint,
@@ -33,7 +34,6 @@ from topometrics.execution.shards import (
     ShardRun,
     Task,
     compute_shards,
-    file_sha256,
     is_current,
     module_source_hash,
     params_digest,
@@ -49,7 +49,14 @@ from topometrics.features.checkpoint import (
     features_frame,
     validation_batch,
 )
-from topometrics.models.checkpoints import Checkpoint, CheckpointError, list_checkpoints, load_state
+from topometrics.models.checkpoints import (
+    Checkpoint,
+    CheckpointError,
+    content_problem,
+    list_checkpoints,
+    load_state,
+    safetensors_problem,
+)
 from topometrics.models.model import linear_layer_names
 from topometrics.models.tokens import load_tokens
 from topometrics.params import BASE_VARIANT, ComputeParams, FeaturesParams
@@ -101,20 +108,24 @@ def run_shards(
     tokens = load_tokens(corpus_dir, "val")
     code, digest = module_source_hash(__name__), params_digest(params)
     batch = hashlib.sha256(tokens.tobytes()).hexdigest()[:16]
-    tasks = []
+    tasks, label, changed = [], f"features@{Path(run_dir).name}", ShardRun()
+    weights, damaged = verified_weights(ckpts, label, progress)
     for ckpt in ckpts:
         name, variant = ckpt.meta.get("rung", Path(run_dir).name), ckpt.meta.get("variant", BASE_VARIANT)
         key = ShardKey(name, variant, int(ckpt.meta.get("seed", -1)), ckpt.step)
-        fingerprint = Fingerprint(f"weights {file_sha256(ckpt.path)} tokens {batch}", digest, code)
+        fingerprint = Fingerprint(f"weights {weights[ckpt.step]} tokens {batch}", digest, code)
         tasks.append(Task(key, fingerprint, CheckpointJob(ckpt, key, tokens, params)))
-    run = compute_shards(out, tasks, _checkpoint_tables, mapper(params, compute, "features"), TABLES)
+        if ckpt.step in damaged:
+            changed.failed[key] = damaged[ckpt.step]
+    todo = [t for t in tasks if t.key not in changed.failed]
+    own = changed.merge(compute_shards(out, todo, _checkpoint_tables, mapper(params, compute, "features"), TABLES))
     layers = linear_layer_names(ckpts[0].config.layers)
-    run = run.merge(distance_shards(out, [t for t in tasks if t.key not in run.failed], layers, params, compute))
+    run = own.merge(distance_shards(out, [t for t in tasks if t.key not in own.failed], layers, params, compute))
     prune(out, [t.key for t in tasks if t.key not in run.failed])
-    label, keys, computed = f"features@{Path(run_dir).name}", {t.key for t in tasks}, set(run.computed)
+    keys, computed = {t.key for t in tasks}, set(own.computed)  # renewed distances alone are not a computed checkpoint
     progress(
         f"{label}: {len(keys)} checkpoints, {len(computed)} computed, {len(keys - computed - set(run.failed))} "
-        f"already current, {len(run.failed)} failed, {time.monotonic() - start:.1f} s -> {out}"
+        f"already current, {len(run.failed)} failed, {time.monotonic() - start:.1f} s -> {out}{run.damage_note()}"
     )
     if run.failed:
         first, reason = next(iter(run.failed.items()))
@@ -123,6 +134,28 @@ def run_shards(
             "the others are written, re-run to retry them"
         )
     return run
+
+
+def verified_weights(ckpts: list[Checkpoint], label: str, progress: Callable[[str], None]) -> tuple[dict, dict]:
+    """The sha256 of each checkpoint's weights (its shard's fingerprint) by step, checked against its sidecar,
+    and ``{step: reason}`` for the checkpoints whose bytes are not those training wrote (their shards are not
+    computed: the train stage recomputes them).
+
+    Checkpoints whose sidecars predate content hashes are read unverified, said in one ``progress`` line
+    (the train stage records their hash the next time it checks the run).
+    """
+    weights, changed = {}, {}
+    for ckpt in ckpts:
+        weights[ckpt.step] = file_sha256(ckpt.path)
+        if problem := content_problem(ckpt.path, ckpt.meta.get("sha256"), weights[ckpt.step]):
+            structure = safetensors_problem(ckpt.path)  # truncated says more than a different hash
+            problem = f"{ckpt.path.name}: {structure}" if structure else problem
+            changed[ckpt.step] = f"{problem}; `dvc repro` recomputes it (the train stage, identically)"
+    if unverified := [c.path.name for c in ckpts if "sha256" not in c.meta]:
+        why = "written before checkpoints carried one"
+        progress(f"{label}: {len(unverified)} checkpoints (e.g. {unverified[0]}) have no sha256 in their sidecars "
+                 f"({why}) and are read unverified; `dvc repro -f train` records it")  # fmt: skip
+    return weights, changed
 
 
 def distance_shards(

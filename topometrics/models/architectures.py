@@ -80,6 +80,13 @@ class ArchitectureError(ValueError):
     """No rule maps a model's or file's tensors onto the canonical linear layers."""
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a model's config.json is a few KB; a larger one is no configuration
+# Layer counts a config.json may claim: the meta model builds one module per layer, so 10**7 would hang
+# the stage building modules; the largest released decoders have about 130 layers.
+MAX_LAYERS = 1024
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
 @dataclass(frozen=True)
 class LinearLayer:
     """One linear layer: canonical name, weight tensor name, and how the weight is stored."""
@@ -211,8 +218,10 @@ def config_rules(config_dir: Path) -> list[TensorRule]:
     no remote code). Raises :class:`ArchitectureError` when ``transformers`` does not know the
     architecture or its tree has no canonical layers.
     """
-    text = (Path(config_dir) / "config.json").read_text()
-    return list(_rules_for_config(text))
+    path = Path(config_dir) / "config.json"
+    if (size := path.stat().st_size) > MAX_CONFIG_BYTES:
+        raise ArchitectureError(f"{path}: {size:,} bytes, more than a config.json's {MAX_CONFIG_BYTES:,}")
+    return list(_rules_for_config(path.read_text(errors="replace")))
 
 
 @functools.lru_cache(maxsize=16)
@@ -221,7 +230,15 @@ def _rules_for_config(config_json: str) -> tuple[TensorRule, ...]:
     # training loop) needs only torch.
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    raw = json.loads(config_json)
+    try:
+        raw = json.loads(config_json)
+    except (ValueError, RecursionError) as err:  # RecursionError: nested deeper than the parser goes
+        raise ArchitectureError(f"config.json is not a JSON object ({type(err).__name__})") from err
+    if not isinstance(raw, dict):
+        raise ArchitectureError("config.json is not a JSON object")
+    for key in _LAYER_KEYS:
+        if key in raw and not (isinstance(raw[key], int) and 0 < raw[key] <= MAX_LAYERS):
+            raise ArchitectureError(f"config.json: {key}={raw[key]!r} is not a layer count (1 to {MAX_LAYERS})")
     model_type = raw.get("model_type")
     try:
         config = AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})

@@ -4,14 +4,17 @@ A rung's run directory holds, for every checkpoint step ``s``::
 
     step_{s:06d}.safetensors   model state dict (see topometrics.models.model), float32
     step_{s:06d}.json          {"step", "rung", "seed", "config", "recipe_fingerprint",
-                                "val_loss", "train_loss"}
+                                "val_loss", "train_loss", "sha256"}
 
 so any later stage rebuilds the model from the checkpoint alone. Nothing here ever
-unpickles: safetensors stores raw tensors and JSON stores the rest.
+unpickles: safetensors stores raw tensors and JSON stores the rest. ``sha256`` is the weights
+file's content hash: :func:`verify_checkpoint` checks it before a run is called complete, and the
+features stage before it reads the weights (a flipped bit keeps the header and the size).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -19,9 +22,9 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
-from topometrics.atomic import replacing, write_text
+from topometrics.atomic import file_sha256, write_bytes, write_text
 from topometrics.errors import TopometricsError
 from topometrics.models.model import GPT, GPTConfig
 
@@ -50,18 +53,27 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / f"step_{step:06d}.safetensors"
 
 
-def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """Write tensors as a safetensors file atomically (contiguous CPU copies; nothing is pickled)."""
-    with replacing(path) as tmp:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> str:
+    """Write tensors as a safetensors file atomically (contiguous CPU copies; nothing is pickled).
+
+    Returns the sha256 of the bytes written (hashed in memory: no second read of the file).
+    """
+    data = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=metadata)
+    write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def save_checkpoint(run_dir: Path, model: GPT, meta: dict) -> Path:
-    """Write weights, then the sidecar; the sidecar's presence marks the checkpoint complete."""
+    """Write weights, then the sidecar with their sha256; the sidecar's presence marks the checkpoint complete."""
     path = checkpoint_path(run_dir, meta["step"])
-    save_tensors(path, model.state_dict())
-    write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True))
+    digest = save_tensors(path, model.state_dict())
+    write_sidecar(path, meta | {"sha256": digest})
     return path
+
+
+def write_sidecar(path: Path, meta: dict) -> None:
+    """The JSON sidecar of the checkpoint ``path`` (a ``.safetensors`` file), written atomically."""
+    write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True))
 
 
 def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
@@ -107,8 +119,15 @@ def safetensors_problem(path: Path) -> str | None:
     return None
 
 
-def checkpoint_problem(run_dir: Path, step: int) -> str | None:
-    """Why checkpoint ``step`` of ``run_dir`` is not usable (``<file>: <reason>``), or None when whole."""
+def verify_checkpoint(run_dir: Path, step: int) -> str | None:
+    """Why checkpoint ``step`` of ``run_dir`` is not usable (``<file>: <reason>``), or None when whole and unchanged.
+
+    Structure first (the sidecar, the safetensors header and size), then content: the weights'
+    sha256 against the sidecar's (:func:`content_problem`). A sidecar written before checkpoints
+    carried their hash has none; the hash of its structurally whole weights is recorded in it now
+    (trust on first use: a finished run is never retrained for want of a hash, and any change
+    after this first check is caught; docs/reliability.md).
+    """
     path = checkpoint_path(run_dir, step)
     sidecar = path.with_suffix(".json")
     try:
@@ -120,7 +139,21 @@ def checkpoint_problem(run_dir: Path, step: int) -> str | None:
     if not isinstance(meta, dict) or meta.get("step") != step:
         return f"{sidecar.name}: does not describe step {step}"
     problem = safetensors_problem(path)
-    return f"{path.name}: {problem}" if problem else None
+    if problem:
+        return f"{path.name}: {problem}"
+    digest = file_sha256(path)
+    if "sha256" not in meta:
+        write_sidecar(path, meta | {"sha256": digest})
+    return content_problem(path, meta.get("sha256"), digest)
+
+
+def content_problem(path: Path, recorded: str | None, digest: str) -> str | None:
+    """``<file>: ...`` when the sha256 ``digest`` of the weights ``path`` is not the ``recorded`` one, else None
+    (also when nothing was recorded)."""
+    if recorded is None or digest == recorded:
+        return None
+    hashes = f"sha256 {digest[:12]}..., its sidecar's {recorded[:12]}..."
+    return f"{Path(path).name}: content changed after it was written ({hashes})"
 
 
 def load_state(path: Path) -> dict[str, torch.Tensor]:

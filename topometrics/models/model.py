@@ -137,6 +137,17 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def step_memory_bytes(cfg: GPTConfig, batch_size: int) -> int:
+    """A lower bound on the memory (bytes) one float32 training step of ``batch_size`` windows needs.
+
+    The logits and their gradient (2 x batch x context x vocab) and what each block keeps for the
+    backward pass (16 x batch x context x hidden; 18-20 measured on CPU, where PyTorch's fused
+    attention keeps no context x context scores). The weights and AdamW's moments are small beside them.
+    """
+    tokens = batch_size * cfg.context
+    return 4 * (2 * tokens * cfg.vocab_size + 16 * cfg.layers * tokens * cfg.hidden)
+
+
 # Feature-facing layer names -> state-dict prefixes. Embeddings (a lookup table) and the head
 # (tied to the token embedding: the same matrix) are not linear layers between neurons of the
 # network graph, so the weight features leave them out.

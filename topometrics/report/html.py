@@ -13,12 +13,14 @@ import re
 from pathlib import Path
 
 import altair as alt
+import duckdb
 import numpy as np
 import pandas as pd
 import vl_convert as vlc
 
-from topometrics.analysis.warehouse import connect_read_only
+from topometrics.analysis.warehouse import connect_read_only, damaged
 from topometrics.atomic import write_bytes, write_text
+from topometrics.errors import TopometricsError
 from topometrics.report.contents import Report, build
 from topometrics.report.frames import Missing, load
 
@@ -30,9 +32,12 @@ def write_report(warehouse: Path, series_status: Path, out: Path) -> str:
     """The report stage: ``<out>/report.html``, ``figures/<name>.svg|png`` of every figure that can be drawn and
     ``plots/<name>.csv`` (DVC plots), from the warehouse (opened read-only) and the series stage's status file
     (absent: the banner says so). Returns a one-line summary."""
-    status = json.loads(Path(series_status).read_text()) if Path(series_status).exists() else None
+    status = read_series_status(series_status)
     with connect_read_only(warehouse) as con:
-        doc = build(load(con), status)
+        try:
+            doc = build(load(con), status)
+        except duckdb.Error as err:  # a damaged block (a missing view is a Missing piece, not an error)
+            raise damaged(warehouse, err) from err
     figures_dir, plots_dir = Path(out) / "figures", Path(out) / "plots"
     figures_dir.mkdir(parents=True, exist_ok=True)
     plots_dir.mkdir(parents=True, exist_ok=True)
@@ -49,6 +54,26 @@ def write_report(warehouse: Path, series_status: Path, out: Path) -> str:
     missing = sum(isinstance(t, Missing) for t in [doc.verdict, *doc.tables.values(), *shown.values()])
     tables = f"{len(doc.tables)} tables ({missing} pieces not available)"
     return f"{len(drawn)}/{len(shown)} figures, {tables}, corpus {corpus}"
+
+
+def read_series_status(path: Path) -> dict | None:
+    """The series stage's ``status.json`` (None when absent); :class:`ReportError` naming it when it is not one."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        status = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        status = err
+    series = status.get("series") if isinstance(status, dict) else None
+    if not isinstance(series, list) or not all(isinstance(s, dict) for s in series):
+        why = f" ({type(status).__name__})" if isinstance(status, Exception) else ""
+        raise ReportError(f"{path} is not the series stage's status file{why}; rewrite it with `dvc repro -f series`")
+    return status
+
+
+class ReportError(TopometricsError, ValueError):
+    """An input of the report that is not what its stage writes; the message names the file and the fix."""
 
 
 def render_html(report: Report, vega_bundle: str) -> str:

@@ -33,6 +33,7 @@ safetensors files) resolve through ``topometrics.series.run_folders``, with thei
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -58,6 +59,7 @@ from topometrics.models.architectures import (
     module_layers,
     oriented,
 )
+from topometrics.models.checkpoints import CheckpointError
 from topometrics.params import FeaturesParams
 from topometrics.series.hub import SeriesCheckpoint
 from topometrics.series.safetensors_reader import SafetensorsFile
@@ -75,6 +77,8 @@ def open_weights(
     architecture no rule covers raises :class:`ArchitectureError` listing its 2-D tensors.
     """
     shards = [SafetensorsFile(path) for path in files]
+    if problem := next((p for shard in shards if (p := shard.size_problem())), None):
+        raise CheckpointError(problem)
     shard_of = {name: shard for shard in shards for name in shard.names}
     shapes = {name: tuple(shard.header[name]["shape"]) for name, shard in shard_of.items()}
     found = checkpoint_layers(shapes, config_dir, layers, ", ".join(str(p) for p in files))
@@ -90,6 +94,8 @@ def load_causal_lm(ckpt: SeriesCheckpoint) -> torch.nn.Module:
     """The checkpoint as a float32 ``transformers`` model (safetensors only, no remote code)."""
     if ckpt.config_dir is None:
         raise OSError("no config.json beside the weights; transformers cannot build the model")
+    config = AutoConfig.from_pretrained(ckpt.config_dir, trust_remote_code=False)
+    check_config_fits(config, ckpt.weights)
     in_folder = all(path.parent == ckpt.config_dir for path in ckpt.weights)
     index = ckpt.config_dir / "model.safetensors.index.json"
     if in_folder and ((ckpt.config_dir / "model.safetensors").is_file() or index.is_file()):  # save_pretrained
@@ -97,7 +103,6 @@ def load_causal_lm(ckpt: SeriesCheckpoint) -> torch.nn.Module:
             ckpt.config_dir, use_safetensors=True, trust_remote_code=False, dtype=torch.float32
         ).eval()
     # A bare safetensors file with the series' config.json: build, then load strictly.
-    config = AutoConfig.from_pretrained(ckpt.config_dir, trust_remote_code=False)
     model = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=torch.float32)
     state = {}
     for path in ckpt.weights:
@@ -112,6 +117,17 @@ def load_causal_lm(ckpt: SeriesCheckpoint) -> torch.nn.Module:
                            f"unexpected {result.unexpected_keys[:3]}")  # fmt: skip
     model.tie_weights()
     return model.eval()
+
+
+def check_config_fits(config, files: tuple[Path, ...]) -> None:
+    """``ValueError`` when ``config`` (a config.json's) describes a model with more parameters than the weights
+    hold: its sizes are a stranger's, and transformers allocates them all before loading a tensor. Counted on
+    PyTorch's meta device (no memory); a head tied to the embedding may be absent from the file, hence the margin."""
+    with torch.device("meta"):
+        described = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    held = sum(math.prod(shard.shape(name)) for shard in map(SafetensorsFile, files) for name in shard.names)
+    if described > 2 * held:
+        raise ValueError(f"its config.json describes {described:,} parameters, its weights hold {held:,}")
 
 
 def validation_tokens(tokenizer, text: str, needed: int) -> np.ndarray:

@@ -17,6 +17,12 @@ checkpoint stored only as pickle is recorded as skipped with the command that co
 Trainer's own pickles beside safetensors weights (``optimizer.pt``, ``rng_state.pth``,
 ``training_args.bin``) are not weights and are ignored. Checkpoints whose 2-D tensors (names and
 shapes) differ from the folder's most common set are skipped: one series is one architecture.
+
+A folder is read as a stranger's: only regular files are opened (a FIFO would block the stage
+forever), every JSON file is bounded in size (:data:`MAX_JSON_BYTES`) and depth, every step is an
+integer below 2**53 and every loss a finite number, and a safetensors file's tensors are bounded
+before anything is read (:meth:`topometrics.series.safetensors_reader.SafetensorsFile.size_problem`).
+Whatever fails is a skip with its reason, never an exception that stops the other checkpoints.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from safetensors import SafetensorError, safe_open
+
+from topometrics.models.checkpoints import CheckpointError
+from topometrics.series.safetensors_reader import SafetensorsFile
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # Pickles the Trainer writes beside the weights of every checkpoint; not weights, never read.
@@ -40,6 +48,8 @@ _STEP_NAMES = (
 )
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
 _VAL_NAMES, _TRAIN_NAMES = ("val_loss", "eval_loss", "valid_loss"), ("train_loss", "loss")
+MAX_JSON_BYTES = 64 * 2**20  # a trainer_state.json logging every step of a million-step run is ~150 MB; ours are KB
+MAX_STEP = 2**53  # steps are integers a float64 (JSON, Parquet, DuckDB) holds exactly
 # map_location: a file saved from CUDA loads on a machine without it; clone: save_file refuses tensors that share
 # memory (a head tied to the embedding) and non-contiguous ones.
 CONVERT = (
@@ -139,8 +149,12 @@ def _entry(entry: Path, folder: Path, table: pd.DataFrame | None) -> RunCheckpoi
             if pickles:
                 return _pickle_skip(entry.name, step_from_name(entry.name), pickles[0], entry / "model.safetensors")
             return None
+        if odd := next((p for p in weights if not p.is_file()), None):
+            return _skip(entry.name, step_from_name(entry.name), _not_regular(odd))
         step = step_from_name(entry.name)
-        step = step if step is not None else _json_value(entry / "trainer_state.json", "global_step")
+        step = step if step is not None else _json_step(entry / "trainer_state.json", "global_step")
+        if isinstance(step, str):
+            return _skip(entry.name, None, step)
         if step is None:
             return _skip(entry.name, None, f"{entry}: cannot tell the step; name it checkpoint-<step>")
         losses = (
@@ -154,13 +168,17 @@ def _entry(entry: Path, folder: Path, table: pd.DataFrame | None) -> RunCheckpoi
         return _pickle_skip(entry.name, step_from_name(entry.stem), entry, entry.with_suffix(".safetensors"))
     if entry.suffix != ".safetensors":
         return None
+    if not entry.is_file():
+        return _skip(entry.name, step_from_name(entry.stem), _not_regular(entry))
     if _SHARD.search(entry.stem):
         return _skip(
             entry.name, None, f"{entry}: a shard of a sharded checkpoint; put each checkpoint's shards in a folder"
         )
     sidecar = entry.with_suffix(".json")
     step = step_from_name(entry.stem)
-    step = step if step is not None else _json_value(sidecar, "step")
+    step = step if step is not None else _json_step(sidecar, "step")
+    if isinstance(step, str):
+        return _skip(entry.name, None, step)
     if step is None:
         return _skip(entry.name, None, f"{entry}: cannot tell the step; name it step_<n>.safetensors or <name>-<n>")
     losses = _sidecar_losses(sidecar) if table is None else table_losses(table, step)
@@ -173,7 +191,8 @@ def step_from_name(name: str) -> int | None:
     for pattern in _STEP_NAMES:
         match = pattern.search(name)
         if match:
-            return int(match.group(1))
+            step = int(match.group(1))
+            return step if step < MAX_STEP else None
     return None
 
 
@@ -194,13 +213,13 @@ def trainer_losses(
     path = state if state.is_file() else fallback if fallback is not None and fallback.is_file() else None
     if path is None:
         return None, None, f"no trainer_state.json in {state.parent.name} or the run folder"
-    try:
-        history = json.loads(path.read_text())["log_history"]
-        logged = [h for h in history if isinstance(h, dict) and h.get("step") == step]
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as err:
-        return None, None, f"{path}: malformed trainer_state.json ({type(err).__name__}: {err})"
-    val = next((float(h["eval_loss"]) for h in logged if "eval_loss" in h), None)
-    train = next((float(h["loss"]) for h in logged if "loss" in h), None)
+    record, problem = read_json(path, "trainer_state.json")
+    history = record.get("log_history") if isinstance(record, dict) else None
+    if problem or not isinstance(history, list):
+        return None, None, problem or f"{path}: malformed trainer_state.json (no log_history list)"
+    logged = [h for h in history if isinstance(h, dict) and h.get("step") == step]
+    val = next((v for h in logged if (v := finite_number(h.get("eval_loss"))) is not None), None)
+    train = next((v for h in logged if (v := finite_number(h.get("loss"))) is not None), None)
     missing = [name for name, value in (("eval_loss", val), ("loss", train)) if value is None]
     reason = None
     if missing:
@@ -215,9 +234,11 @@ def read_losses(path: Path) -> pd.DataFrame:
     Column names ``val_loss``/``eval_loss``/``valid_loss`` and ``train_loss``/``loss`` are accepted;
     at least one of the two must be there. Raises :class:`RunFolderError` naming the file.
     """
+    if not path.is_file():
+        raise RunFolderError(f"{path}: not a regular file; give a CSV or JSONL file of losses by step")
     try:
         frame = pd.read_json(path, lines=True) if path.suffix == ".jsonl" else pd.read_csv(path)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise RunFolderError(
             f"{path}: cannot read the losses file ({err}); give a CSV or JSONL with a step column"
         ) from err
@@ -225,9 +246,17 @@ def read_losses(path: Path) -> pd.DataFrame:
     train = next((c for c in _TRAIN_NAMES if c in frame.columns), None)
     if "step" not in frame.columns or (val is None and train is None):
         raise RunFolderError(f"{path}: needs a step column and val_loss (or eval_loss) and/or train_loss (or loss)")
-    out = pd.DataFrame({"step": frame["step"].astype("int64")})
-    out["val_loss"] = frame[val].astype("float64") if val else np.nan
-    out["train_loss"] = frame[train].astype("float64") if train else np.nan
+    steps = pd.to_numeric(frame["step"], errors="coerce")
+    bad = ~(steps.between(0, MAX_STEP - 1) & (steps % 1 == 0))
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise RunFolderError(
+            f"{path}: step {frame['step'].iloc[row]!r} (row {row + 1}) is not an integer from 0 to 2**53; "
+            "fix that row of the losses file"
+        )
+    out = pd.DataFrame({"step": steps.astype("int64")})
+    for column, name in (("val_loss", val), ("train_loss", train)):  # a non-numeric loss is a missing one
+        out[column] = pd.to_numeric(frame[name], errors="coerce").astype("float64") if name else np.nan
     # JSONL logs often write train and eval rows separately: one row per step, first value of each.
     return out.groupby("step", as_index=False).first()
 
@@ -236,7 +265,7 @@ def table_losses(table: pd.DataFrame, step: int) -> tuple[float | None, float | 
     rows = table[table["step"] == step]
     if rows.empty:
         return None, None, f"the losses file has no row for step {step}"
-    val, train = (_finite(rows[c].iloc[0]) for c in ("val_loss", "train_loss"))
+    val, train = (finite_number(rows[c].iloc[0]) for c in ("val_loss", "train_loss"))
     missing = [name for name, value in (("val_loss", val), ("train_loss", train)) if value is None]
     return val, train, f"the losses file has no {' or '.join(missing)} at step {step}" if missing else None
 
@@ -244,16 +273,33 @@ def table_losses(table: pd.DataFrame, step: int) -> tuple[float | None, float | 
 def _sidecar_losses(sidecar: Path) -> tuple[float | None, float | None, str | None]:
     if not sidecar.is_file():
         return None, None, "no losses: give the series a losses file (CSV/JSONL by step)"
-    try:
-        meta = json.loads(sidecar.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        return None, None, f"{sidecar}: malformed JSON ({err})"
-    val, train = _finite(meta.get("val_loss")), _finite(meta.get("train_loss"))
+    meta, problem = read_json(sidecar)
+    if problem or not isinstance(meta, dict):
+        return None, None, problem or f"{sidecar}: not a JSON object"
+    val, train = finite_number(meta.get("val_loss")), finite_number(meta.get("train_loss"))
     return val, train, None if val is not None and train is not None else f"{sidecar.name} has no val_loss/train_loss"
 
 
-def _finite(value) -> float | None:
-    return float(value) if value is not None and np.isfinite(float(value)) else None
+def finite_number(value) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool, a string or None), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+        return None
+    return float(value) if np.isfinite(float(value)) else None
+
+
+def read_json(path: Path, kind: str = "JSON", limit: int = MAX_JSON_BYTES) -> tuple[object, str | None]:
+    """The JSON value of a regular file of at most ``limit`` bytes, and None; or None and why not
+    (too large, nested deeper than Python's parser allows, not JSON, not UTF-8, not a regular file)."""
+    if not path.is_file():
+        return None, _not_regular(path) if path.exists() else f"{path}: missing"
+    if (size := path.stat().st_size) > limit:
+        return None, f"{path}: {size:,} bytes, more than the {limit:,} a JSON file here may hold"
+    try:
+        return json.loads(path.read_bytes()), None
+    except RecursionError:
+        return None, f"{path}: nested deeper than a JSON file here may be"
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        return None, f"{path}: malformed {kind} ({type(err).__name__}: {err})"
 
 
 # ---------------------------------------------------------------------------
@@ -263,6 +309,10 @@ def _finite(value) -> float | None:
 
 def _folder_weights(entry: Path) -> tuple[Path, ...]:
     return tuple(sorted(entry.glob("*.safetensors")))
+
+
+def _not_regular(path: Path) -> str:
+    return f"{path}: not a regular file (a FIFO, socket or device; it could block the stage forever): never read"
 
 
 def _is_pickle_weights(path: Path) -> bool:
@@ -280,10 +330,8 @@ def _one_architecture(found: list[RunCheckpoint]) -> tuple[list[RunCheckpoint], 
     for ckpt in found:
         try:
             signatures[ckpt.revision] = _signature(ckpt.weights)
-        except (SafetensorError, OSError, ValueError) as err:
-            skipped.append(
-                _skip(ckpt.revision, ckpt.step, f"{ckpt.weights[0]}: not a readable safetensors file ({err})")
-            )
+        except CheckpointError as err:  # SafetensorsFile's errors start with the file
+            skipped.append(_skip(ckpt.revision, ckpt.step, str(err)))
     counts = Counter(signatures.values())
     if not counts:
         return [], skipped
@@ -301,22 +349,32 @@ def _one_architecture(found: list[RunCheckpoint]) -> tuple[list[RunCheckpoint], 
 
 
 def _signature(weights: tuple[Path, ...]) -> frozenset[tuple[str, tuple[int, ...]]]:
+    """The 2-D tensors (name, shape) of a checkpoint's files; :class:`CheckpointError` when a file cannot be
+    read safely (``SafetensorsFile`` validates; :meth:`SafetensorsFile.size_problem` bounds its sizes)."""
     sig = set()
     for path in weights:
-        with safe_open(str(path), framework="numpy") as f:
-            for name in f.keys():  # noqa: SIM118 (not a dict)
-                shape = tuple(f.get_slice(name).get_shape())
-                if len(shape) == 2:
-                    sig.add((name, shape))
+        weights_file = SafetensorsFile(path)
+        if problem := weights_file.size_problem():
+            raise CheckpointError(problem)
+        sig |= {(name, shape) for name in weights_file.names if len(shape := weights_file.shape(name)) == 2}
     return frozenset(sig)
 
 
-def _json_value(path: Path, key: str) -> int | None:
-    try:
-        value = json.loads(path.read_text()).get(key) if path.is_file() else None
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+def _json_step(path: Path, key: str) -> int | str | None:
+    """The step under ``key`` of a JSON file: an integer in [0, 2**53), a reason when the file or the value
+    cannot be one, None when the file or the key is absent."""
+    if not path.is_file() and not path.exists():
         return None
-    return int(value) if isinstance(value, int | float) else None
+    record, problem = read_json(path)
+    if problem:
+        return problem
+    value = record.get(key) if isinstance(record, dict) else None
+    if value is None:
+        return None
+    number = finite_number(value)
+    if number is None or number != int(number) or not 0 <= number < MAX_STEP:
+        return f"{path}: {key} {value!r} is not a step (an integer from 0 to 2**53)"
+    return int(number)
 
 
 def _dir_with(first: Path, second: Path, name: str) -> Path | None:

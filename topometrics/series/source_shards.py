@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from topometrics.atomic import file_sha256
 from topometrics.execution import shards
 from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table
@@ -112,7 +113,7 @@ def series_shards(
                 records.append(ckpt)
                 continue
             revision, step, where = ckpt
-            inputs = f"{source.model}@{revision}" if source.model else f"weights {shards.file_sha256(*where.weights)}"
+            inputs = f"{source.model}@{revision}" if source.model else f"weights {file_sha256(*where.weights)}"
             key = shards.ShardKey(name, BASE_VARIANT, source.seed, step)
             job = SeriesJob(settings, key, revision, where)
             tasks.append(shards.Task(key, shards.Fingerprint(f"{inputs} {context}", digest, code), job))
@@ -123,6 +124,8 @@ def series_shards(
         keep += [t.key for t in tasks if t.key not in run.failed]
         losses += [_losses(name, source.seed, where) for key, (_, where) in found.items() if key not in run.failed]
         records += _records(out, run, tasks, {key: revision for key, (revision, _) in found.items()})
+        if run.damaged:
+            progress(f"{name}:{run.damage_note()[1:]}")
         records.sort(key=lambda r: (r["step"] is None, r["step"] or 0))
         for line in grouped_lines(name, records):  # a line per status and reason, not per checkpoint
             progress(line)
@@ -182,12 +185,16 @@ def log_series(name: str, source: SeriesSource, progress: Callable[[str], None] 
     (``stop.json``) is in the status of its step.
     """
     folder = Path(source.log)
-    features, losses = read_log(folder) if folder.is_dir() else (pd.DataFrame(), pd.DataFrame())
-    if features.empty:
-        reason = f"{folder}: no features-<step>.parquet files (is it a TopologyMonitor log folder?)"
+    try:
+        features, losses = read_log(folder) if folder.is_dir() else (pd.DataFrame(), pd.DataFrame())
+        stop = read_stop(folder) if folder.is_dir() else {}
+    except (OSError, ValueError, RecursionError) as err:  # a damaged Parquet or JSON file: ValueErrors both
+        features, losses, stop = pd.DataFrame(), pd.DataFrame(), {"unreadable": f"{type(err).__name__}: {err}"}
+    if features.empty or "unreadable" in stop:
+        why = stop.get("unreadable", "no features-<step>.parquet files (is it a TopologyMonitor log folder?)")
+        reason = f"{folder}: {why}".splitlines()[0]
         progress(f"{name}: skipped: {reason}")
         return LogSeries(status=[skip_record(folder.name, None, reason)])
-    stop = read_stop(folder)
     extra = {"series": str(folder), "revision": "live"}
     result = LogSeries(features=[features.assign(rung=name, seed=source.seed, **extra)])
     for step in sorted(features["step"].unique()):

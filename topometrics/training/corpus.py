@@ -27,9 +27,20 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from topometrics.atomic import write_array, write_text
 from topometrics.errors import TopometricsError
-from topometrics.models.tokens import encode, token_file, vocabulary
+from topometrics.models.tokens import (
+    SPLITS,
+    UNKNOWN_ID,
+    encode,
+    token_file,
+    token_problem,
+    tokens_sha256,
+    vocabulary,
+)
+from topometrics.params import DataParams
 
 WIKITEXT = "wikitext-2-raw-v1"
 FALLBACK = "python-docs-offline"
@@ -208,19 +219,35 @@ def resolve(
 # ---------------------------------------------------------------- the prepared directory (the stage's edge)
 
 
-def read_source(out_dir: Path, required: bool = False) -> dict | None:
-    """``source.json`` of a complete preparation, else None (or :class:`CorpusError` when ``required``)."""
+def read_source(out_dir: Path) -> tuple[dict | None, str | None]:
+    """``source.json`` of a complete preparation whose token files are the ones it records, and why an
+    existing preparation is not (it is then redone): ``(record, None)``, ``(None, reason)``, or ``(None, None)``
+    when there is none.
+
+    A record written before token files carried their sha256 gets it now (trust on first use, after
+    the token counts it records are checked), so any later change is caught.
+    """
     path = Path(out_dir) / "source.json"
-    files = [token_file(out_dir, "train"), token_file(out_dir, "val"), Path(out_dir) / "vocab.json"]
-    source = None
-    if path.exists() and all(f.exists() for f in files):
-        try:
-            source = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            source = None  # a damaged preparation is simply redone
-    if source is None and required:
-        raise CorpusError(f"{out_dir} is not a complete prepared corpus; run the corpus stage (dvc repro corpus)")
-    return source
+    if not (path.exists() and all(f.exists() for f in _prepared_files(out_dir))):
+        return None, None
+    try:
+        source = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, f"{path}: not valid JSON"
+    if not isinstance(source, dict):
+        return None, f"{path}: not the corpus stage's record"
+    ids = {split: np.fromfile(token_file(out_dir, split), dtype=np.uint8) for split in SPLITS}
+    if problems := [f"{Path(out_dir) / p}" for split in SPLITS if (p := token_problem(ids[split], split, source))]:
+        return None, "; ".join(problems)
+    if "tokens_sha256" not in source or "unknown_share" not in source:
+        source |= {"tokens_sha256": {split: tokens_sha256(ids[split]) for split in SPLITS}}
+        source |= {"unknown_share": unknown_share(*ids.values())}
+        write_text(path, json.dumps(source, indent=1, sort_keys=True))
+    return source, None
+
+
+def _prepared_files(out_dir: Path) -> list[Path]:
+    return [token_file(out_dir, "train"), token_file(out_dir, "val"), Path(out_dir) / "vocab.json"]
 
 
 def min_split_tokens(seq_len: int) -> int:
@@ -241,32 +268,66 @@ def check_split_sizes(what: str, train_tokens: int, val_tokens: int, seq_len: in
         )
 
 
+def unknown_share(*splits: np.ndarray) -> float:
+    """The share of token ids that are :data:`~topometrics.models.tokens.UNKNOWN_ID` over all ``splits``."""
+    total = sum(int(ids.size) for ids in splits)
+    return sum(int(np.count_nonzero(ids == UNKNOWN_ID)) for ids in splits) / total if total else 0.0
+
+
+def check_unknown_share(what: str, share: float, limit: float) -> None:
+    """Refuse a corpus most of whose characters the tokenizer cannot tell apart (share above ``limit``,
+    ``data.max_unknown_share``), naming the tokenizer's range and the fix.
+
+    Valid UTF-8 in another script (CJK, emoji) becomes almost all one id: training then learns to
+    predict it, a low loss that means nothing.
+    """
+    if share > limit:
+        raise CorpusError(
+            f"{what}: {share:.1%} of its characters are outside the character tokenizer's range (ASCII 0-126; "
+            f"every other character becomes the unknown id {UNKNOWN_ID}), above data.max_unknown_share={limit}; "
+            "point data.corpus at mostly-ASCII text (e.g. English) or raise data.max_unknown_share"
+        )
+
+
 def prepare(
-    corpus: str, urls: tuple[str, ...], timeout_s: float, val_fraction: float, out_dir: Path, seq_len: int
+    corpus: str,
+    urls: tuple[str, ...],
+    timeout_s: float,
+    val_fraction: float,
+    out_dir: Path,
+    seq_len: int,
+    max_unknown_share: float = DataParams.max_unknown_share,
 ) -> dict:
     """Resolve the corpus and write ``train.u8``, ``val.u8`` (uint8 ids), ``vocab.json`` and
     ``source.json`` into ``out_dir``; leave them untouched when they are still right.
 
-    A corpus with a split shorter than one window of ``seq_len`` raises :class:`CorpusError`
+    A corpus with a split shorter than one window of ``seq_len``, or with a larger share of unknown
+    characters than ``max_unknown_share`` (:func:`check_unknown_share`), raises :class:`CorpusError`
     before anything in ``out_dir`` is touched (the previous preparation stays).
+    A preparation whose token files are not those its ``source.json`` records (truncated, changed) is
+    redone, and the record says why (``redone``).
     Returns the source record (with ``changed``: whether files were rewritten).
     """
     out_dir = Path(out_dir)
-    cached = read_source(out_dir)
+    cached, damage = read_source(out_dir)
     resolved = resolve(corpus, urls, timeout_s, val_fraction, cached)
     if resolved is None:
         sizes = cached.get("train_tokens", 0), cached.get("val_tokens", 0)
         check_split_sizes(f"data.corpus={corpus!r}", *sizes, seq_len)
+        check_unknown_share(f"data.corpus={corpus!r}", cached["unknown_share"], max_unknown_share)
         return cached | {"changed": False}
     train, val = encode(resolved.train), encode(resolved.val)
     check_split_sizes(f"data.corpus={corpus!r}", int(train.size), int(val.size), seq_len)
+    share = unknown_share(train, val)
+    check_unknown_share(f"data.corpus={corpus!r}", share, max_unknown_share)
     out_dir.mkdir(parents=True, exist_ok=True)
-    source = resolved.source | {"train_tokens": int(train.size), "val_tokens": int(val.size)}
+    source = resolved.source | {"train_tokens": int(train.size), "val_tokens": int(val.size), "unknown_share": share}
+    source |= {"tokens_sha256": {"train": tokens_sha256(train), "val": tokens_sha256(val)}}
     for split, ids in (("train", train), ("val", val)):
         write_array(token_file(out_dir, split), ids)
     write_text(out_dir / "vocab.json", json.dumps(vocabulary(), ensure_ascii=False))
     write_text(out_dir / "source.json", json.dumps(source, indent=1, sort_keys=True))
-    return source | {"changed": True}
+    return source | {"changed": True} | ({"redone": damage} if damage else {})
 
 
 def summary(source: dict, out_dir: Path) -> str:
@@ -274,6 +335,9 @@ def summary(source: dict, out_dir: Path) -> str:
     counts, FALLBACK with the reason), then the record as JSON."""
     state = "wrote" if source["changed"] else "kept"
     tokens = f"{source['train_tokens']:,} train / {source['val_tokens']:,} val tokens"
+    tokens += f", {source['unknown_share']:.2%} unknown characters"
     fallback = f" FALLBACK: {source['reason']}" if source["fallback"] else ""
-    record = {k: v for k, v in source.items() if k != "changed"}
-    return f"corpus: {state} {out_dir} ({source['used']}, {tokens}){fallback}\n{json.dumps(record, sort_keys=True)}"
+    record = {k: v for k, v in source.items() if k not in ("changed", "redone")}
+    redone = f"corpus: {source['redone']}; rewriting the prepared corpus\n" if source.get("redone") else ""
+    line = f"corpus: {state} {out_dir} ({source['used']}, {tokens}){fallback}"
+    return f"{redone}{line}\n{json.dumps(record, sort_keys=True)}"

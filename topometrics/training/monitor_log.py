@@ -98,8 +98,9 @@ def read_stop(folder: Path) -> dict:
 
 
 def measurement_parts(folder: Path) -> list[Path]:
-    """The complete measurement files of a log folder in step order (names hold the step zero-padded)."""
-    return sorted(Path(folder).glob(FEATURE_PARTS))
+    """The complete measurement files of a log folder in step order (names hold the step zero-padded);
+    regular files only (a FIFO under such a name would block its reader forever)."""
+    return sorted(p for p in Path(folder).glob(FEATURE_PARTS) if p.is_file())
 
 
 def read_log(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -110,7 +111,7 @@ def read_log(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """
     parts = [pd.read_parquet(p) for p in measurement_parts(folder)]
     features = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=ROW_COLUMNS)
-    loss_parts = [pd.read_parquet(p) for p in sorted(Path(folder).glob(LOSS_PARTS))]
+    loss_parts = [pd.read_parquet(p) for p in sorted(Path(folder).glob(LOSS_PARTS)) if p.is_file()]
     losses = pd.concat(loss_parts, ignore_index=True) if loss_parts else pd.DataFrame(columns=LOSS_COLUMNS)
     losses = losses.astype({"step": "int64", "val_loss": "float64", "train_loss": "float64"})
     return features, losses.groupby("step", as_index=False).first()

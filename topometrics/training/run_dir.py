@@ -6,17 +6,20 @@ its metadata names the step, rung, seed and recipe fingerprint), ``steps.csv``, 
 ``run.json`` (how the run ended) and, when ``train.monitor_every`` > 0, ``monitor/`` (the log of a
 live monitor, whose files :mod:`topometrics.training.monitor_log` names). Before training touches it:
 
-- :func:`claim_run_dir` refuses a directory whose own records name another rung or seed, and
-  empties (of the run's own files only) one of this rung and seed made with another recipe;
+- :func:`claim_run_dir` refuses a directory whose own records name another rung or seed, and says
+  whether it holds this run's files made with another recipe, which :func:`discard_stale` deletes
+  (the run's own files only) once the new recipe's first step has run;
 - :func:`resume_step` verifies every checkpoint the run lists (sidecar, safetensors header and
-  size) and says where to continue: the end of a complete run, the resume point, or step 0 when
-  a checkpoint is damaged or missing (training is deterministic, so it is recomputed identically).
+  size, the weights' sha256 against the sidecar's) and says where to continue: the end of a
+  complete run, the resume point, or step 0 when a checkpoint is damaged, changed or missing
+  (training is deterministic, so it is recomputed identically).
 
 :func:`save_resume` and :func:`load_resume` write and read the training state itself.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -27,10 +30,10 @@ from safetensors import safe_open
 from topometrics.atomic import write_text
 from topometrics.models.checkpoints import (
     CheckpointError,
-    checkpoint_problem,
     load_state,
     safetensors_problem,
     save_tensors,
+    verify_checkpoint,
 )
 from topometrics.params import BASE_VARIANT, run_name
 from topometrics.training.monitor_log import RUN_DIR_FILES
@@ -89,11 +92,13 @@ def load_resume(run_dir: Path, model: torch.nn.Module, opt: torch.optim.Optimize
     return info
 
 
-def claim_run_dir(run_dir: Path, name: str, fingerprint: str, log=print) -> None:
+def claim_run_dir(run_dir: Path, name: str, fingerprint: str) -> bool:
     """Make ``run_dir`` the directory of run ``name`` (``<rung>[-<variant>]-<seed>``) with this recipe.
 
-    Raises :class:`CheckpointError` (nothing changed) when its records name another run; deletes
-    the run's own files when they were made with another recipe; keeps a matching run.
+    Raises :class:`CheckpointError` (nothing changed) when its records name another run. Returns True
+    when it holds the run's files made with another recipe: they are *stale*, but kept until the new
+    recipe's first step has run (then :func:`discard_stale`), so a recipe that fails at once (too large
+    a batch, say) leaves the finished run byte for byte as it was.
     """
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -106,11 +111,15 @@ def claim_run_dir(run_dir: Path, name: str, fingerprint: str, log=print) -> None
             f"{run_dir} holds the checkpoints of run {', '.join(foreign)}, not {name}; train {name} into "
             f"its own directory data/runs/{name} (nothing was changed)"
         )
-    if owners and set(owners.values()) != {fingerprint}:
-        log(f"[{name}] the recipe changed (model shape, recipe or corpus): discarding the old checkpoints")
-        for pattern in RUN_FILES:
-            for path in run_dir.glob(pattern):
-                path.unlink()
+    return bool(owners) and set(owners.values()) != {fingerprint}
+
+
+def discard_stale(run_dir: Path, name: str, log=print) -> None:
+    """Delete the run's own files made with another recipe (:data:`RUN_FILES`: never another file, nor the folder)."""
+    log(f"[{name}] the recipe changed (model shape, recipe or corpus): discarding the old checkpoints")
+    for pattern in RUN_FILES:
+        for path in Path(run_dir).glob(pattern):
+            path.unlink()
 
 
 def resume_step(run_dir: Path, name: str, steps: int, ckpt_every: int, fingerprint: str, log=print) -> int:
@@ -123,13 +132,13 @@ def resume_step(run_dir: Path, name: str, steps: int, ckpt_every: int, fingerpri
     """
     run_dir = Path(run_dir)
     present = sorted({int(m.group(1)) for p in run_dir.glob("step_*") if (m := _STEP_NAME.match(p.name))})
-    whole = not any(checkpoint_problem(run_dir, s) for s in range(0, steps + 1, ckpt_every))
-    if present and present[-1] == steps and whole:
+    problem = functools.cache(functools.partial(verify_checkpoint, run_dir))  # each file hashed once
+    if present and present[-1] == steps and not any(problem(s) for s in range(0, steps + 1, ckpt_every)):
         return steps
     info = resume_info(run_dir)
     usable = info is not None and info.get("recipe_fingerprint") == fingerprint
     last = int(info["step"]) if usable else max(present, default=-1)
-    bad = [p for s in range(0, last + 1, ckpt_every) if (p := checkpoint_problem(run_dir, s))]
+    bad = [p for s in range(0, last + 1, ckpt_every) if (p := problem(s))]
     if not bad and (usable or last < 0):
         return max(last, 0)
     if not usable:

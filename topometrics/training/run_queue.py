@@ -40,10 +40,11 @@ from typing import Protocol
 import torch
 
 from topometrics.atomic import write_text
-from topometrics.errors import TopometricsError
-from topometrics.models.checkpoints import checkpoint_problem, list_checkpoints
+from topometrics.errors import NO_SPACE, TopometricsError, disk_full
+from topometrics.execution.lifeline import die_with
+from topometrics.models.checkpoints import list_checkpoints, verify_checkpoint
 from topometrics.models.model import GPT, count_parameters
-from topometrics.models.tokens import load_tokens
+from topometrics.models.tokens import load_tokens, read_record
 from topometrics.params import Params, ParamsError
 from topometrics.training.live_relay import LiveRelay
 from topometrics.training.monitor_log import MONITOR_DIR, latest_measurement
@@ -142,13 +143,15 @@ def run_progress(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> int:
 
 def is_complete(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> bool:
     """The run reached its last step with this recipe and corpus, its checkpoint table (written
-    last) says so, and every checkpoint is whole (header and size: a cheap check): nothing to do,
-    no file to touch. A damaged or missing checkpoint sends the run to training, which recomputes it."""
+    last) says so, and every checkpoint is whole and unchanged (header, size and the sha256 its
+    sidecar records: :func:`topometrics.models.checkpoints.verify_checkpoint`, which records the hash
+    of a sidecar written before hashes): nothing to do. A damaged, changed or missing checkpoint sends
+    the run to training, which names it and recomputes it."""
     table = Path(run_dir) / "checkpoints.csv"
     r = cfg.recipe
     if run_progress(cfg, run_dir, corpus_sha256) != r.steps or not table.exists():
         return False
-    if any(checkpoint_problem(run_dir, step) for step in range(0, r.steps + 1, r.ckpt_every)):
+    if any(verify_checkpoint(run_dir, step) for step in range(0, r.steps + 1, r.ckpt_every)):
         return False
     return table.read_text().rstrip("\n").rsplit("\n", 1)[-1].startswith(f"{r.steps},")
 
@@ -185,7 +188,10 @@ def latest_monitored(run_dir: Path) -> dict | None:
     return latest_measurement(folder) if folder.is_dir() else None
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, caller: int) -> None:
+    # A SIGKILLed train stage runs no cleanup: without this its training processes (0.9-2 GB each) and,
+    # through them, their monitors' workers would train on. The features pool's lifeline, reused.
+    die_with(caller)
     torch.set_num_threads(threads)
 
 
@@ -240,7 +246,7 @@ def train_runs(
     (the others still finish). Complete runs are not touched: only their reports are written.
     """
     corpus_dir = Path(corpus_dir)
-    source = json.loads((corpus_dir / "source.json").read_text())
+    source = read_record(corpus_dir)
     sha = source["sha256"]
     done = {r.config.name: r for r in runs if is_complete(r.config, r.run_dir, sha)}
     start = {r.config.name: run_progress(r.config, r.run_dir, sha) for r in runs if r.config.name not in done}
@@ -257,10 +263,12 @@ def train_runs(
         relay = LiveRelay(live, {r.config.name: (r.run_dir, recipe_fingerprint(r.config, sha)) for r in runs})
         relay.poll()  # complete runs show at once
     if todo:
+        for split in ("train", "val"):  # checked once here: a changed token file is one line, not one per run
+            load_tokens(corpus_dir, split)
         context = mp.get_context("spawn")  # CUDA-safe, and no torch state inherited from this process
         observe = tuple(observers)
         workers = min(pool.workers, len(todo))
-        with ProcessPoolExecutor(workers, context, _init_worker, (pool.threads,)) as executor:
+        with ProcessPoolExecutor(workers, context, _init_worker, (pool.threads, os.getpid())) as executor:
             futures: dict[Future, RunFiles] = {
                 executor.submit(_train_one, r, corpus_dir, sha, pool.devices[i % len(pool.devices)], observe): r
                 for i, r in enumerate(todo)
@@ -332,6 +340,8 @@ def _outcome(future: Future, run: RunFiles) -> dict:
     error = future.exception()
     if error is None:
         return future.result()
+    if isinstance(error, OSError) and error.errno in NO_SPACE:  # a write outside topometrics.atomic (steps.csv)
+        error = disk_full(error.filename or run.run_dir)
     # A user mistake (topometrics.errors) keeps its one-line message for the stage to print.
     mistake = {"mistake": str(error)} if isinstance(error, TopometricsError) else {}
     return {"rung": run.config.rung, "variant": run.config.variant, "seed": run.config.recipe.seed,

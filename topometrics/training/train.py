@@ -38,8 +38,10 @@ from topometrics.models.lr_schedule import Schedule
 from topometrics.models.model import GPT, GPTConfig, count_parameters
 from topometrics.params import BASE_VARIANT, RECIPE_KEYS, ParamsError, run_name
 from topometrics.training.corpus import CorpusError, check_split_sizes
+from topometrics.training.memory import check_step_memory, out_of_memory_named
 from topometrics.training.run_dir import (
     claim_run_dir,
+    discard_stale,
     load_resume,
     record_outcome,
     resume_info,
@@ -198,6 +200,7 @@ class Run:
     val_x: torch.Tensor  # (windows, context) fixed validation inputs
     val_y: torch.Tensor  # ... and their targets
     observers: Sequence[Observer] = ()
+    stale: bool = False  # the run directory holds this run's files of another recipe (discarded after step 0)
 
     def observe_step(self, step: int, loss: float | None) -> None:
         """Every observer's :meth:`Observer.on_step` with the model's weights now."""
@@ -242,9 +245,10 @@ def train_run(
     """
     run, start = setup_run(cfg, train_ids, val_ids, Path(run_dir), corpus_sha256, device, log)
     run.observers = observers
-    resume_run(run, start, log)
-    t0 = time.perf_counter()
-    status, reason, tokens = training_loop(run, start, log, progress_bar)
+    with out_of_memory_named(cfg.recipe.batch_size, cfg.name, cfg.variant):
+        resume_run(run, start, log)
+        t0 = time.perf_counter()
+        status, reason, tokens = training_loop(run, start, log, progress_bar)
     summary = run_summary(run, f"{status}: {reason}" if reason else status, tokens, time.perf_counter() - t0)
     record_outcome(run.run_dir, status, reason, summary["final_step"])
     return summary
@@ -261,21 +265,24 @@ def setup_run(
 ) -> tuple[Run, int]:
     """The freshly initialised run and the last step already done (see topometrics.training.run_dir).
 
-    The device and the corpus are checked before the run directory is touched.
+    The device, the corpus and the memory a step needs are checked before the run directory is
+    touched; a directory of another recipe starts at step 0 and is discarded only after the new
+    recipe's first step has run (:func:`resume_run`).
     """
     r = cfg.recipe
     dev = pick_device(device)
     check_split_sizes("the prepared corpus (data.corpus)", int(train_ids.size), int(val_ids.size), cfg.model.context)
+    check_step_memory(cfg.model, cfg.recipe.batch_size, cfg.name, cfg.variant, dev)
     fingerprint = recipe_fingerprint(cfg, corpus_sha256)
-    claim_run_dir(run_dir, cfg.name, fingerprint, log)
-    start = resume_step(run_dir, cfg.name, r.steps, r.ckpt_every, fingerprint, log)
+    stale = claim_run_dir(run_dir, cfg.name, fingerprint)
+    start = 0 if stale else resume_step(run_dir, cfg.name, r.steps, r.ckpt_every, fingerprint, log)
     model = GPT(cfg.model)
     model.init_weights(torch.Generator().manual_seed(r.seed))
     model.to(dev).train()
     val_x, val_y = validation_windows(val_ids, r.val_windows, cfg.model.context)
     data_gen = torch.Generator().manual_seed(r.seed + 1)
     run = Run(cfg, run_dir, fingerprint, dev, model, make_optimizer(model, r), torch.from_numpy(train_ids), data_gen,
-              val_x.to(dev), val_y.to(dev))  # fmt: skip
+              val_x.to(dev), val_y.to(dev), stale=stale)  # fmt: skip
     return run, start
 
 
@@ -292,14 +299,19 @@ def resume_run(run: Run, start: int, log) -> None:
         load_resume(run.run_dir, run.model, run.opt, run.data_gen)
         log(f"[{run.cfg.name}] resuming from step {start} ({run.run_dir})")
         run.observe_step(start, None)  # observed again: a kill may have cut what an observer made of it short
-    elif resume_info(run.run_dir) is not None:  # killed before its first checkpoint after step 0
+    elif not run.stale and resume_info(run.run_dir) is not None:  # killed before its first checkpoint after step 0
         log(f"[{run.cfg.name}] resuming from step 0 ({run.run_dir})")
-    truncate_steps_log(run.run_dir / "steps.csv", start)
     if start == 0:
         probe = torch.Generator().manual_seed(r.seed + 1)  # the first batch, without advancing the sampler
         x0, y0 = (t.to(run.device) for t in sample_batch(run.data, r.batch_size, run.cfg.model.context, probe))
         with torch.no_grad():
             loss0 = run.model.loss(x0, y0).item()
+        if run.stale:  # the new recipe's first step runs before the old run's files go
+            run.model.loss(x0, y0).backward()  # the backward pass too (its memory); gradients dropped, no update
+            run.model.zero_grad(set_to_none=True)
+            discard_stale(run.run_dir, run.cfg.name, log)
+    truncate_steps_log(run.run_dir / "steps.csv", start)
+    if start == 0:
         run.observe_step(0, loss0)
         run.checkpoint(0, loss0)
 
