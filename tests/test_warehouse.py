@@ -214,8 +214,12 @@ def test_a_full_disk_during_the_build_is_one_error_naming_the_warehouse_and_keep
 
 
 INTERRUPTED = """
+import signal
 import time
 from pathlib import Path, PosixPath
+# A stage run from a terminal has Python's Ctrl-C handler; one started by a background job inherits SIGINT
+# ignored (POSIX), and Python then installs none: put it back, as a terminal would have it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from topometrics.analysis import warehouse
 from topometrics.analysis.warehouse import Inputs
 from topometrics.errors import run_stage
@@ -224,7 +228,8 @@ real = warehouse.populate
 def long_build(con, *args):
     real(con, *args)
     Path({ready!r}).touch()
-    con.execute("SELECT count(*) FROM range(10000000000000)").fetchall()  # a long query, as a big build runs
+    while True:  # a long build: many DuckDB queries (this duckdb polls no signal inside one long query)
+        con.execute("SELECT sum(range) FROM range(200000)").fetchall()
 warehouse.populate = long_build
 inputs = {inputs!r}
 run_stage(lambda argv: warehouse.build_warehouse(Path({target!r}), inputs, AnalysisParams().settings(), {{}}), [])
