@@ -83,3 +83,8 @@ def test_folders_hold_at_most_ten_modules_of_at_most_450_lines(folder):
     assert 1 <= len(modules) <= 10
     long = {p.name: n for p in modules if (n := len(p.read_text().splitlines())) > 450}
     assert not long, long
+
+
+def test_shared_modules_hold_at_most_450_lines():
+    long = {n: k for n in sorted(SHARED) if (k := len((PACKAGE / f"{n}.py").read_text().splitlines())) > 450}
+    assert not long, long

@@ -80,7 +80,7 @@ def test_empty_rung_inherits_and_partial_rung_overrides():
         ("analysis", "fractions", [0.2, float("nan")], "1] must be a finite number, got nan"),
         ("features", "max_points", 1, "features.max_points must be at least 4 (fewer points cannot form a loop"),
         ("features", "unit_points", 3, "features.unit_points must be at least 4"),
-        ("features", "rep_dim", 1, "features.rep_dim and features.betti_scales must be at least 2"),
+        ("features", "rep_dim", 1, "features.rep_dim must be at least 2 (a loop needs a plane"),
         ("features", "significance", 1.5, "features.significance must be between 0.0 and 1.0"),
     ],
 )

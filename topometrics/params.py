@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from topometrics.params_schema import ParamsError, build, non_negative, positive, reject_unknown, within
+from topometrics.params_schema import ParamsError, at_least, build, non_negative, positive, reject_unknown, within
 
 SHAPE_KEYS = ("hidden", "layers", "heads")
 # keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
@@ -148,17 +148,9 @@ class FeaturesParams:
         )
         non_negative(self, "features", ("seed", "significance"))
         within(self, "features", "significance", 0.0, 1.0, "a share of the longest bar's persistence")
-        for name in ("max_points", "rep_points", "unit_points"):
-            if getattr(self, name) < MIN_CLOUD_POINTS:
-                raise ParamsError(
-                    f"features.{name} must be at least {MIN_CLOUD_POINTS} (fewer points cannot form a loop, so every "
-                    f"H1 feature would be 0 whatever the weights), got {getattr(self, name)}"
-                )
-        if self.rep_dim < 2 or self.betti_scales < 2:
-            raise ParamsError(
-                f"features.rep_dim and features.betti_scales must be at least 2 (a loop needs a plane, a curve two "
-                f"scales), got {self.rep_dim} and {self.betti_scales}"
-            )
+        loop = "fewer points cannot form a loop, so every H1 feature would be 0 whatever the weights"
+        at_least(self, "features", ("max_points", "rep_points", "unit_points"), MIN_CLOUD_POINTS, loop)
+        at_least(self, "features", ("rep_dim", "betti_scales"), 2, "a loop needs a plane, a Betti curve two scales")
 
 
 PYTHIA_REVISIONS = ("step0", "step1000", "step5000", "step10000", "step50000", "step100000", "step143000")

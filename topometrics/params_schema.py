@@ -87,3 +87,11 @@ def within(obj: object, prefix: str, name: str, low: float, high: float, why: st
     value = getattr(obj, name)
     if not low <= value <= high:
         raise ParamsError(f"{prefix}.{name} must be between {low} and {high} ({why}), got {value}")
+
+
+def at_least(obj: object, prefix: str, names: tuple[str, ...], minimum: int, why: str) -> None:
+    """``value >= minimum`` for each ``<prefix>.<name>``; ``why`` says what a smaller value would mean."""
+    for name in names:
+        value = getattr(obj, name)
+        if value < minimum:
+            raise ParamsError(f"{prefix}.{name} must be at least {minimum} ({why}), got {value}")
