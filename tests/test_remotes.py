@@ -237,11 +237,13 @@ def test_an_experiment_pushed_from_one_clone_is_pulled_shown_and_applied_in_anot
     run(["git", "remote", "add", "origin", str(origin)], reproduced)
     run(["git", "push", "-q", "origin", "HEAD"], reproduced)
     baseline = json.loads((reproduced / "reports/train/a-42.json").read_text())
+    baseline_headline = json.loads((reproduced / "reports/metrics.json").read_text())["final_val_loss"]["a"]
 
     out = run(["dvc", "exp", "run", "-n", "hidden16", "-S", "train.hidden=16"], reproduced)
     assert "Running stage 'train'" in out and "Ran experiment(s): hidden16" in out
     trained = json.loads((reproduced / "reports/train/a-42.json").read_text())
     assert trained["n_params"] > baseline["n_params"]
+    headline = json.loads((reproduced / "reports/metrics.json").read_text())["final_val_loss"]["a"]  # the metric
     out = run(["dvc", "exp", "push", "origin", "hidden16"], reproduced)
     assert "Pushed experiment hidden16 to Git remote 'origin'" in out
 
@@ -251,10 +253,11 @@ def test_an_experiment_pushed_from_one_clone_is_pulled_shown_and_applied_in_anot
     run(["dvc", "exp", "pull", "origin", "hidden16"], other)
     shown = csv.DictReader(run(["dvc", "exp", "show", "--csv"], other).splitlines())
     rows = {row["Experiment"] or row["rev"]: row for row in shown}
-    assert rows["hidden16"]["train.hidden"] == "16" and rows["hidden16"]["n_params"] == str(trained["n_params"])
+    assert rows["hidden16"]["train.hidden"] == "16"
+    assert float(rows["hidden16"]["final_val_loss.a"]) == pytest.approx(headline, rel=1e-9)
     diff = json.loads(run(["dvc", "metrics", "diff", "HEAD", "hidden16", "--json"], other))
-    n_params = diff["reports/train/a-42.json"]["n_params"]
-    assert (n_params["old"], n_params["new"]) == (baseline["n_params"], trained["n_params"])
+    loss = diff["reports/metrics.json"]["final_val_loss.a"]
+    assert loss["new"] == pytest.approx(headline) and loss["old"] == pytest.approx(baseline_headline)
 
     assert not (other / "data/runs").exists()  # nothing pulled but the experiment
     run(["dvc", "exp", "apply", "hidden16"], other)
