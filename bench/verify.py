@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ import pyarrow.parquet as pq
 import torch
 from safetensors.torch import save_file
 
+from bench.np import median_ms
 from topometrics.execution.shards import (
     META_KEY,
     Fingerprint,
@@ -50,16 +50,6 @@ from topometrics.params import FeaturesParams
 
 XL = GPTConfig(hidden=48, layers=3, heads=4, context=128)
 WIKITEXT_TRAIN_TOKENS = 10_918_892
-
-
-def median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up: page cache, first-call overheads
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times) * 1e3)
 
 
 def pair(name: str, checked, unchecked, repeats: int) -> dict:

@@ -3,7 +3,6 @@ only the rungs that inherit the changed value, and `dvc push` / `dvc pull` throu
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +12,8 @@ from pathlib import Path
 import duckdb
 import pytest
 import yaml
+
+from tools.same_results import copy_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -42,14 +43,7 @@ def run(args: list[str], cwd: Path) -> str:
 
 def make_project(root: Path) -> Path:
     """A git+DVC project with this repository's pipeline and a tiny params.yaml."""
-    root.mkdir()
-    for name in ("dvc.yaml", "stages", "topometrics", ".dvc/config", ".dvc/plots", ".dvcignore", ".gitignore"):
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.exists():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, root / name)
+    copy_pipeline(REPO, root)
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     for section, values in TINY.items():
         params[section] = values if section == "ladder" else params[section] | values

@@ -48,14 +48,7 @@ PARALLEL_AGGREGATES = ("feature_loss_spearman", "partial_spearman", "tests")  # 
 def make(checkout: Path, out: Path) -> None:
     project = out / "project"
     shutil.rmtree(out, ignore_errors=True)
-    project.mkdir(parents=True)
-    for name in ("dvc.yaml", "stages", "topometrics", ".dvc/config", ".dvc/plots", ".dvcignore", ".gitignore"):
-        src = checkout / name
-        if src.is_dir():
-            shutil.copytree(src, project / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.exists():
-            (project / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, project / name)
+    copy_pipeline(checkout, project)
     folder = llama_run_folder(out / "llama-run")
     params = yaml.safe_load((checkout / "params.yaml").read_text())
     params |= {section: params[section] | values for section, values in TINY.items()}
@@ -73,6 +66,18 @@ def make(checkout: Path, out: Path) -> None:
         if proc.returncode:
             sys.exit(f"error: {' '.join(cmd)} failed in {project}; see {out / 'repro.log'}")
     dump(project, out)
+
+
+def copy_pipeline(checkout: Path, project: Path) -> None:
+    """The files a project needs to run ``checkout``'s pipeline (its code, stages, dvc.yaml and DVC config)."""
+    project.mkdir(parents=True)
+    for name in ("dvc.yaml", "stages", "topometrics", ".dvc/config", ".dvc/plots", ".dvcignore", ".gitignore"):
+        src = checkout / name
+        if src.is_dir():
+            shutil.copytree(src, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            (project / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, project / name)
 
 
 def llama_run_folder(folder: Path) -> Path:
