@@ -78,7 +78,8 @@ def series_speed(folder: Path, checkpoints: int) -> dict:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     from topometrics.features.checkpoint import linear_and_forward_features
-    from topometrics.params import FeaturesParams, SeriesParams, SeriesSource
+    from topometrics.params import FeaturesParams
+    from topometrics.params_sources import SeriesParams, SeriesSource
     from topometrics.series.checkpoint import open_weights, streamed_linear_weights
     from topometrics.series.source_shards import series_shards
     from topometrics.training.corpus import offline_text

@@ -27,7 +27,8 @@ from topometrics.execution.cluster import (
     map_on_cluster,
     security,
 )
-from topometrics.params import ComputeParams, ParamsError, SecurityParams, parse_params
+from topometrics.params import ParamsError, parse_params
+from topometrics.params_sources import ComputeParams, SecurityParams
 
 
 def worker_pids(client) -> dict[str, int]:

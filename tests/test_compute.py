@@ -80,7 +80,7 @@ def test_each_result_yields_failures_as_results_and_runs_the_rest():
 def test_map_jobs_on_a_dask_cluster_equals_local_and_runs_one_thread_jobs():
     from distributed import LocalCluster
 
-    from topometrics.params import ComputeParams
+    from topometrics.params_sources import ComputeParams
 
     local = map_jobs(square_and_where, list(range(6)), workers=1, label="test")
     with LocalCluster(n_workers=2, processes=False, protocol="tcp://", host="127.0.0.1", dashboard_address=None) as c:
@@ -96,7 +96,7 @@ def test_map_jobs_on_a_dask_cluster_equals_local_and_runs_one_thread_jobs():
 def test_an_unreachable_cluster_fails_before_any_job_runs(tmp_path):
     from topometrics.execution.cluster import ClusterError
     from topometrics.execution.compute import each_result
-    from topometrics.params import ComputeParams
+    from topometrics.params_sources import ComputeParams
 
     address = "tcp://127.0.0.1:9"  # discard port: nothing listens
     ran = tmp_path / "ran"

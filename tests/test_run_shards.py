@@ -17,7 +17,7 @@ from test_features import PARAMS, run_tables, write_run
 from topometrics.execution.cluster import local_cluster
 from topometrics.execution.shards import ShardKey, params_digest, scan
 from topometrics.features.run_shards import run_shards
-from topometrics.params import ComputeParams
+from topometrics.params_sources import ComputeParams
 
 STEPS = (0, 100, 200, 300)
 

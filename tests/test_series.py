@@ -25,7 +25,8 @@ from topometrics.features import checkpoint as feat
 from topometrics.features.run_shards import read_tables
 from topometrics.models.checkpoints import CheckpointError
 from topometrics.models.tokens import encode
-from topometrics.params import FeaturesParams, ParamsError, SeriesParams, SeriesSource, parse_params
+from topometrics.params import FeaturesParams, ParamsError, parse_params
+from topometrics.params_sources import SeriesParams, SeriesSource
 from topometrics.series.checkpoint import causal_lm_on_batch
 from topometrics.series.hub import hub_checkpoints, step_from_name
 from topometrics.series.safetensors_reader import SafetensorsFile

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from topometrics.params_schema import ParamsError, at_least, build, non_negative, positive, reject_unknown, within
+from topometrics.params_sources import ComputeParams, SeriesParams, parse_compute, parse_series
 
 SHAPE_KEYS = ("hidden", "layers", "heads")
 # keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
@@ -153,73 +154,6 @@ class FeaturesParams:
         at_least(self, "features", ("rep_dim", "betti_scales"), 2, "a loop needs a plane, a Betti curve two scales")
 
 
-PYTHIA_REVISIONS = ("step0", "step1000", "step5000", "step10000", "step50000", "step100000", "step143000")
-
-
-@dataclass(frozen=True)
-class SeriesSource:
-    """One external checkpoint series: hub revisions, a run folder, or a live monitor's log folder."""
-
-    model: str | None = None  # Hugging Face model id, e.g. EleutherAI/pythia-14m
-    revisions: tuple[str, ...] = ()  # hub branches/tags, one checkpoint each; the step is read from 'step<N>'
-    path: str | None = None  # or a run folder: Trainer checkpoint-<step>/ folders or <name>-<step>.safetensors files
-    log: str | None = None  # or a TopologyMonitor log folder (features-<step>.parquet, losses-*.parquet)
-    losses: str | None = None  # path: a CSV/JSONL of losses by step (step, val_loss/eval_loss, train_loss/loss)
-    layers: dict[str, str] | None = None  # canonical part -> tensor-name regex, (\d+) = block; for unknown models
-    seed: int = 0  # label for the seed column (e.g. a PolyPythia seed); not used in any computation
-
-    def check(self, prefix: str) -> None:
-        given = [k for k in ("model", "path", "log") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ParamsError(
-                f"{prefix}: give exactly one of model (a Hugging Face id), path (a run folder) or log (a monitor log)"
-            )
-        if self.model is not None and not self.revisions:
-            raise ParamsError(f"{prefix}.revisions is empty; list the hub revisions, e.g. [step0, step1000]")
-        if self.model is None and self.revisions:
-            raise ParamsError(f"{prefix}.revisions applies to model only; a local folder's steps come from its names")
-        if self.path is None and self.losses is not None:
-            raise ParamsError(f"{prefix}.losses applies to path only (a run folder of safetensors files)")
-        if self.log is not None and self.layers is not None:
-            raise ParamsError(f"{prefix}.layers does not apply to a monitor log (its layers are named already)")
-        non_negative(self, prefix, ("seed",))
-
-
-@dataclass(frozen=True)
-class SeriesParams:
-    # series name (the rung column) -> source; default: the paper's Pythia validation (section 4.8, Table 8)
-    sources: dict[str, SeriesSource] = field(
-        default_factory=lambda: {"pythia-14m": SeriesSource(model="EleutherAI/pythia-14m", revisions=PYTHIA_REVISIONS)}
-    )
-    seq_len: int = 128  # tokens of the model's own tokenizer per validation window (features.rep_batch windows)
-
-    def check(self) -> None:
-        positive(self, "series", ("seq_len",))
-        for name, source in self.sources.items():
-            source.check(f"series.sources.{name}")
-
-
-@dataclass(frozen=True)
-class SecurityParams:
-    """TLS files of a Dask cluster: paths only, never keys or passwords (docs/scaling.md)."""
-
-    ca: str = ""  # PEM certificate of the CA that signed the scheduler's and this client's certificates
-    cert: str = ""  # PEM certificate of this client
-    key: str | None = None  # its PEM private key (None: appended to cert)
-
-
-@dataclass(frozen=True)
-class ComputeParams:
-    cluster: str = "local"  # local (this machine) | tcp://host:8786 | tls://host:8786 | a scheduler file
-    security: SecurityParams | None = None  # TLS files, required for tls://
-    connect_timeout_s: float = 10.0  # wait this long for the scheduler and its first worker, then fail
-
-    def check(self) -> None:
-        positive(self, "compute", ("connect_timeout_s",))
-        if not self.cluster:
-            raise ParamsError("compute.cluster is empty; use local, tcp://host:8786, tls://host:8786 or a file")
-
-
 @dataclass(frozen=True)
 class AnalysisParams:
     fractions: tuple[float, ...] = (0.2, 0.3, 0.5)  # share of training observed before predicting (Table 5)
@@ -352,8 +286,8 @@ def parse_params(raw: dict) -> Params:
         ladder=ladder,
         features=build(FeaturesParams, raw.get("features") or {}, "features"),
         analysis=build(AnalysisParams, raw.get("analysis") or {}, "analysis"),
-        series=_parse_series(raw.get("series") or {}),
-        compute=_parse_compute(raw.get("compute") or {}),
+        series=parse_series(raw.get("series") or {}),
+        compute=parse_compute(raw.get("compute") or {}),
         variants=_parse_variants(raw.get("variants") or {}),
     )
     for section in (params.data, params.train, params.features, params.analysis, params.series, params.compute):
@@ -413,37 +347,6 @@ def _cuda_available() -> bool:
     import torch  # only when CUDA is asked for: params are read by every stage, most never need torch
 
     return torch.cuda.is_available()
-
-
-def _parse_series(raw: object) -> SeriesParams:
-    """``series``: scalar keys as usual; ``sources`` maps series names (letters, digits, '-', '_') to sources."""
-    if not isinstance(raw, dict):
-        raise ParamsError(f"series must be a mapping, got {type(raw).__name__}")
-    sources_raw = raw.get("sources")
-    params = build(SeriesParams, {k: v for k, v in raw.items() if k != "sources"}, "series")
-    if sources_raw is None:
-        return params
-    if not isinstance(sources_raw, dict):
-        raise ParamsError("series.sources must map series names to {model, revisions} or {path}")
-    sources = {}
-    for name, source in sources_raw.items():
-        if not isinstance(name, str) or not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
-            raise ParamsError(f"series.sources.{name}: series names must be letters, digits, '-', '_' or '.'")
-        sources[name] = build(SeriesSource, source or {}, f"series.sources.{name}")
-    return dataclasses.replace(params, sources=sources)
-
-
-def _parse_compute(raw: object) -> ComputeParams:
-    """``compute``: scalar keys as usual; ``security`` maps ca, cert (and key) to PEM file paths."""
-    if not isinstance(raw, dict):
-        raise ParamsError(f"compute must be a mapping, got {type(raw).__name__}")
-    params = build(ComputeParams, {k: v for k, v in raw.items() if k != "security"}, "compute")
-    if raw.get("security") is None:
-        return params
-    security = build(SecurityParams, raw["security"], "compute.security")
-    if not security.ca or not security.cert:
-        raise ParamsError("compute.security needs ca and cert (PEM file paths), and key unless cert holds it")
-    return dataclasses.replace(params, security=security)
 
 
 def as_dict(obj: object) -> dict:

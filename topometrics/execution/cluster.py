@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from topometrics.errors import TopometricsError
-from topometrics.params import SecurityParams
+from topometrics.params_sources import SecurityParams
 
 LOCAL = "local"
 _ADDRESS = re.compile(r"^(tcp|tls)://[^/\s]+:\d+$")

@@ -27,7 +27,7 @@ from threadpoolctl import threadpool_limits
 
 from topometrics.execution.cluster import connect, map_on_cluster
 from topometrics.execution.lifeline import die_with
-from topometrics.params import ComputeParams
+from topometrics.params_sources import ComputeParams
 
 Job = TypeVar("Job")
 Result = TypeVar("Result")

@@ -59,7 +59,8 @@ from topometrics.models.checkpoints import (
 )
 from topometrics.models.model import linear_layer_names
 from topometrics.models.tokens import load_tokens
-from topometrics.params import BASE_VARIANT, ComputeParams, FeaturesParams
+from topometrics.params import BASE_VARIANT, FeaturesParams
+from topometrics.params_sources import ComputeParams
 
 TABLES = ("features", "diagrams")
 

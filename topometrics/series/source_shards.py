@@ -24,7 +24,8 @@ from topometrics.execution import shards
 from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table
 from topometrics.models.checkpoints import CheckpointError
-from topometrics.params import BASE_VARIANT, ComputeParams, FeaturesParams, SeriesParams, SeriesSource
+from topometrics.params import BASE_VARIANT, FeaturesParams
+from topometrics.params_sources import ComputeParams, SeriesParams, SeriesSource
 from topometrics.series.checkpoint import series_checkpoint_features
 from topometrics.series.hub import hub_checkpoints, skip_record, step_from_name, weights_sha256
 from topometrics.series.run_folders import RunCheckpoint, RunFolderError, scan_run_folder
