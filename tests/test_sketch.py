@@ -120,3 +120,25 @@ def test_a_torn_last_row_and_rows_past_the_resume_step_are_dropped(tmp_path):
 def test_no_sketch_reads_as_empty(tmp_path):
     steps, points = read_sketch(tmp_path)
     assert steps.shape == (0,) and points.shape == (0, 0)
+
+
+def test_the_train_stage_sketches_every_run_by_default_and_not_when_switched_off():
+    import dataclasses
+
+    from stages.train import observers
+    from topometrics.params import FeaturesParams, TrainParams
+
+    assert observers(TrainParams(), FeaturesParams()) == [TrajectorySketches(64, 10)]
+    assert observers(dataclasses.replace(TrainParams(), sketch_every=0), FeaturesParams()) == []
+
+
+def test_a_changed_recipe_discards_the_old_sketch_with_the_runs_other_files(tmp_path):
+    from topometrics.training.run_dir import discard_stale
+
+    model = GPT(GPTConfig(hidden=8, layers=1, heads=1, context=16))
+    recorder = SketchRecorder(tmp_path, dim=4, every=10)
+    recorder.on_step(model, 0, 1.0)
+    recorder.close()
+    (tmp_path / "notes.txt").write_text("the user's")
+    discard_stale(tmp_path, "t-7", quiet)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
