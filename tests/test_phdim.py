@@ -8,7 +8,7 @@ from scipy.sparse.csgraph import minimum_spanning_tree
 from scipy.spatial.distance import pdist, squareform
 from scipy.stats import special_ortho_group
 
-from topometrics.dynamics.phdim import MIN_SIZE, h0_alpha_weight, ph_dimension
+from topometrics.dynamics.phdim import MIN_SIZE, h0_alpha_weight, ph_dimension, trailing_dimension
 
 SIZES = tuple(range(200, 1001, 100))  # the subsample sizes every known answer below uses, of 1000 points
 
@@ -91,3 +91,17 @@ def test_bad_arguments_raise():
         ph_dimension(np.zeros((10, 2)), (8, 9, 10), alpha=0.0)
     with pytest.raises(ValueError, match="shape"):
         ph_dimension(np.zeros(10), (8, 9, 10))
+
+
+def test_a_trailing_window_takes_only_its_iterates():
+    rng = np.random.default_rng(5)
+    steps = np.arange(0, 2000, 10)  # 200 iterates: a segment for the first 100, a square after
+    points = np.vstack([np.c_[rng.uniform(size=100), np.zeros(100)], rng.uniform(size=(100, 2))])
+    sizes = (40, 60, 80, 100)
+    square = trailing_dimension(steps, points, 1990, 1000, sizes, seed=1, draws=3)
+    segment = trailing_dimension(steps, points, 990, 1000, sizes, seed=1, draws=3)
+    assert square.n_points == 100 and segment.n_points == 100
+    assert ph_dimension(points[100:], sizes, seed=1, draws=3) == square
+    assert segment.dimension == pytest.approx(1.0, abs=0.1) and square.dimension > 1.6
+    short = trailing_dimension(steps, points, 990, 150, sizes)
+    assert np.isnan(short.dimension) and short.reason.startswith("steps 841..990: 15 points allow 0 subsample sizes")

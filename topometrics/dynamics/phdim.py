@@ -118,3 +118,27 @@ def ph_dimension(
     if slope >= 1:
         return null(f"the slope of log E_alpha on log n is {slope:.3g}, not below 1", slope)
     return PHDimension(alpha / (1.0 - slope), slope, use, n)
+
+
+def trailing_dimension(
+    steps: np.ndarray,
+    points: np.ndarray,
+    at_step: int,
+    window: int,
+    sizes: Sequence[int],
+    alpha: float = 1.0,
+    seed: int = 0,
+    draws: int = 1,
+) -> PHDimension:
+    """The PH0 dimension of a trajectory's iterates in the trailing window ``(at_step - window, at_step]``.
+
+    ``steps`` (n,) are the training steps of the iterates ``points`` (n, d) (a run's sketch,
+    :func:`topometrics.training.sketch.read_sketch`, or its checkpoints' flattened weights); the rest as
+    :func:`ph_dimension`, whose NULL (with the window named in the reason) a window of too few iterates gets.
+    """
+    steps = np.asarray(steps)
+    inside = (steps > at_step - window) & (steps <= at_step)
+    est = ph_dimension(np.asarray(points)[inside], sizes, alpha, seed, draws)
+    if est.reason is None:
+        return est
+    return est._replace(reason=f"steps {at_step - window + 1}..{at_step}: {est.reason}")
