@@ -30,6 +30,10 @@ The projection of one run is steps x median step time + checkpoints x checkpoint
                       training's matrix products, timed alone: the time no loop overhead can beat
   projection          repro and hand minutes for 8 and 16 cores from the same per-thread rates
 
+With ``train.sketch_every`` > 0 the JSON line also holds ``sketch``: per rung, one trajectory sketch's time
+(topometrics.training.sketch) and its ``overhead``, that time over ``sketch_every`` steps of the loop
+``dvc repro`` runs (timed above, same process), and the one-off time to draw the projection matrix.
+
 The machine is shared, so read ratios measured in the same run rather than absolute numbers.
 """
 
@@ -53,6 +57,7 @@ from topometrics.models.model import GPT
 from topometrics.params import load_params
 from topometrics.training.run_dir import save_resume
 from topometrics.training.run_queue import estimated_flops, usable_cores
+from topometrics.training.sketch import projection_matrix, sketch
 from topometrics.training.train import (
     RunConfig,
     build_run_config,
@@ -129,6 +134,25 @@ def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int) -> dict:
         "ckpt_s": min(ckpt),
         "extra_s": max(0.0, warm_s - warmup * step_s),  # compile time and other one-off costs
     }
+
+
+def sketch_overhead(cfg: RunConfig, step_s: float, every: int, dim: int, reps: int = 20) -> dict:
+    """The trajectory sketch's cost on training (topometrics.training.sketch, as the train stage records it): the
+    median time of one sketch of the rung's weights over ``every`` steps of ``step_s`` seconds, and the one-off
+    time to draw its projection matrix."""
+    model = GPT(cfg.model)
+    model.init_weights(torch.Generator().manual_seed(cfg.recipe.seed))
+    n_params = sum(p.numel() for p in model.parameters())
+    t = time.perf_counter()
+    matrix = projection_matrix(n_params, dim, 0)
+    matrix_s = time.perf_counter() - t
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        sketch(model, matrix)
+        times.append(time.perf_counter() - t)
+    sketch_s = statistics.median(times)
+    return {"sketch_ms": sketch_s * 1e3, "matrix_s": matrix_s, "overhead": sketch_s / (every * step_s)}
 
 
 def project(cfg: RunConfig, t: dict) -> float:
@@ -257,6 +281,16 @@ def main(argv: list[str] | None = None) -> int:
         "timed_steps": args.steps,
         "bench_seconds": round(time.perf_counter() - t_start, 1),
     }
+    if params.train.sketch_every > 0:  # the sketch against the loop dvc repro runs, timed above in this process
+        every, dim = params.train.sketch_every, params.train.sketch_dim
+        torch.set_num_threads(threads[dvc_mode])
+        costs = {k: sketch_overhead(cfgs[k], timing[dvc_mode][k]["step_s"], every, dim) for k in cfgs}
+        torch.set_num_threads(default_threads)
+        result["sketch"] = {"every": every, "dim": dim} | {
+            k: {key: round(v, 4) for key, v in c.items()} for k, c in costs.items()
+        }
+        for k, c in costs.items():
+            print(f"sketch {k:8s} {c['sketch_ms']:7.2f} ms per sketch, {100 * c['overhead']:.2f} % of {every} steps")
     result |= ladder_schedules(cfgs, timing, minutes, params.train.seeds[0], args.cores)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, sort_keys=True))

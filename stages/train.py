@@ -6,7 +6,9 @@
 Runs already complete (every checkpoint verified) are skipped untouched; unfinished ones resume
 (topometrics.training.run_queue). With `train.monitor_every` > 0 every run trained is watched by a
 TopologyMonitor logging into `data/runs/<run>/monitor/` (the measures it computes are not this
-stage's deps: tests/test_dvc_deps.py says why). While the runs train, their checkpoint losses and
+stage's deps: tests/test_dvc_deps.py says why). With `train.sketch_every` > 0 (the default) every run
+trained records a sketch of its weights every few steps into `data/runs/<run>/trajectory_sketch.csv`
+(topometrics.training.sketch). While the runs train, their checkpoint losses and
 measurements are relayed into the dvclive folder `--live` (dvc exp show, dvc plots).
 `--run NAME` trains only the named runs (their config files must exist: `dvc repro config`).
 A run directory that holds another run is refused, untouched.
@@ -15,8 +17,9 @@ A run directory that holds another run is refused, untouched.
 from pathlib import Path
 
 from topometrics.errors import run_stage, stage_parser
-from topometrics.params import FeaturesParams, load_params
+from topometrics.params import FeaturesParams, TrainParams, load_params
 from topometrics.training.run_queue import ObserverFactory, TrainPaths, train_declared
+from topometrics.training.sketch import TrajectorySketches
 
 
 def main(argv: list[str]) -> None:
@@ -31,16 +34,20 @@ def main(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     params = load_params(args.params)
     paths = TrainPaths(args.configs, args.corpus, args.runs, args.metrics, args.curves, args.live)
-    train_declared(params, paths, args.run, observers(params.train.monitor_every, params.features))
+    train_declared(params, paths, args.run, observers(params.train, params.features))
 
 
-def observers(monitor_every: int, features: FeaturesParams) -> list[ObserverFactory]:
-    """The observer factories of every run: a live monitor's when ``train.monitor_every`` > 0."""
-    if monitor_every <= 0:
-        return []
-    from topometrics.features.monitor import RunMonitors  # only when monitoring: it imports the measures
+def observers(train: TrainParams, features: FeaturesParams) -> list[ObserverFactory]:
+    """The observer factories of every run: the trajectory sketch's when ``train.sketch_every`` > 0, a live
+    monitor's when ``train.monitor_every`` > 0."""
+    found: list[ObserverFactory] = []
+    if train.sketch_every > 0:
+        found.append(TrajectorySketches(train.sketch_dim, train.sketch_every))
+    if train.monitor_every > 0:
+        from topometrics.features.monitor import RunMonitors  # only when monitoring: it imports the measures
 
-    return [RunMonitors(monitor_every, features)]
+        found.append(RunMonitors(train.monitor_every, features))
+    return found
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ MAY_IMPORT = {  # folder -> the folders it may import (besides SHARED); lower fl
     "measures": set(),
     "landscape": {"models", "measures"},
     "execution": set(),
+    "dynamics": {"measures"},  # the trajectory's dimension: H0 persistence of its iterates
     "training": {"models", "execution"},
     "features": {"models", "measures", "landscape", "execution", "training"},  # training: the monitor log's format
     "series": {"models", "measures", "landscape", "execution", "training", "features"},

@@ -69,6 +69,8 @@ def test_empty_rung_inherits_and_partial_rung_overrides():
         ("train", "seed", 42, "unknown param train.seed: train.seed became train.seeds"),
         ("train", "monitor_every", -1, "train.monitor_every must be >= 0, got -1"),
         ("train", "monitor_every", 2.5, "train.monitor_every must be int"),
+        ("train", "sketch_every", -1, "train.sketch_every must be >= 0, got -1"),
+        ("train", "sketch_dim", 0, "train.sketch_dim must be positive"),
         ("train", "lr", float("nan"), "train.lr must be a finite number, got nan; write a number such as 0.001"),
         ("train", "lr", float("inf"), "train.lr must be a finite number, got inf"),
         ("train", "grad_clip", float("-inf"), "train.grad_clip must be a finite number, got -inf"),
@@ -145,6 +147,17 @@ def test_monitoring_is_off_by_default_and_never_changes_a_runs_config_or_recipe_
         assert recipe_fingerprint(a, "corpus") == recipe_fingerprint(b, "corpus")  # existing runs are complete
 
 
+def test_the_trajectory_sketch_is_on_by_default_and_never_changes_a_runs_config_or_recipe_fingerprint():
+    plain = load_params(REPO / "params.yaml")
+    assert (plain.train.sketch_every, plain.train.sketch_dim) == (10, 64)
+    raw = default_raw()
+    raw["train"] |= {"sketch_every": 0, "sketch_dim": 8}
+    off = parse_params(raw)
+    for rung in plain.ladder:
+        a, b = build_run_config(off, rung, 42), build_run_config(plain, rung, 42)
+        assert a.to_dict() == b.to_dict() and recipe_fingerprint(a, "corpus") == recipe_fingerprint(b, "corpus")
+
+
 def test_the_default_params_declare_one_base_run_per_rung():
     params = load_params(REPO / "params.yaml")
     assert params.variants == {} and params.run_names() == ["tiny-42", "small-42", "medium-42", "large-42", "xl-42"]
@@ -157,6 +170,7 @@ def test_the_default_params_declare_one_base_run_per_rung():
         ({"v": {"seeds": [1]}}, "variants.v.seeds: train.seeds applies to every run"),
         ({"v": {"device": "cpu"}}, "variants.v.device: train.device applies to every run"),
         ({"v": {"monitor_every": 10}}, "variants.v.monitor_every: train.monitor_every applies to every run"),
+        ({"v": {"sketch_every": 5}}, "variants.v.sketch_every: train.sketch_every applies to every run"),
         ({"v": {"learning_rate": 1}}, "unknown param variants.v.learning_rate; variants may set steps"),
         ({"": {"lr": 1}}, "variants: the name '' must be non-empty letters, digits or '_'"),
         ({"lr-hi": {"lr": 1}}, "variants: the name 'lr-hi' must be non-empty"),

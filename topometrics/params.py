@@ -62,6 +62,8 @@ class TrainParams:
     threads: int = 0  # torch intra-op threads per training process; 0 = 1 (the processes fill the cores)
     workers: int = 0  # runs trained at once; 0 = one per usable core on CPU, 4 per GPU on CUDA
     monitor_every: int = 0  # weight features every this many steps while training (features.monitor); 0 = off
+    sketch_every: int = 10  # a JL sketch of all the weights every this many steps (training.sketch); 0 = off
+    sketch_dim: int = 64  # dimensions of that sketch
     hidden: int = 48  # default shape, inherited by rungs that do not override it
     layers: int = 3
     heads: int = 4
@@ -69,7 +71,8 @@ class TrainParams:
     def check(self) -> None:
         self.check_recipe("train")
         positive(self, "train", SHAPE_KEYS)
-        non_negative(self, "train", ("threads", "workers", "monitor_every"))
+        non_negative(self, "train", ("threads", "workers", "monitor_every", "sketch_every"))
+        positive(self, "train", ("sketch_dim",))
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
             raise ParamsError(
                 f"train.seeds must be a non-empty list of distinct integers >= 0, got {list(self.seeds)}; e.g. [42, 43]"

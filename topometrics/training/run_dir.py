@@ -3,7 +3,8 @@
 A run directory (``data/runs/<rung>-<seed>``) holds the run's checkpoints and sidecars
 (topometrics.models.checkpoints), ``resume.safetensors`` (the training state after the last checkpoint;
 its metadata names the step, rung, seed and recipe fingerprint), ``steps.csv``, ``checkpoints.csv``,
-``run.json`` (how the run ended) and, when ``train.monitor_every`` > 0, ``monitor/`` (the log of a
+``run.json`` (how the run ended), when ``train.sketch_every`` > 0 ``trajectory_sketch.csv`` / ``.json``
+(:mod:`topometrics.training.sketch`) and, when ``train.monitor_every`` > 0, ``monitor/`` (the log of a
 live monitor, whose files :mod:`topometrics.training.monitor_log` names). Before training touches it:
 
 - :func:`claim_run_dir` refuses a directory whose own records name another rung or seed, and says
@@ -40,8 +41,9 @@ from topometrics.training.monitor_log import RUN_DIR_FILES
 
 STEPS_HEADER = "step,train_loss,grad_norm,lr\n"
 # Files a run directory holds; only these are ever deleted (never the directory itself).
+# trajectory_sketch.*: topometrics.training.sketch's files (named here so that the training loop imports no observer)
 RUN_FILES = ("step_*", "resume.*", "steps.csv", "checkpoints.csv", "run.json", "summary.json", "*.tmp",
-             *RUN_DIR_FILES)  # fmt: skip
+             "trajectory_sketch.*", *RUN_DIR_FILES)  # fmt: skip
 _STEP_NAME = re.compile(r"^step_(\d{6,})\.(?:safetensors|json)$")
 
 

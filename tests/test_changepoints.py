@@ -1,0 +1,105 @@
+"""Changepoints: known breaks of seeded noisy series, none in a constant one, NULL on short ones, jump=1, lags."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ruptures
+
+from topometrics.dynamics.changepoints import MIN_LENGTH, changepoint_lags, changepoints, series_changepoints
+from topometrics.models.lr_schedule import Schedule
+
+T = np.arange(51.0)  # 51 checkpoints: a 5000-step run with a checkpoint every 100 steps
+
+
+def steps_series(breaks=(15, 35), levels=(0.0, 2.0, -1.0)) -> np.ndarray:
+    """Three levels over :data:`T`, the second starting at point ``breaks[0]``, the third at ``breaks[1]``."""
+    first, second = breaks
+    return np.select([first > T, second > T], levels[:2], levels[2])
+
+
+def kinked(noise: float, rng: np.random.Generator) -> np.ndarray:
+    """Slopes 0.1, -0.2, 0.3 with kinks after points 20 and 35, continuous, plus Gaussian noise."""
+    z = np.where(T < 20, 0.1 * T, 2.0 - 0.2 * (T - 20))
+    z = np.where(T < 35, z, 2.0 - 0.2 * 15 + 0.3 * (T - 35))
+    return z + rng.normal(0.0, noise, T.size)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_piecewise_constant_breaks_are_found_within_one_checkpoint(seed):
+    y = steps_series() + np.random.default_rng(seed).normal(0.0, 0.5, T.size)
+    found = changepoints(y)
+    assert len(found) == 2 and abs(found[0] - 15) <= 1 and abs(found[1] - 35) <= 1
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_piecewise_linear_kinks_are_found_within_one_checkpoint(seed):
+    found = changepoints(kinked(0.05, np.random.default_rng(seed)), model="slope")
+    assert len(found) == 2 and abs(found[0] - 20) <= 1 and abs(found[1] - 35) <= 1
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_noise_around_a_constant_has_no_changepoint(seed):
+    rng = np.random.default_rng(100 + seed)
+    assert changepoints(rng.normal(3.0, 0.5, T.size)) == []
+    assert changepoints(0.2 * T + rng.normal(0.0, 0.05, T.size), model="slope") == []
+
+
+def test_a_constant_series_has_no_changepoint():
+    assert changepoints(np.full(51, 2.5)) == [] and changepoints(np.full(51, 2.5), model="slope") == []
+    got = series_changepoints(np.arange(0, 5001, 100), np.full(51, 2.5))
+    assert got.steps == () and np.isnan(got.first_step) and got.count == 0 and got.reason is None
+
+
+def test_jump_1_keeps_a_break_that_rupturess_default_jump_moves():
+    # ruptures' default jump=5 only tries every fifth index: a true break at 23 of 51 becomes two, at 20 and 25
+    y = np.r_[np.zeros(23), np.full(28, 3.0)] + np.random.default_rng(0).normal(0.0, 0.5, 51)
+    pen = 5.0 * np.log(51) * 0.5**2  # our penalty in the series' own units (noise sd 0.5)
+    assert ruptures.Pelt(model="l2", min_size=2).fit(y).predict(pen=pen)[:-1] == [20, 25]
+    assert changepoints(y) == [23]
+
+
+def test_series_changepoints_reports_steps_first_step_and_count():
+    steps = np.arange(0, 5001, 100)
+    got = series_changepoints(steps, steps_series() + np.random.default_rng(1).normal(0.0, 0.5, T.size))
+    assert got.count == 2 and got.first_step == float(got.steps[0]) and got.reason is None
+    assert abs(got.steps[0] - 1500) <= 100 and abs(got.steps[1] - 3500) <= 100
+
+
+def test_short_or_non_finite_series_give_null_with_a_reason():
+    got = series_changepoints(np.arange(MIN_LENGTH - 1), np.arange(MIN_LENGTH - 1.0))
+    assert got.count is None and np.isnan(got.first_step) and "fewer than" in got.reason
+    assert "fewer than" in changepoints(np.arange(MIN_LENGTH, dtype=float), model="slope")
+    bad = np.ones(20)
+    bad[3] = np.nan
+    assert "non-finite" in changepoints(bad)
+
+
+def test_the_learning_rates_first_changepoint_is_its_warm_up_end():
+    steps = np.arange(0, 5001, 100)
+    for warmup in (200, 1000):
+        schedule = Schedule(5000, warmup, 3e-3, 0.1)
+        lr = np.array([schedule.at(int(s)) for s in steps])
+        assert series_changepoints(steps, lr, model="slope").first_step == warmup
+
+
+def test_lags_count_checkpoints_between_first_changepoints():
+    rng = np.random.default_rng(2)
+    val = steps_series((20, 40), (3.0, 2.0, 1.8)) + rng.normal(0.0, 0.05, T.size)
+    feature = steps_series((17, 40), (0.0, 1.0, 1.2)) + rng.normal(0.0, 0.05, T.size)  # three checkpoints earlier
+    lr = np.array([Schedule(5000, 1000, 3e-3, 0.1).at(int(s)) for s in np.arange(0, 5001, 100)])  # warm-up: 10
+    lags = changepoint_lags(feature, val, lr)
+    assert lags["feature_vs_val"] == -3.0 and lags["feature_vs_lr"] == 7.0 and lags["val_vs_lr"] == 10.0
+    assert lags["feature_vs_val_reason"] is None
+    flat = changepoint_lags(np.full(51, 1.0), val, lr)
+    assert np.isnan(flat["feature_vs_val"]) and flat["feature_vs_val_reason"] == "feature: no changepoint"
+    assert flat["val_vs_lr"] == 10.0
+    short = changepoint_lags(feature[:4], val[:4], lr[:4])
+    assert np.isnan(short["val_vs_lr"]) and "fewer than" in short["val_vs_lr_reason"]
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="model"):
+        changepoints(np.zeros(10), model="clinear")
+    with pytest.raises(ValueError, match="penalty"):
+        changepoints(np.zeros(10), penalty=0.0)
