@@ -85,7 +85,7 @@ def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int) -> dict:
 
         def step(s: int) -> None:
             for group in opt.param_groups:
-                group["lr"] = r.schedule.at(s)
+                group["lr"] = r.lr_schedule.at(s)
             x, y = sample_batch(data, r.batch_size, seq_len, gen)
             loss = model.loss(x, y)
             opt.zero_grad(set_to_none=True)
@@ -100,7 +100,7 @@ def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int) -> dict:
 
         def step(s: int) -> None:
             for group in opt.param_groups:
-                group["lr"] = r.schedule.at(s)
+                group["lr"] = r.lr_schedule.at(s)
             x, y = sample_batch(data, r.batch_size, seq_len, gen)
             forward_backward(model, opt, x, y, r.grad_clip)
             opt.step()

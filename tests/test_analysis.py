@@ -258,3 +258,20 @@ def test_verdict_on_one_seed_names_every_skip(con):
     assert rung.loc[(0.5, "weights_vr"), "n"] == len(RUNGS)  # vr_tp0, vr_tp1 are in the synthetic features
     assert rung.loc[(0.5, "scale_free"), "verdict"].startswith("skipped: family scale_free has no usable values")
     assert verdict["verdict"].notna().all()
+
+
+def test_the_loss_curve_laws_read_each_runs_schedule_shape_from_its_config():
+    from test_params import default_raw
+
+    from topometrics.params import parse_params
+    from topometrics.training.train import build_run_config
+
+    params = parse_params(default_raw() | {"variants": {"wsd": {"schedule": "wsd", "decay_fraction": 0.25}}})
+    for variant, shape in (("base", "cosine"), ("wsd", "wsd")):
+        cfg = build_run_config(params, "tiny", 42, variant)
+        recipe = cfg.to_dict()["recipe"]
+        # the runs row as warehouse.load_run writes it: recipe columns and the config as JSON
+        row = {k: recipe[k] for k in ("steps", "warmup", "lr", "min_lr_ratio")}
+        row["config_json"] = json.dumps(cfg.to_dict(), sort_keys=True)
+        assert analysis.run_schedule(row) == cfg.recipe.lr_schedule and analysis.run_schedule(row).shape == shape
+    assert analysis.run_schedule(row | {"config_json": None}).shape == "cosine"  # an external series: no config
