@@ -163,3 +163,12 @@ def test_the_annealing_law_recovers_its_parameters_from_a_wsd_curve():
     fit, final = predict.fit_lr_annealing(WSD_CHECKPOINTS, loss, WSD)
     np.testing.assert_allclose([fit.params[k] for k in ("L0", "A", "alpha", "C")], [1.3, 0.5, 0.6, 0.2], rtol=1e-5)
     assert final == pytest.approx(loss[-1], abs=1e-7)
+
+
+def test_gradnorm_window_is_the_mean_and_log_sd_of_the_observed_positive_norms():
+    t = np.arange(0, 11)
+    g = np.array([9.0, 1.0, np.e, np.nan, 0.0, np.e**2, 5.0, 5.0, 5.0, 5.0, 5.0])
+    mean, spread = predict.gradnorm_window(t, g, cutoff=5)  # steps 1..5: 1, e, (nan), (0), e^2
+    assert mean == pytest.approx((1 + np.e + np.e**2) / 3)
+    assert spread == pytest.approx(1.0)  # ln = 0, 1, 2: sample SD 1
+    assert np.isnan(predict.gradnorm_window(t, g, cutoff=1)).all()  # one norm: no spread, no number

@@ -183,6 +183,8 @@ def _predictions_and_inputs(con, params: AnalysisParams, learned: bool = True):
             fits += fit_rows
             inputs.append(features)
     inputs = pd.DataFrame(inputs, columns=None if inputs else ["rung", "variant", "seed", "fraction", "n_seen"])
+    if len(inputs):  # the same-fraction loss ranked across runs: 1 = the lowest last observed loss, ties averaged
+        inputs["loss_rank"] = inputs.groupby("fraction")["anchor"].rank(method="average")
     rows = _learned_predictions(inputs, params) if learned and len(inputs) else []
     columns = ["method", "cv", "fraction", "rung", "seed", "predicted", "actual", "status", "reason", "trained_on"]
     return pd.DataFrame(predictions + rows, columns=columns), pd.DataFrame(fits, columns=_FIT_COLUMNS), inputs
@@ -322,6 +324,7 @@ def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict):
     features = base | {"variant": run.variant, "anchor": anchor, "n_seen": int(seen.sum())}
     for name, value in (("loss_drop", pl_pred), ("mpl_drop", mpl_pred), ("tissue_drop", lra_pred)):
         features[name] = (value if value is not None else np.nan) - anchor
+    features["gn_mean"], features["gn_spread"] = predict.gradnorm_window(*run_values.get("grad_norm", ([], [])), cutoff)
     for name, (steps, values) in run_values.items():
         if name != "val_loss":
             features[f"{name}_level"], features[f"{name}_rate"] = predict.window_summary(steps, values, cutoff)
