@@ -1,7 +1,7 @@
 """Training throughput per rung and the projected wall time of the default ladder.
 
     python -m bench train [--steps 20] [--rungs tiny,xl] [--modes naive,serial,serial2,parallel]
-                          [--cores N] [--device auto|cpu|cuda] [--sweep RUNGS:VARIANTS:SEEDS:STEPS ...]
+                          [--cores N] [--device auto|cpu|cuda] [--sweep RUNGS:VARIANTS:SEEDS:STEPS[:CKPT_EVERY] ...]
 
 Every mode times the real training step (sample a batch, forward, backward, clip, AdamW
 step with the schedule's learning rate) on random tokens (the cost does not depend on
@@ -30,8 +30,9 @@ The projection of one run is steps x median step time + checkpoints x checkpoint
                       training's matrix products, timed alone: the time no loop overhead can beat
   projection          repro and hand minutes for 8 and 16 cores from the same per-thread rates
 
-``--sweep tiny,small,medium:4:8:1000`` (repeatable) also projects a sweep of rungs x variants x seeds
-runs of that many steps (``sweeps`` in the JSON; bench.schedule.sweep_projection): on CPU from the
+``--sweep tiny,small,medium:4:8:1000:50`` (repeatable) also projects a sweep of rungs x variants x seeds
+runs of that many steps, a checkpoint every CKPT_EVERY (default: params' ``train.ckpt_every``)
+(``sweeps`` in the JSON; bench.schedule.sweep_projection): on CPU from the
 ``parallel`` rates over ``--cores`` processes plus the pool start-up; on CUDA from the ``serial`` rates,
 one run after another on the GPU (the run queue's concurrent runs per GPU are not timed here, so it is
 an upper bound).
@@ -212,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--cores", type=int, default=usable_cores(), help="processes of the parallel mode and queue")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: CUDA when present")
-    ap.add_argument("--sweep", action="append", default=[], help="project RUNGS:VARIANTS:SEEDS:STEPS (repeatable)")
+    ap.add_argument(
+        "--sweep", action="append", default=[], help="project RUNGS:VARIANTS:SEEDS:STEPS[:CKPT_EVERY] (repeatable)"
+    )
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):

@@ -17,7 +17,7 @@ def test_a_rung_is_timed_on_the_cpu_device_and_a_gpu_sweep_runs_one_at_a_time():
     timing = bench_train.time_rung(cfg, "serial", steps=2, warmup=1, device=torch.device("cpu"))
     assert timing["step_s"] > 0 and timing["ckpt_s"] > 0 and timing["extra_s"] >= 0
     # no parallel rates (a GPU run): the serial ones, one process, no pool start-up
-    (sweep,) = bench_train.sweep_projections([(("t",), 2, 2, 10)], {"naive": {}, "serial": {"t": timing}}, 5, 1)
+    (sweep,) = bench_train.sweep_projections([(("t",), 2, 2, 10, None)], {"naive": {}, "serial": {"t": timing}}, 5, 1)
     run_s = 10 * timing["step_s"] + 3 * timing["ckpt_s"] + timing["extra_s"]
     assert sweep["runs"] == 4 and sweep["wall_hours"] == round(4 * run_s / 3600, 2)
 
