@@ -29,6 +29,49 @@ def queue_makespan(durations: list[float], workers: int) -> float:
     return max(free, default=0.0)
 
 
+def parse_sweep(text: str) -> tuple:
+    """``RUNGS:VARIANTS:SEEDS:STEPS[:CKPT_EVERY]`` (e.g. ``tiny,small,medium:4:8:1000:50``) -> (rungs, variants,
+    seeds, steps, ckpt_every or None = the params' ``train.ckpt_every``)."""
+    parts = text.split(":")
+    rungs = tuple(r for r in parts[0].split(",") if r)
+    try:
+        numbers = tuple(int(x) for x in parts[1:])
+    except ValueError:
+        numbers = ()
+    if len(parts) not in (4, 5) or not rungs or len(numbers) not in (3, 4) or min(numbers) < 1:
+        raise ValueError(
+            f"--sweep {text!r}: expected RUNGS:VARIANTS:SEEDS:STEPS[:CKPT_EVERY], e.g. tiny,small,medium:4:8:1000:50"
+        )
+    return (rungs, *numbers, None) if len(numbers) == 3 else (rungs, *numbers)
+
+
+def sweep_projection(
+    timing: dict[str, dict], sweep: tuple, ckpt_every: int, workers: int, startup_s: float = 0.0
+) -> dict:
+    """Wall time of training a sweep of rungs x variants x seeds runs of ``steps`` steps on ``workers`` processes.
+
+    ``timing[rung]`` holds the measured ``step_s``, ``ckpt_s`` (one checkpoint) and ``extra_s`` (one-off) of a
+    rung. ``sweep`` is :func:`parse_sweep`'s tuple; its ckpt_every (when not None) replaces ``ckpt_every``.
+    A run costs steps x step_s + (steps // ckpt_every + 1) x ckpt_s + extra_s; variants are assumed to
+    cost what the base recipe costs (they change the LR, its schedule or the weight decay, not the shape,
+    batch or steps). Runs go longest first to the first free process (:func:`queue_makespan`), after
+    ``startup_s`` of pool start-up.
+    """
+    rungs, variants, seeds, steps, every = sweep
+    ckpt_every = every or ckpt_every
+    run_s = {k: steps * timing[k]["step_s"] + (steps // ckpt_every + 1) * timing[k]["ckpt_s"] + timing[k]["extra_s"]
+             for k in rungs}  # fmt: skip
+    durations = sorted((run_s[k] for k in rungs for _ in range(variants * seeds)), reverse=True)
+    return {
+        "runs": len(durations),
+        "rungs": list(rungs), "variants": variants, "seeds": seeds, "steps": steps, "ckpt_every": ckpt_every,
+        "workers": workers,
+        "run_minutes": {k: round(v / 60, 3) for k, v in run_s.items()},
+        "wall_hours": round((startup_s + queue_makespan(durations, workers)) / 3600, 2),
+        "run_hours_total": round(sum(durations) / 3600, 2),
+    }  # fmt: skip
+
+
 def best_makespan(durations: list[float], workers: int, limit: int = 2_000_000) -> float:
     """The shortest wall time of any assignment of whole runs to ``workers`` processes.
 

@@ -1,7 +1,7 @@
 """Training throughput per rung and the projected wall time of the default ladder.
 
     python -m bench train [--steps 20] [--rungs tiny,xl] [--modes naive,serial,serial2,parallel]
-                                      [--cores N]
+                          [--cores N] [--device auto|cpu|cuda] [--sweep RUNGS:VARIANTS:SEEDS:STEPS[:CKPT_EVERY] ...]
 
 Every mode times the real training step (sample a batch, forward, backward, clip, AdamW
 step with the schedule's learning rate) on random tokens (the cost does not depend on
@@ -34,6 +34,17 @@ With ``train.sketch_every`` > 0 the JSON line also holds ``sketch``: per rung, o
 (topometrics.training.sketch) and its ``overhead``, that time over ``sketch_every`` steps of the loop
 ``dvc repro`` runs (timed above, same process), and the one-off time to draw the projection matrix.
 
+``--sweep tiny,small,medium:4:8:1000:50`` (repeatable) also projects a sweep of rungs x variants x seeds
+runs of that many steps, a checkpoint every CKPT_EVERY (default: params' ``train.ckpt_every``)
+(``sweeps`` in the JSON; bench.schedule.sweep_projection): on CPU from the
+``parallel`` rates over ``--cores`` processes plus the pool start-up; on CUDA from the ``serial`` rates,
+one run after another on the GPU (the run queue's concurrent runs per GPU are not timed here, so it is
+an upper bound).
+
+``--device`` (default ``auto``: CUDA when present) is where the model, batches and optimizer live; on
+CUDA every step ends with a device synchronisation so the timer sees the kernels, the thread modes are
+the same single process, and ``parallel`` (one CPU process per core) and the CPU schedules are skipped.
+
 The machine is shared, so read ratios measured in the same run rather than absolute numbers.
 """
 
@@ -51,10 +62,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.schedule import best_makespan, gemm_seconds_per_step, pool_startup_s, queue_makespan
+from bench.schedule import (
+    best_makespan,
+    gemm_seconds_per_step,
+    parse_sweep,
+    pool_startup_s,
+    queue_makespan,
+    sweep_projection,
+)
 from topometrics.models.checkpoints import save_checkpoint
 from topometrics.models.model import GPT
-from topometrics.params import load_params
+from topometrics.params import ParamsError, load_params
 from topometrics.training.run_dir import save_resume
 from topometrics.training.run_queue import estimated_flops, usable_cores
 from topometrics.training.sketch import projection_matrix, sketch
@@ -64,6 +82,7 @@ from topometrics.training.train import (
     evaluate,
     forward_backward,
     make_optimizer,
+    pick_device,
     sample_batch,
     validation_windows,
 )
@@ -76,13 +95,20 @@ def _tokens(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 127, n, dtype=np.uint8)
 
 
-def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int) -> dict:
-    """Median step time and checkpoint time (seconds) of one rung in one mode, in this process."""
-    r, seq_len = cfg.recipe, cfg.model.context
+def _synchronize(device: torch.device) -> None:
+    """Wait for the device's queued kernels (CUDA runs them asynchronously; a CPU step is done when it returns)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int, device: torch.device | None = None) -> dict:
+    """Median step time and checkpoint time (seconds) of one rung in one mode, in this process, on ``device``
+    (default CPU); batches are sampled on the CPU and moved, as the trainer does."""
+    r, seq_len, device = cfg.recipe, cfg.model.context, device or torch.device("cpu")
     torch.manual_seed(0)
     model = GPT(cfg.model)
     model.init_weights(torch.Generator().manual_seed(r.seed))
-    model.train()
+    model.to(device).train()
     data = torch.from_numpy(_tokens(1 << 20, 1))
     gen = torch.Generator().manual_seed(r.seed + 1)
     if mode == "naive":  # the loop as first written: default (for-each) AdamW, no helpers
@@ -90,14 +116,15 @@ def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int) -> dict:
 
         def step(s: int) -> None:
             for group in opt.param_groups:
-                group["lr"] = r.schedule.at(s)
-            x, y = sample_batch(data, r.batch_size, seq_len, gen)
+                group["lr"] = r.lr_schedule.at(s)
+            x, y = (t.to(device) for t in sample_batch(data, r.batch_size, seq_len, gen))
             loss = model.loss(x, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), r.grad_clip).item()
             loss.item()
             opt.step()
+            _synchronize(device)
     else:
         opt = make_optimizer(model, r)
         if mode.startswith("compile"):
@@ -105,10 +132,11 @@ def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int) -> dict:
 
         def step(s: int) -> None:
             for group in opt.param_groups:
-                group["lr"] = r.schedule.at(s)
-            x, y = sample_batch(data, r.batch_size, seq_len, gen)
+                group["lr"] = r.lr_schedule.at(s)
+            x, y = (t.to(device) for t in sample_batch(data, r.batch_size, seq_len, gen))
             forward_backward(model, opt, x, y, r.grad_clip)
             opt.step()
+            _synchronize(device)
 
     t0 = time.perf_counter()
     for s in range(1, warmup + 1):
@@ -120,7 +148,7 @@ def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int) -> dict:
         step(s)
         times.append(time.perf_counter() - t)
     step_s = statistics.median(times)
-    val_x, val_y = validation_windows(_tokens(200_000, 2), r.val_windows, seq_len)
+    val_x, val_y = (t.to(device) for t in validation_windows(_tokens(200_000, 2), r.val_windows, seq_len))
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = []
         for i in range(2):
@@ -208,16 +236,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, from {','.join(MODES)}")
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--cores", type=int, default=usable_cores(), help="processes of the parallel mode and queue")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: CUDA when present")
+    ap.add_argument(
+        "--sweep", action="append", default=[], help="project RUNGS:VARIANTS:SEEDS:STEPS[:CKPT_EVERY] (repeatable)"
+    )
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}; choose from {MODES}")
+    try:
+        device, sweeps = pick_device(args.device), [parse_sweep(text) for text in args.sweep]
+    except (ParamsError, ValueError) as err:
+        ap.error(str(err))
+    cuda = device.type == "cuda"
     if "naive" not in modes:
         modes.insert(0, "naive")
-    if "parallel" not in modes:
+    if "parallel" not in modes and not cuda:
         modes.append("parallel")
+    if cuda and "parallel" in modes:
+        modes.remove("parallel")  # one CPU process per core: not a GPU mode
     params = load_params(args.params)
     rungs = args.rungs.split(",") if args.rungs else list(params.ladder)
+    rungs += [k for sweep in sweeps for k in sweep[0] if k not in rungs]
     cfgs = {k: build_run_config(params, k, params.train.seeds[0]) for k in rungs}
     default_threads = torch.get_num_threads()
     threads = {"naive": default_threads, "serial": params.train.threads or default_threads}
@@ -230,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "parallel":
                 continue
             torch.set_num_threads(threads[mode])
-            timing[mode][rung] = time_rung(cfg, mode, args.steps, args.warmup)
+            timing[mode][rung] = time_rung(cfg, mode, args.steps, args.warmup, device)
             print(f"  {rung:8s} {mode:9s} {timing[mode][rung]['step_s'] * 1e3:8.1f} ms/step", flush=True)
     torch.set_num_threads(default_threads)
     plan = None
@@ -279,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         "parallel_plan": plan,
         "threads": {m: threads.get(m, 1) for m in modes},
         "timed_steps": args.steps,
-        "bench_seconds": round(time.perf_counter() - t_start, 1),
+        "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if cuda else ""),
     }
     if params.train.sketch_every > 0:  # the sketch against the loop dvc repro runs, timed above in this process
         every, dim = params.train.sketch_every, params.train.sketch_dim
@@ -291,10 +331,31 @@ def main(argv: list[str] | None = None) -> int:
         }
         for k, c in costs.items():
             print(f"sketch {k:8s} {c['sketch_ms']:7.2f} ms per sketch, {100 * c['overhead']:.2f} % of {every} steps")
-    result |= ladder_schedules(cfgs, timing, minutes, params.train.seeds[0], args.cores)
+    if not cuda:
+        result |= ladder_schedules(cfgs, timing, minutes, params.train.seeds[0], args.cores)
+    result["sweeps"] = sweep_projections(sweeps, timing, params.train.ckpt_every, 1 if cuda else args.cores)
+    result["bench_seconds"] = round(time.perf_counter() - t_start, 1)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, sort_keys=True))
     return 0
+
+
+def sweep_projections(sweeps: list[tuple], timing: dict, ckpt_every: int, workers: int) -> list[dict]:
+    """:func:`bench.schedule.sweep_projection` of each sweep, printed: from the ``parallel`` rates and the
+    measured pool start-up on CPU, from the ``serial`` rates one run at a time on a GPU (``workers`` 1)."""
+    if not sweeps:
+        return []
+    rates = timing.get("parallel") or timing.get("serial", timing["naive"])
+    startup = pool_startup_s(workers) if "parallel" in timing else 0.0
+    out = []
+    for sweep in sweeps:
+        p = sweep_projection(rates, sweep, ckpt_every, workers, startup)
+        print(
+            f"sweep {','.join(p['rungs'])} x {p['variants']} variants x {p['seeds']} seeds x {p['steps']} steps = "
+            f"{p['runs']} runs: {p['wall_hours']} h on {workers} process(es) ({p['run_hours_total']} run-hours)"
+        )
+        out.append(p)
+    return out
 
 
 def ladder_schedules(cfgs: dict[str, RunConfig], timing: dict, minutes: dict, seed: int, cores: int) -> dict:

@@ -258,3 +258,45 @@ def test_verdict_on_one_seed_names_every_skip(con):
     assert rung.loc[(0.5, "weights_vr"), "n"] == len(RUNGS)  # vr_tp0, vr_tp1 are in the synthetic features
     assert rung.loc[(0.5, "scale_free"), "verdict"].startswith("skipped: family scale_free has no usable values")
     assert verdict["verdict"].notna().all()
+
+
+def test_the_loss_curve_laws_read_each_runs_schedule_shape_from_its_config():
+    from test_params import default_raw
+
+    from topometrics.params import parse_params
+    from topometrics.training.train import build_run_config
+
+    params = parse_params(default_raw() | {"variants": {"wsd": {"schedule": "wsd", "decay_fraction": 0.25}}})
+    for variant, shape in (("base", "cosine"), ("wsd", "wsd")):
+        cfg = build_run_config(params, "tiny", 42, variant)
+        recipe = cfg.to_dict()["recipe"]
+        # the runs row as warehouse.load_run writes it: recipe columns and the config as JSON
+        row = {k: recipe[k] for k in ("steps", "warmup", "lr", "min_lr_ratio")}
+        row["config_json"] = json.dumps(cfg.to_dict(), sort_keys=True)
+        assert analysis.run_schedule(row) == cfg.recipe.lr_schedule and analysis.run_schedule(row).shape == shape
+    assert analysis.run_schedule(row | {"config_json": None}).shape == "cosine"  # an external series: no config
+
+
+def test_gradient_norm_window_columns_equal_numpy_and_the_documented_query(pipeline, con):
+    params = AnalysisParams()
+    _, _, inputs = analysis._predictions_and_inputs(con, params, learned=False)
+    runs_dir = pipeline[0].parent / "runs"
+    for row in inputs.itertuples():
+        log = pd.read_csv(runs_dir / f"{row.rung}-{row.seed}" / "steps.csv")
+        g = log.loc[(log.step >= 1) & (log.step <= row.fraction * 2000) & (log.grad_norm > 0), "grad_norm"].to_numpy()
+        assert row.gn_mean == pytest.approx(np.mean(g), rel=1e-12)
+        assert row.gn_spread == pytest.approx(np.std(np.log(g), ddof=1), rel=1e-10)
+    text = (REPO / "docs" / "warehouse.md").read_text()
+    query = next(q for q in re.findall(r"```sql\n(.*?)```", text, flags=re.S) if "gn_spread" in q)
+    documented = con.execute(query).df().set_index(["rung", "seed"])
+    at_30 = inputs[inputs.fraction == 0.3].set_index(["rung", "seed"])
+    assert len(documented) == len(at_30) == len(RUNGS)
+    np.testing.assert_allclose(documented.loc[at_30.index, "gn_mean"], at_30["gn_mean"], rtol=1e-12)
+    np.testing.assert_allclose(documented.loc[at_30.index, "gn_spread"], at_30["gn_spread"], rtol=1e-10)
+
+
+def test_loss_rank_ranks_the_last_observed_loss_across_runs_per_fraction(con):
+    _, _, inputs = analysis._predictions_and_inputs(con, AnalysisParams(), learned=False)
+    for _, g in inputs.groupby("fraction"):
+        np.testing.assert_array_equal(g["loss_rank"], scipy.stats.rankdata(g["anchor"], method="average"))
+        assert g.loc[g["anchor"].idxmin(), "loss_rank"] == 1

@@ -1,6 +1,8 @@
 """params.yaml validation: unknown keys, wrong types and impossible values name the key."""
 
 import dataclasses
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -218,3 +220,33 @@ def test_yaml_nan_and_inf_are_refused_naming_the_key(tmp_path):
     (tmp_path / "params.yaml").write_text(text)
     with pytest.raises(ParamsError, match=r"^train\.lr must be a finite number, got nan; write a number such as"):
         load_params(tmp_path / "params.yaml")
+
+
+def test_a_variant_may_change_the_schedule_shape_and_the_default_recipe_stays_byte_identical():
+    raw = default_raw() | {"variants": {"wsd": {"schedule": "wsd", "decay_fraction": 0.25}}}
+    params = parse_params(raw)
+    assert (params.train.schedule, params.recipe("wsd").schedule, params.recipe("wsd").decay_fraction) == (
+        "cosine", "wsd", 0.25,
+    )  # fmt: skip
+    base, wsd = build_run_config(params, "tiny", 42), build_run_config(params, "tiny", 42, "wsd")
+    assert "schedule" not in base.to_dict()["recipe"] and "decay_fraction" not in base.to_dict()["recipe"]
+    assert wsd.to_dict()["recipe"]["schedule"] == "wsd" and wsd.recipe.lr_schedule.decay_start == 3750
+    # the fingerprint of a cosine recipe is the hash of the keys recipes had before the shapes existed
+    old_keys = ("steps", "ckpt_every", "batch_size", "lr", "warmup", "min_lr_ratio", "weight_decay", "grad_clip")
+    old_recipe = {k: getattr(base.recipe, k) for k in (*old_keys, "seed", "val_windows")}
+    body = json.dumps({"model": base.model.to_dict(), "recipe": old_recipe, "corpus": "c"}, sort_keys=True)
+    assert recipe_fingerprint(base, "c") == hashlib.sha256(body.encode()).hexdigest()[:16]
+    assert recipe_fingerprint(wsd, "c") != recipe_fingerprint(base, "c")
+
+
+@pytest.mark.parametrize(
+    ("variant", "message"),
+    [
+        ({"schedule": "linear"}, "variants.v.schedule must be cosine, wsd or constant_decay, got 'linear'"),
+        ({"decay_fraction": 0}, "variants.v.decay_fraction must be positive"),
+        ({"decay_fraction": 1.5}, "variants.v.decay_fraction must be between 0.0 and 1.0"),
+    ],
+)
+def test_a_bad_schedule_shape_names_the_key(variant, message):
+    with pytest.raises(ParamsError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        parse_params(default_raw() | {"variants": {"v": variant}})

@@ -138,3 +138,37 @@ def test_the_summary_groups_failed_predictions_by_cause():
         "2 have fewer than 3 training runs outside the held-out group)"
     )
     assert predict.prediction_summary(frame.iloc[-1:]) == "1 predictions (0 failed)"
+
+
+WSD = Schedule(1000, 50, 3e-3, 0.0, "wsd", 0.3)  # stable to update 700, then linear to 0
+WSD_CHECKPOINTS = np.arange(50, 1001, 25)
+
+
+def test_the_multi_power_law_recovers_its_parameters_from_a_wsd_curve_and_needs_that_schedule():
+    true = {"l0": 1.2, "a": 0.4, "alpha": 0.5, "b": 0.3, "c": 2.0}
+    loss = predict.multi_power_law(WSD_CHECKPOINTS, WSD, **true)
+    fit, final = predict.fit_multi_power_law(WSD_CHECKPOINTS, loss, WSD)
+    got = [fit.params[k] for k in ("L0", "A", "alpha", "B", "C")]
+    np.testing.assert_allclose(got, list(true.values()), rtol=1e-4)
+    assert final == pytest.approx(loss[-1], abs=1e-7)
+    # the same curve read through the cosine schedule is a different law: no parameter comes back
+    cosine_fit, _ = predict.fit_multi_power_law(WSD_CHECKPOINTS, loss, Schedule(1000, 50, 3e-3))
+    assert abs(cosine_fit.params["C"] - true["c"]) > 1.0
+
+
+def test_the_annealing_law_recovers_its_parameters_from_a_wsd_curve():
+    s1, s2 = predict.annealing_areas(WSD)
+    assert np.all(s2[:701] == 0) and s2[-1] > 0  # no annealing area before the decay starts
+    loss = predict.lr_annealing_law(s1[WSD_CHECKPOINTS], s2[WSD_CHECKPOINTS], 1.3, 0.5, 0.6, 0.2)
+    fit, final = predict.fit_lr_annealing(WSD_CHECKPOINTS, loss, WSD)
+    np.testing.assert_allclose([fit.params[k] for k in ("L0", "A", "alpha", "C")], [1.3, 0.5, 0.6, 0.2], rtol=1e-5)
+    assert final == pytest.approx(loss[-1], abs=1e-7)
+
+
+def test_gradnorm_window_is_the_mean_and_log_sd_of_the_observed_positive_norms():
+    t = np.arange(0, 11)
+    g = np.array([9.0, 1.0, np.e, np.nan, 0.0, np.e**2, 5.0, 5.0, 5.0, 5.0, 5.0])
+    mean, spread = predict.gradnorm_window(t, g, cutoff=5)  # steps 1..5: 1, e, (nan), (0), e^2
+    assert mean == pytest.approx((1 + np.e + np.e**2) / 3)
+    assert spread == pytest.approx(1.0)  # ln = 0, 1, 2: sample SD 1
+    assert np.isnan(predict.gradnorm_window(t, g, cutoff=1)).all()  # one norm: no spread, no number

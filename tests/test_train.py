@@ -34,7 +34,14 @@ from topometrics.params import FeaturesParams, ParamsError
 from topometrics.training.corpus import CorpusError, offline_text
 from topometrics.training.monitor_log import read_log
 from topometrics.training.run_dir import resume_info, truncate_steps_log
-from topometrics.training.train import Recipe, RunConfig, load_run_config, train_run, validation_windows
+from topometrics.training.train import (
+    Recipe,
+    RunConfig,
+    load_run_config,
+    recipe_fingerprint,
+    train_run,
+    validation_windows,
+)
 
 TEXT = encode(offline_text()[:200_000])
 TRAIN, VAL = TEXT[:180_000], TEXT[180_000:]
@@ -408,3 +415,17 @@ def test_a_config_file_that_is_not_the_config_stages_is_named_with_the_fix(tmp_p
     path.write_text(json.dumps({k: v for k, v in written.items() if k != "variant"}))  # no layout without it
     with pytest.raises(ParamsError, match=r"t-7.json is not a run config \(KeyError: 'variant'\); regenerate it: dvc"):
         load_run_config(path)
+
+
+def test_a_wsd_recipe_trains_with_its_schedule_and_a_new_fingerprint(tmp_path):
+    torch.set_num_threads(1)
+    cfg = config(steps=20)
+    cfg = dataclasses.replace(cfg, recipe=dataclasses.replace(cfg.recipe, schedule="wsd", decay_fraction=0.25))
+    assert RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # the config file round-trips
+    train_run(cfg, TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
+    logged = pd.read_csv(tmp_path / "steps.csv")["lr"].to_numpy()
+    expected = 3e-3 * np.r_[np.arange(1, 6) / 5, np.ones(10), (1 - np.arange(1, 6) / 5)]  # warm-up, stable, linear
+    np.testing.assert_allclose(logged, expected, rtol=1e-7, atol=1e-12)
+    plain = config(steps=20)
+    assert recipe_fingerprint(cfg, "sha") != recipe_fingerprint(plain, "sha")
+    assert "schedule" not in plain.to_dict()["recipe"]

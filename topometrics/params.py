@@ -19,6 +19,7 @@ from topometrics.params_sources import ComputeParams, SeriesParams, parse_comput
 SHAPE_KEYS = ("hidden", "layers", "heads")
 # keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
 RECIPE_KEYS = ("steps", "ckpt_every", "batch_size", "lr", "warmup", "min_lr_ratio", "weight_decay", "grad_clip")
+RECIPE_KEYS += ("schedule", "decay_fraction")  # the LR schedule's shape (topometrics/models/lr_schedule.py)
 BASE_VARIANT = "base"  # the recipe in `train` itself; its runs keep the short name <rung>-<seed>
 # Fewest points of a cloud whose Vietoris-Rips diagram can hold a loop: the smallest cycle not filled
 # by triangles is a square, so with fewer points every H1 feature is 0 by construction, not by measurement.
@@ -57,6 +58,8 @@ class TrainParams:
     min_lr_ratio: float = 0.0  # the cosine decays to lr * min_lr_ratio at the last step
     weight_decay: float = 0.01
     grad_clip: float = 1.0  # max global gradient 2-norm; 0 disables clipping
+    schedule: str = "cosine"  # cosine | wsd (stable, then linear decay) | constant_decay (stable, then cosine tail)
+    decay_fraction: float = 0.2  # share of the steps in the wsd / constant_decay tail; unused by cosine
     seeds: tuple[int, ...] = (42,)  # one run per rung x seed (stage instances train@<rung>-<seed>)
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda
     threads: int = 0  # torch intra-op threads per training process; 0 = 1 (the processes fill the cores)
@@ -85,9 +88,12 @@ class TrainParams:
     def check_recipe(self, prefix: str) -> None:
         """The recipe rules alone (``prefix`` names where the values came from: train, or e.g. variants.lr_hi,
         whose values may be inherited from train, so its messages name the variant and then the key)."""
-        positive(self, prefix, ("steps", "ckpt_every", "batch_size", "lr"))
+        positive(self, prefix, ("steps", "ckpt_every", "batch_size", "lr", "decay_fraction"))
         non_negative(self, prefix, ("warmup", "weight_decay", "grad_clip", "min_lr_ratio"))
         within(self, prefix, "min_lr_ratio", 0.0, 1.0, "the cosine's floor as a share of lr")
+        within(self, prefix, "decay_fraction", 0.0, 1.0, "the share of the steps in the decay tail")
+        if self.schedule not in ("cosine", "wsd", "constant_decay"):
+            raise ParamsError(f"{prefix}.schedule must be cosine, wsd or constant_decay, got {self.schedule!r}")
         head, key = ("", "train.") if prefix == "train" else (f"{prefix}: ", "")
         if self.steps % self.ckpt_every:
             raise ParamsError(
@@ -117,6 +123,8 @@ class Variant:
     min_lr_ratio: float | None = None
     weight_decay: float | None = None
     grad_clip: float | None = None
+    schedule: str | None = None
+    decay_fraction: float | None = None
 
     def overrides(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}

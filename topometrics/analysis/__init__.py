@@ -3,6 +3,7 @@
 Entry points: ``warehouse.build_warehouse`` / ``populate`` (the DuckDB store, with the pure-SQL views in
 ``sql/``); ``tables.run_analysis`` (tests, fits and predictions over a populated connection);
 ``verdict`` (between-run incremental validity); ``predict`` (final-loss predictors); ``partial``
-(partial Spearman within runs); ``stats`` (p-values, bootstrap CIs, robust fits);
+(partial Spearman within runs); ``decisions`` (pair-order accuracy,
+the seed-to-seed noise ceiling, outlier runs); ``stats`` (p-values, bootstrap CIs, robust fits);
 ``metrics_file.build_metrics`` (the summary ``dvc metrics diff`` compares).
 """

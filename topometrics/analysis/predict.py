@@ -241,6 +241,21 @@ def window_summary(t, values, cutoff: float) -> tuple[float, float]:
     return level, float(slope / abs(level)) if level != 0 else np.nan
 
 
+def gradnorm_window(t, grad_norm, cutoff: float) -> tuple[float, float]:
+    """Mean and spread of the logged gradient norm over the observed window ``1 <= t <= cutoff``.
+
+    mean: the arithmetic mean of the norm (the pre-clipping global 2-norm ``steps.csv`` logs);
+    spread: the sample standard deviation (ddof 1) of its natural log, a scale-free spread that a
+    few spikes of a noisy norm do not dominate as they would its SD. Only finite, positive norms
+    count; both NaN with fewer than 2 of them.
+    """
+    t, g = np.asarray(t, float), np.asarray(grad_norm, float)
+    keep = (t >= 1) & observed(t, cutoff) & np.isfinite(g) & (g > 0)
+    if keep.sum() < 2:
+        return np.nan, np.nan
+    return float(g[keep].mean()), float(np.log(g[keep]).std(ddof=1))
+
+
 def cross_validate(x: np.ndarray, y: np.ndarray, groups) -> tuple[np.ndarray, list[np.ndarray], list[str | None]]:
     """Leave-one-group-out predictions of a standardised ridge regression.
 

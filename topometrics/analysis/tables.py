@@ -164,7 +164,7 @@ def _predictions_and_inputs(con, params: AnalysisParams, learned: bool = True):
     runs = con.execute(
         """SELECT r.rung, r.variant, r.seed, coalesce(r.steps, f.step) AS steps, coalesce(r.warmup, 0) AS warmup,
                   coalesce(r.lr, 1.0) AS lr, coalesce(r.min_lr_ratio, 0.0) AS min_lr_ratio, f.val_loss AS actual,
-                  r.status, r.status_reason
+                  r.status, r.status_reason, r.config_json
            FROM runs r JOIN final_checkpoints f USING (rung, variant, seed) WHERE r.kind = 'ladder'
            ORDER BY rung, variant, seed"""
     ).df()
@@ -176,16 +176,25 @@ def _predictions_and_inputs(con, params: AnalysisParams, learned: bool = True):
             predictions += rows
             fits += fit_rows
             continue
-        schedule = Schedule.from_recipe(run._asdict())  # the run's recipe columns
+        schedule = run_schedule(run._asdict())
         for fraction in params.fractions:
             rows, fit_rows, features = _curve_predictions(run, schedule, fraction, series)
             predictions += rows
             fits += fit_rows
             inputs.append(features)
     inputs = pd.DataFrame(inputs, columns=None if inputs else ["rung", "variant", "seed", "fraction", "n_seen"])
+    if len(inputs):  # the same-fraction loss ranked across runs: 1 = the lowest last observed loss, ties averaged
+        inputs["loss_rank"] = inputs.groupby("fraction")["anchor"].rank(method="average")
     rows = _learned_predictions(inputs, params) if learned and len(inputs) else []
     columns = ["method", "cv", "fraction", "rung", "seed", "predicted", "actual", "status", "reason", "trained_on"]
     return pd.DataFrame(predictions + rows, columns=columns), pd.DataFrame(fits, columns=_FIT_COLUMNS), inputs
+
+
+def run_schedule(run: dict) -> Schedule:
+    """The LR schedule a run trained with: its ``runs`` recipe columns, and the shape (``schedule``,
+    ``decay_fraction``) from its config's recipe, which the config file holds only when it is not the cosine."""
+    recipe = json.loads(run.get("config_json") or "{}").get("recipe", {})
+    return Schedule.from_recipe(run | {k: recipe.get(k) for k in ("schedule", "decay_fraction")})
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -315,6 +324,7 @@ def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict):
     features = base | {"variant": run.variant, "anchor": anchor, "n_seen": int(seen.sum())}
     for name, value in (("loss_drop", pl_pred), ("mpl_drop", mpl_pred), ("tissue_drop", lra_pred)):
         features[name] = (value if value is not None else np.nan) - anchor
+    features["gn_mean"], features["gn_spread"] = predict.gradnorm_window(*run_values.get("grad_norm", ([], [])), cutoff)
     for name, (steps, values) in run_values.items():
         if name != "val_loss":
             features[f"{name}_level"], features[f"{name}_rate"] = predict.window_summary(steps, values, cutoff)

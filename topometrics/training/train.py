@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from topometrics.atomic import write_text
 from topometrics.models.checkpoints import list_checkpoints, save_checkpoint
-from topometrics.models.lr_schedule import Schedule
+from topometrics.models.lr_schedule import DEFAULT_DECAY_FRACTION, DEFAULT_SHAPE, Schedule
 from topometrics.models.model import GPT, GPTConfig, count_parameters
 from topometrics.params import BASE_VARIANT, RECIPE_KEYS, ParamsError, run_name
 from topometrics.training.corpus import CorpusError, check_split_sizes
@@ -63,11 +63,21 @@ class Recipe:
     grad_clip: float
     seed: int
     val_windows: int
+    schedule: str = DEFAULT_SHAPE  # the LR schedule's shape (lr_schedule.SHAPES)
+    decay_fraction: float = DEFAULT_DECAY_FRACTION
 
     @property
-    def schedule(self) -> Schedule:
+    def lr_schedule(self) -> Schedule:
         """The learning-rate schedule of this recipe."""
-        return Schedule(self.steps, self.warmup, self.lr, self.min_lr_ratio)
+        return Schedule.from_recipe(asdict(self))
+
+    def to_dict(self) -> dict:
+        """The recipe's fields, the schedule's shape keys left out while they hold their defaults: a default
+        recipe's config file and fingerprint are those of the recipes written before the shapes existed."""
+        body = asdict(self)
+        if self.schedule == DEFAULT_SHAPE and self.decay_fraction == DEFAULT_DECAY_FRACTION:
+            del body["schedule"], body["decay_fraction"]
+        return body
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,7 @@ class RunConfig:
             "rung": self.rung,
             "variant": self.variant,
             "model": self.model.to_dict(),
-            "recipe": asdict(self.recipe),
+            "recipe": self.recipe.to_dict(),
         }
         return body | {"seed": self.recipe.seed, "n_params": count_parameters(GPT(self.model))}
 
@@ -101,7 +111,7 @@ class RunConfig:
 def recipe_fingerprint(cfg: RunConfig, corpus_sha256: str) -> str:
     """Hash of model shape, recipe and corpus: what a checkpoint must match to be resumed."""
     body = json.dumps(
-        {"model": cfg.model.to_dict(), "recipe": asdict(cfg.recipe), "corpus": corpus_sha256}, sort_keys=True
+        {"model": cfg.model.to_dict(), "recipe": cfg.recipe.to_dict(), "corpus": corpus_sha256}, sort_keys=True
     )
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
@@ -321,7 +331,7 @@ def training_loop(run: Run, start: int, log, progress_bar: bool | None = None) -
 
     A non-finite loss stops before its update: status ``diverged`` with the reason, earlier checkpoints kept.
     """
-    r, model, opt, schedule = run.cfg.recipe, run.model, run.opt, run.cfg.recipe.schedule
+    r, model, opt, schedule = run.cfg.recipe, run.model, run.opt, run.cfg.recipe.lr_schedule
     status, reason, tokens, loss_sum, t0 = "complete", "", 0, 0.0, time.perf_counter()  # loss_sum: per checkpoint
     disable = None if progress_bar is None else not progress_bar  # None: a bar only on a terminal
     bar = tqdm(total=r.steps, initial=start, desc=run.cfg.name, unit="step", disable=disable, file=sys.stderr)
