@@ -105,8 +105,9 @@ def dump(project: Path, out: Path) -> None:
         con.execute(f'select * from "{name}"').df().to_parquet(out / "tables" / f"{name}.parquet")
     (out / "tables.json").write_text(json.dumps(names, indent=1))
     runs = project / "data" / "runs"
-    hashes = {str(p.relative_to(project)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(runs.rglob("*"))}
-    (out / "runs.json").write_text(json.dumps({k: v for k, v in hashes.items() if (project / k).is_file()}, indent=1))
+    files = (p for p in sorted(runs.rglob("*")) if p.is_file())  # run directories hold folders too
+    hashes = {str(p.relative_to(project)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    (out / "runs.json").write_text(json.dumps(hashes, indent=1))
     print(f"{len(names)} tables and views, {len(hashes)} run files -> {out}")
 
 
