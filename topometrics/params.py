@@ -15,6 +15,7 @@ import yaml
 
 from topometrics.params_schema import ParamsError, at_least, build, non_negative, positive, reject_unknown, within
 from topometrics.params_sources import ComputeParams, SeriesParams, parse_compute, parse_series
+from topometrics.vocabulary import FAMILIES
 
 SHAPE_KEYS = ("hidden", "layers", "heads")
 # keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
@@ -131,6 +132,14 @@ class FeaturesParams:
     workers: int = 2  # processes over checkpoints
     null_draws: int = 4  # shuffled-null draws per layer behind np_excess
     unit_points: int = 64  # unit rows per layer for vr_unit_* (farthest-point subsample)
+    families: tuple[str, ...] = tuple(f.name for f in FAMILIES)  # those computed; the others are NULL with a reason
+    landscape_grid: int = 15  # loss-slice points per axis (odd: the weights at the centre)
+    landscape_radius: float = 1.0  # slice half-width, in units of the filter-normalised directions
+    landscape_batch: int = 4  # validation windows of the fixed loss-surface batch (landscape and curvature)
+    landscape_every: int = 4  # every k-th checkpoint of a run (the first included) gets landscape and curvature
+    hessian_top: int = 3  # Hessian eigenvalues kept (hess_eig1..3); Lanczos finds at least 2 (the hess directions)
+    hessian_probes: int = 8  # Rademacher probes of the Hutchinson trace
+    hessian_iters: int = 20  # Lanczos steps (Hessian-vector products) before the convergence check
 
     def check(self) -> None:
         positive(
@@ -145,8 +154,18 @@ class FeaturesParams:
                 "workers",
                 "null_draws",
                 "unit_points",
+                "landscape_radius",
+                "landscape_batch",
+                "landscape_every",
+                "hessian_probes",
             ),
         )
+        valid = tuple(f.name for f in FAMILIES)
+        if unknown := [name for name in self.families if name not in valid]:
+            raise ParamsError(f"features.families: unknown {unknown}; choose from {list(valid)}")
+        within(self, "features", "hessian_top", 1, 3, "the vocabulary keeps hess_eig1..3")
+        at_least(self, "features", ("landscape_grid",), 3, "a local minimum needs neighbours on both sides")
+        at_least(self, "features", ("hessian_iters",), 3, "Lanczos needs more steps than the eigenvalues it keeps")
         non_negative(self, "features", ("seed", "significance"))
         within(self, "features", "significance", 0.0, 1.0, "a share of the longest bar's persistence")
         loop = "fewer points cannot form a loop, so every H1 feature would be 0 whatever the weights"

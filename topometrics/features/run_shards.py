@@ -47,6 +47,7 @@ from topometrics.features.checkpoint import (
     diagrams_frame,
     distance_features,
     features_frame,
+    surface_batch,
     validation_batch,
 )
 from topometrics.models.checkpoints import (
@@ -73,6 +74,7 @@ class CheckpointJob:
     key: ShardKey  # its shard: the rung, seed and step columns
     tokens: np.ndarray  # (n,) uint8 validation tokens; the fixed batch is cut at the checkpoint's context
     params: FeaturesParams
+    index: int = 0  # its place among the run's checkpoints (features.landscape_every)
 
 
 @dataclass(frozen=True)
@@ -111,11 +113,11 @@ def run_shards(
     batch = hashlib.sha256(tokens.tobytes()).hexdigest()[:16]
     tasks, label, changed = [], f"features@{Path(run_dir).name}", ShardRun()
     weights, damaged = verified_weights(ckpts, label, progress)
-    for ckpt in ckpts:
+    for index, ckpt in enumerate(ckpts):
         name, variant = ckpt.meta.get("rung", Path(run_dir).name), ckpt.meta.get("variant", BASE_VARIANT)
         key = ShardKey(name, variant, int(ckpt.meta.get("seed", -1)), ckpt.step)
         fingerprint = Fingerprint(f"weights {weights[ckpt.step]} tokens {batch}", digest, code)
-        tasks.append(Task(key, fingerprint, CheckpointJob(ckpt, key, tokens, params)))
+        tasks.append(Task(key, fingerprint, CheckpointJob(ckpt, key, tokens, params, index)))
         if ckpt.step in damaged:
             changed.failed[key] = damaged[ckpt.step]
     todo = [t for t in tasks if t.key not in changed.failed]
@@ -208,7 +210,8 @@ def read_tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def _checkpoint_tables(job: CheckpointJob) -> dict:
     batch = validation_batch(job.tokens, job.ckpt.config.context, job.params.rep_batch)
-    result = checkpoint_features(load_state(job.ckpt.path), job.ckpt.config, batch, job.params)
+    surface = surface_batch(job.tokens, job.ckpt.config.context, job.params, job.index)
+    result = checkpoint_features(load_state(job.ckpt.path), job.ckpt.config, batch, job.params, surface)
     return frames(result, job.key, {})
 
 
