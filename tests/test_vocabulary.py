@@ -129,3 +129,10 @@ def test_every_declared_feature_is_documented():
         for feature in family.features:
             assert f"`{feature.name}" in docs, feature.name
     assert model_level(REPRESENTATION, 2)[-4:] == ("rep_betti1_00", "rep_betti1_01", "rep_rankme", "rep_pr")
+
+
+def test_the_families_params_accept_are_the_declared_ones():
+    from topometrics.params import FEATURE_FAMILIES
+
+    assert tuple(family.name for family in FAMILIES) == FEATURE_FAMILIES
+    assert kind("hess_eig1") == "geometric" and kind("ls_hess_saddles") == "topological"

@@ -15,7 +15,6 @@ import yaml
 
 from topometrics.params_schema import ParamsError, at_least, build, non_negative, positive, reject_unknown, within
 from topometrics.params_sources import ComputeParams, SeriesParams, parse_compute, parse_series
-from topometrics.vocabulary import FAMILIES
 
 SHAPE_KEYS = ("hidden", "layers", "heads")
 # keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
@@ -24,6 +23,10 @@ BASE_VARIANT = "base"  # the recipe in `train` itself; its runs keep the short n
 # Fewest points of a cloud whose Vietoris-Rips diagram can hold a loop: the smallest cycle not filled
 # by triangles is a square, so with fewer points every H1 feature is 0 by construction, not by measurement.
 MIN_CLOUD_POINTS = 4
+# The names of topometrics.vocabulary.FAMILIES (a test checks): params does not import the vocabulary, so
+# that training, which reads params, does not depend on it.
+FEATURE_FAMILIES = ("np", "vr", "spectral", "scale_free", "heavy_tail", "gradient", "representation")
+FEATURE_FAMILIES += ("landscape", "curvature", "distance")
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ class FeaturesParams:
     workers: int = 2  # processes over checkpoints
     null_draws: int = 4  # shuffled-null draws per layer behind np_excess
     unit_points: int = 64  # unit rows per layer for vr_unit_* (farthest-point subsample)
-    families: tuple[str, ...] = tuple(f.name for f in FAMILIES)  # those computed; the others are NULL with a reason
+    families: tuple[str, ...] = FEATURE_FAMILIES  # those computed; the others are NULL with a reason
     landscape_grid: int = 15  # loss-slice points per axis (odd: the weights at the centre)
     landscape_radius: float = 1.0  # slice half-width, in units of the filter-normalised directions
     landscape_batch: int = 4  # validation windows of the fixed loss-surface batch (landscape and curvature)
@@ -160,9 +163,8 @@ class FeaturesParams:
                 "hessian_probes",
             ),
         )
-        valid = tuple(f.name for f in FAMILIES)
-        if unknown := [name for name in self.families if name not in valid]:
-            raise ParamsError(f"features.families: unknown {unknown}; choose from {list(valid)}")
+        if unknown := [name for name in self.families if name not in FEATURE_FAMILIES]:
+            raise ParamsError(f"features.families: unknown {unknown}; choose from {list(FEATURE_FAMILIES)}")
         within(self, "features", "hessian_top", 1, 3, "the vocabulary keeps hess_eig1..3")
         at_least(self, "features", ("landscape_grid",), 3, "a local minimum needs neighbours on both sides")
         at_least(self, "features", ("hessian_iters",), 3, "Lanczos needs more steps than the eigenvalues it keeps")

@@ -48,6 +48,7 @@ from topometrics.features.checkpoint import (
     distance_features,
     features_frame,
     surface_batch,
+    switched_off,
     validation_batch,
 )
 from topometrics.models.checkpoints import (
@@ -86,6 +87,7 @@ class DistanceJob:
     layers: list[str]  # linear layers in network order: one row per layer and distance, then 'all'
     key: ShardKey
     extra: dict  # the series/revision columns of its feature shard ({} for our runs)
+    params: FeaturesParams | None = None  # features.families: distances switched off are NULL with the reason
 
 
 def run_shards(
@@ -179,7 +181,7 @@ def distance_shards(
         if not is_current(root, task.key, fingerprint, ("distances",)):
             previous = None if prev is None else read_table(root, prev.key, "diagrams")
             current = read_table(root, task.key, "diagrams")
-            job = DistanceJob(previous, current, layers, task.key, _extra(root, task.key))
+            job = DistanceJob(previous, current, layers, task.key, _extra(root, task.key), params)
         jobs.append(Task(task.key, fingerprint, job))
         prev = task
     return compute_shards(root, jobs, _distance_tables, mapper(params, compute, "distances"), ("distances",))
@@ -218,6 +220,7 @@ def _checkpoint_tables(job: CheckpointJob) -> dict:
 def _distance_tables(job: DistanceJob) -> dict:
     prev = None if job.previous is None else _diagrams(job.previous)
     result = distance_features(prev, _diagrams(job.current), job.layers)
+    result = result if job.params is None else switched_off(result, job.params)
     return {"distances": features_frame(result, job.key.rung, job.key.seed, job.key.step).assign(**job.extra)}
 
 

@@ -111,7 +111,8 @@ def curvature_values(
     elif trace == 0:
         reasons["eig1_over_trace"] = "Hessian trace estimate is 0"
     if not eig.converged[:2].all():
-        return Values(values, reasons), f"top-2 Hessian eigenvectors not converged in {settings.iters} Lanczos steps"
+        why = f"Lanczos did not converge in {settings.iters} steps (features.hessian_iters): no top-2 eigenvectors"
+        return Values(values, reasons), why
     vectors = tuple(filter_normalised(unflatten(eig.vectors[:, i], params), params) for i in range(2))
     return Values(values, reasons), vectors
 
