@@ -60,7 +60,6 @@ from topometrics.vocabulary import (
     per_layer,
 )
 
-WEIGHTS_ONLY = "weights only: no forward pass for this checkpoint"
 FEATURE_COLUMNS = ["rung", "seed", "step", "layer", "feature", "value", "reason"]
 DIAGRAM_COLUMNS = ["rung", "seed", "step", "source", "layer", "dim", "birth", "death"]
 
@@ -151,8 +150,6 @@ def linear_and_forward_features(
     out.add(ALL, {"w_alpha": alpha}, None if np.isfinite(alpha) else f"no layer fitted: {alpha_reasons[0]}")
     if forward is not None:
         out.extend(forward_features(forward, list(weights), params))
-    else:
-        out.extend(null_rows(list(weights), computed_from(FORWARD, STATES, scales=params.betti_scales), WEIGHTS_ONLY))
     return switched_off(out, params)
 
 

@@ -118,7 +118,8 @@ def run_shards(
     for index, ckpt in enumerate(ckpts):
         name, variant = ckpt.meta.get("rung", Path(run_dir).name), ckpt.meta.get("variant", BASE_VARIANT)
         key = ShardKey(name, variant, int(ckpt.meta.get("seed", -1)), ckpt.step)
-        fingerprint = Fingerprint(f"weights {weights[ckpt.step]} tokens {batch}", digest, code)
+        due = index % params.landscape_every == 0  # in the inputs: a removed checkpoint shifts the others
+        fingerprint = Fingerprint(f"weights {weights[ckpt.step]} tokens {batch} surface {due}", digest, code)
         tasks.append(Task(key, fingerprint, CheckpointJob(ckpt, key, tokens, params, index)))
         if ckpt.step in damaged:
             changed.failed[key] = damaged[ckpt.step]

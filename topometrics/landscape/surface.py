@@ -53,7 +53,7 @@ class SurfaceSettings(NamedTuple):
     probes: int
     iters: int
     seed: int
-    chunk: int = 32  # grid points per vmap call
+    chunk: int = 0  # grid points per vmap call; 0: 32 on a GPU, a plain loop (1) on CPU
 
 
 class Values(NamedTuple):
@@ -62,16 +62,7 @@ class Values(NamedTuple):
 
 
 def surface_values(loss: LossOfParams, params: Params, settings: SurfaceSettings) -> tuple[Values, Values]:
-    """``(landscape, curvature)`` of ``loss`` at ``params``; see the module docstring.
-
-    Attention runs on PyTorch's math kernel here: the fused CPU/GPU kernels of
-    ``scaled_dot_product_attention`` have no forward-mode derivative (the Hessian-vector products).
-    """
-    with sdpa_kernel(SDPBackend.MATH):
-        return _surface_values(loss, params, settings)
-
-
-def _surface_values(loss: LossOfParams, params: Params, settings: SurfaceSettings) -> tuple[Values, Values]:
+    """``(landscape, curvature)`` of ``loss`` at ``params``; see the module docstring."""
     curvature, eig = curvature_values(loss, params, settings)
     gen = torch.Generator().manual_seed(settings.seed)
     rand = (random_direction(params, gen), random_direction(params, gen))
@@ -92,6 +83,13 @@ def curvature_values(
 ) -> tuple[Values, tuple[Params, Params] | str]:
     """Curvature :data:`CURVATURE_KEYS`, and the filter-normalised top-2 eigenvectors (or why there are none)."""
     hvp, dim = flat_hvp(loss, params)
+    # Attention runs on PyTorch's math kernel for the Hessian products: the fused CPU/GPU kernels of
+    # scaled_dot_product_attention have no forward-mode derivative.
+    with sdpa_kernel(SDPBackend.MATH):
+        return _curvature_values(hvp, dim, params, settings)
+
+
+def _curvature_values(hvp, dim: int, params: Params, settings: SurfaceSettings):
     try:
         eig = top_eigenpairs(_finite(hvp), dim, max(settings.top, 2), settings.iters, settings.seed, LANCZOS_TOL)
         trace = hutchinson_trace(_finite(hvp), dim, settings.probes, settings.seed).trace
@@ -121,7 +119,8 @@ def slice_values(
     loss: LossOfParams, params: Params, directions: tuple[Params, Params], settings: SurfaceSettings
 ) -> tuple[dict[str, float], str | None]:
     """The slice summary along ``directions``, or NaNs and the reason when the slice has a non-finite loss."""
-    grid = loss_grid(loss, params, *directions, settings.radius, settings.grid, settings.chunk)
+    chunk = settings.chunk or (32 if next(iter(params.values())).is_cuda else 1)
+    grid = loss_grid(loss, params, *directions, settings.radius, settings.grid, chunk)
     bad = int((~np.isfinite(grid)).sum())
     if bad:
         return dict.fromkeys(SUMMARY_KEYS, np.nan), f"non-finite loss at {bad} of {grid.size} slice points"

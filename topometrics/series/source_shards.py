@@ -118,7 +118,8 @@ def series_shards(
             inputs = f"{source.model}@{revision}" if source.model else f"weights {file_sha256(*where.weights)}"
             key = shards.ShardKey(name, BASE_VARIANT, source.seed, step)
             job = SeriesJob(settings, key, revision, where, len(tasks))
-            tasks.append(shards.Task(key, shards.Fingerprint(f"{inputs} {context}", digest, code), job))
+            due = job.index % params.landscape_every == 0  # features.landscape_every picks by place
+            tasks.append(shards.Task(key, shards.Fingerprint(f"{inputs} {context} surface {due}", digest, code), job))
             found[key] = (revision, where)
         run = shards.compute_shards(out, tasks, _series_tables, mapper(params, compute, f"series {name}"), TABLES)
         available = [t for t in tasks if t.key not in run.failed]
