@@ -5,6 +5,7 @@ axis-aligned neighbours) and ``sublevel.slice_summary`` (minima, saddles, persis
 the loss range); ``curvature.top_eigenpairs`` (Lanczos on Hessian-vector products) and
 ``curvature.hutchinson_trace``; ``slice.random_direction`` / ``filter_normalised`` (Li et al. 2018),
 ``slice.loss_grid`` (a model's loss on a 2-D grid around its weights, batched with ``torch.func``) and
-``slice.flat_hvp`` (the Hessian-vector-product operator of any model's loss). Pure functions of arrays,
+``slice.flat_hvp`` (the Hessian-vector-product operator of any model's loss); ``surface.surface_values``
+(one checkpoint's slice summaries and curvature, each NULL value with its reason). Pure functions of arrays,
 of parameter dicts and of a loss of parameters; nothing here reads or writes a file.
 """
