@@ -204,3 +204,14 @@ def test_yaml_nan_and_inf_are_refused_naming_the_key(tmp_path):
     (tmp_path / "params.yaml").write_text(text)
     with pytest.raises(ParamsError, match=r"^train\.lr must be a finite number, got nan; write a number such as"):
         load_params(tmp_path / "params.yaml")
+
+
+def test_a_rung_without_residual_connections_says_so_and_the_others_keep_their_shape():
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["ladder"]["small-noskip"] = {**(raw["ladder"]["small"] or {}), "residual": False}
+    params = parse_params(raw)
+    assert params.rung_shape("small-noskip") == params.rung_shape("small") | {"residual": False}
+    assert "residual" not in params.rung_shape("small")
+    raw["ladder"]["small-noskip"]["residual"] = "no"
+    with pytest.raises(ParamsError, match="ladder.small-noskip.residual"):
+        parse_params(raw)

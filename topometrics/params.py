@@ -104,6 +104,7 @@ class RungShape:
     hidden: int | None = None
     layers: int | None = None
     heads: int | None = None
+    residual: bool = True  # False: blocks without skip connections (a rung of its own, e.g. small-noskip)
 
 
 @dataclass(frozen=True)
@@ -251,8 +252,9 @@ class Params:
             raise ParamsError(f"variants.{variant} does not exist; variants are {[BASE_VARIANT, *self.variants]}")
         return dataclasses.replace(self.train, **self.variants[variant].overrides())
 
-    def rung_shape(self, rung: str) -> dict[str, int]:
-        """``train``'s shape with ``ladder.<rung>``'s overrides: the inheritance rule."""
+    def rung_shape(self, rung: str) -> dict[str, int | bool]:
+        """``train``'s shape with ``ladder.<rung>``'s overrides: the inheritance rule; ``residual: False``
+        only when the rung says so (a default model's config, and so its checkpoints, stay as they were)."""
         if rung not in self.ladder:
             raise ParamsError(f"ladder.{rung} does not exist; rungs are {sorted(self.ladder)}")
         shape = self.ladder[rung]
@@ -262,7 +264,7 @@ class Params:
                 f"ladder.{rung}: hidden={merged['hidden']} is not divisible by heads={merged['heads']}; "
                 f"set ladder.{rung}.heads to a divisor of hidden"
             )
-        return merged
+        return merged if shape.residual else merged | {"residual": False}
 
 
 def run_name(rung: str, seed: int, variant: str = BASE_VARIANT) -> str:
