@@ -8,6 +8,11 @@ rows, spectral baselines) of all 255 checkpoints in a pool of ``--workers`` proc
 the whole :func:`topometrics.features.run_shards.run_shards` per rung (weights, gradients,
 representation topology, distances, written as shards into the temporary directory). Ends with one
 JSON line, whose ``data`` says which checkpoints were measured (``real`` or ``synthetic``).
+
+``--surface`` measures instead the loss-surface families of one checkpoint (``landscape``: the two slices,
+``curvature``: Lanczos + Hutchinson) for xl and a Pythia-70m-shaped model (6 layers, width 512, 8 heads,
+context 128, our 128-character vocabulary) at the default ``features.*`` params, as ratios to one
+forward+backward pass of the same model on the same loss-surface batch, timed in the same run (median of 5).
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ import numpy as np
 import torch
 
 from topometrics.execution.compute import map_jobs
-from topometrics.features.checkpoint import weight_features
+from topometrics.features.checkpoint import loss_surface, validation_batch, weight_features
 from topometrics.features.run_shards import read_tables, run_shards
+from topometrics.landscape.slice import random_direction
+from topometrics.landscape.surface import SurfaceSettings, curvature_values, slice_values
 from topometrics.models.checkpoints import list_checkpoints, load_state, save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_weights
 from topometrics.params import FeaturesParams, run_name
@@ -62,6 +69,62 @@ def run_dir(runs: Path, rung: str) -> Path:
     return named if named.exists() else runs / rung
 
 
+SURFACE_MODELS = {
+    "xl": GPTConfig(hidden=48, layers=3, heads=4),
+    "pythia-70m-shaped": GPTConfig(hidden=512, layers=6, heads=8),
+}
+
+
+def _median_s(fn, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def surface_costs(config: GPTConfig, params: FeaturesParams) -> dict:
+    """Seconds of one forward+backward pass, and of each loss-surface family, on one checkpoint."""
+    tokens = np.random.default_rng(0).integers(0, 128, 200_000).astype(np.uint8)
+    model = GPT(config)
+    model.init_weights(torch.Generator().manual_seed(0))
+    x, y = validation_batch(tokens, config.context, params.landscape_batch)
+
+    def forward_backward():
+        model.zero_grad(set_to_none=True)
+        model.loss(x, y).backward()
+
+    forward_backward()
+    reference = _median_s(forward_backward)
+    surface = loss_surface(model, (x, y))
+    settings = SurfaceSettings(
+        params.landscape_grid, params.landscape_radius, params.hessian_top, params.hessian_probes,
+        params.hessian_iters, params.seed,
+    )  # fmt: skip
+    start = time.perf_counter()
+    curvature, directions = curvature_values(surface.loss, surface.params, settings)
+    curvature_s = time.perf_counter() - start
+    gen = torch.Generator().manual_seed(params.seed)
+    rand = (random_direction(surface.params, gen), random_direction(surface.params, gen))
+    start = time.perf_counter()
+    slice_values(surface.loss, surface.params, rand, settings)
+    if not isinstance(directions, str):
+        slice_values(surface.loss, surface.params, directions, settings)
+    else:
+        slice_values(surface.loss, surface.params, rand, settings)  # the same work, so the cost is counted
+    landscape_s = time.perf_counter() - start
+    return {
+        "forward_backward_s": round(reference, 4),
+        "landscape_s": round(landscape_s, 2),
+        "curvature_s": round(curvature_s, 2),
+        "landscape_fb": round(landscape_s / reference, 1),
+        "curvature_fb": round(curvature_s / reference, 1),
+        "total_fb": round((landscape_s + curvature_s) / reference, 1),
+        "unconverged": sorted(curvature.reasons),
+    }
+
+
 def _weights_job(job: tuple[Path, int, FeaturesParams]):
     path, layers, params = job
     return weight_features(linear_weights(load_state(path), layers), params)
@@ -73,8 +136,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--weights-only", action="store_true", help="skip the whole-stage measurement")
+    parser.add_argument("--surface", action="store_true", help="the loss-surface families' cost per checkpoint")
+    parser.add_argument("--models", nargs="+", default=list(SURFACE_MODELS), choices=list(SURFACE_MODELS))
     args = parser.parse_args(argv)
     params = FeaturesParams(workers=args.workers)
+    if args.surface:
+        found = {}
+        for name in args.models:
+            found[name] = surface_costs(SURFACE_MODELS[name], params)
+            print(f"{name}: {found[name]}", flush=True)
+        print(json.dumps({"threads": torch.get_num_threads(), **found}))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         runs, corpus = args.runs, args.corpus
         dirs = {rung: run_dir(runs, rung) for rung in LADDER}

@@ -16,6 +16,7 @@ from topometrics.features.checkpoint import (
     FEATURE_COLUMNS,
     checkpoint_features,
     distance_features,
+    surface_batch,
     validation_batch,
 )
 from topometrics.features.run_shards import read_tables, run_shards
@@ -24,7 +25,9 @@ from topometrics.models.model import GPT, GPTConfig, linear_layer_names
 from topometrics.params import FeaturesParams
 
 CONFIG = GPTConfig(context=16, hidden=8, layers=2, heads=2)
-PARAMS = FeaturesParams(rep_points=60, rep_batch=4, betti_scales=4, workers=1)
+PARAMS = FeaturesParams(
+    rep_points=60, rep_batch=4, betti_scales=4, workers=1, landscape_grid=5, landscape_every=2, hessian_iters=8
+)
 
 
 def tiny_model(seed: int) -> GPT:
@@ -103,6 +106,50 @@ def test_run_values_are_consistent(run):
     assert later.value.notna().all() and (later.value > 0).all()
     ok = features[features.reason.isna()]
     assert np.isfinite(ok.value).all()
+
+
+def test_every_other_checkpoint_gets_the_loss_surface_and_the_others_say_why_not(run):
+    features, _ = run
+    surface = features[features.feature.str.startswith(("ls_", "hess_"))].set_index(["step", "feature"])
+    assert set(surface.reset_index().layer) == {ALL} and len(surface) == 3 * 19
+    assert surface.loc[100].value.isna().all()
+    assert (surface.loc[100].reason == "not a loss-surface checkpoint (features.landscape_every = 2)").all()
+    for step in (0, 200):  # the first checkpoint and every second one after it
+        assert surface.loc[(step, "ls_rand_minima"), "value"] >= 1
+        assert surface.loc[(step, "ls_rand_range"), "value"] > 0
+        assert np.isfinite(surface.loc[(step, "hess_trace"), "value"])  # an estimate: at init it may be < 0
+        at = surface.loc[step].value
+        for pair in ("rand",):  # a bar's persistence is a loss difference inside the slice
+            assert at[f"ls_{pair}_max_pers"] <= at[f"ls_{pair}_tp"] <= at[f"ls_{pair}_range"] * at[f"ls_{pair}_saddles"]
+        done = surface.loc[step]
+        assert (done.value.notna() | done.reason.str.startswith("Lanczos did not converge")).all()
+
+
+def test_a_loss_surface_batch_larger_than_the_validation_split_is_null_with_the_reason():
+    tokens = np.random.default_rng(0).integers(0, 128, 200).astype(np.uint8)
+    params = dataclasses.replace(PARAMS, landscape_batch=20)
+    reason = surface_batch(tokens, CONFIG.context, params, 0)
+    assert reason == "features.landscape_batch = 20 windows of 16 need 321 validation tokens, the split has 200"
+    rows = checkpoint_features(tiny_model(1).state_dict(), CONFIG, batch(), params, reason).rows
+    surface = [r for r in rows if r[1].startswith(("ls_", "hess_"))]
+    assert len(surface) == 19 and all(np.isnan(r[2]) and r[3] == reason for r in surface)
+    x, y = surface_batch(tokens, CONFIG.context, PARAMS, 4)  # the same windows at every checkpoint
+    assert torch.equal(x, batch()[0][: PARAMS.landscape_batch]) and torch.equal(y, batch()[1][: PARAMS.landscape_batch])
+
+
+def test_families_switched_off_are_null_with_the_reason_and_leave_no_diagram():
+    params = dataclasses.replace(PARAMS, families=("np", "spectral", "curvature"))
+    tokens = np.random.default_rng(0).integers(0, 128, 200).astype(np.uint8)
+    result = checkpoint_features(
+        tiny_model(1).state_dict(), CONFIG, batch(), params, surface_batch(tokens, 16, params, 0)
+    )
+    by_name = {(layer, name): (value, reason) for layer, name, value, reason in result.rows}
+    off = "family switched off (features.families)"
+    for name in ("vr_tp0", "ls_rand_minima", "ls_hess_tp", "rep_tp0", "grad_norm", "w_alpha", "np_z"):
+        assert np.isnan(by_name[(ALL, name)][0]) and by_name[(ALL, name)][1] == off, name
+    for name in ("np_norm", "w_fro", "hess_trace"):
+        assert np.isfinite(by_name[(ALL, name)][0]), name
+    assert result.diagrams == {}
 
 
 def test_diverged_checkpoint_gives_null_with_reason_and_a_warning(run):

@@ -119,3 +119,25 @@ def test_the_step_memory_estimate_is_a_lower_bound_of_the_measured_peak(batch, h
                               check=True, timeout=120).stdout)  # fmt: skip
     estimate = step_memory_bytes(GPTConfig(hidden=hidden, layers=layers, heads=heads, context=128), batch)
     assert 0.5 * peak < estimate <= peak  # never refuses a batch that fits, and not far below what it needs
+
+
+def test_the_residual_switch_leaves_default_metadata_unchanged_and_rebuilds_a_model_without_skips(tmp_path):
+    import json
+
+    from topometrics.models.checkpoints import list_checkpoints, save_checkpoint
+
+    default = GPTConfig(hidden=8, layers=1, heads=2)
+    assert default.to_dict() == {"vocab_size": 128, "context": 128, "hidden": 8, "layers": 1, "heads": 2}
+    plain = GPTConfig(hidden=8, layers=1, heads=2, residual=False)
+    assert GPTConfig(**plain.to_dict()) == plain and GPTConfig(**default.to_dict()) == default
+    model = GPT(plain)
+    model.init_weights(torch.Generator().manual_seed(0))
+    assert model.state_dict().keys() == GPT(default).state_dict().keys()  # the same tensors, wired differently
+    save_checkpoint(tmp_path, model, {"step": 0, "config": plain.to_dict()})
+    rebuilt = GPT(list_checkpoints(tmp_path)[0].config)
+    rebuilt.load_state_dict(model.state_dict())
+    x = torch.randint(0, 128, (2, 8))
+    block = model.blocks[0]
+    h = model.tok_emb(x) + model.pos_emb(torch.arange(8))
+    torch.testing.assert_close(rebuilt.hidden_states(x), block.mlp(block.ln2(block.attn(block.ln1(h)))))
+    assert "residual" not in json.dumps(default.to_dict())

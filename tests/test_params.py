@@ -250,3 +250,14 @@ def test_a_variant_may_change_the_schedule_shape_and_the_default_recipe_stays_by
 def test_a_bad_schedule_shape_names_the_key(variant, message):
     with pytest.raises(ParamsError, match=message.replace(".", r"\.").replace("(", r"\(")):
         parse_params(default_raw() | {"variants": {"v": variant}})
+
+
+def test_a_rung_without_residual_connections_says_so_and_the_others_keep_their_shape():
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["ladder"]["small-noskip"] = {**(raw["ladder"]["small"] or {}), "residual": False}
+    params = parse_params(raw)
+    assert params.rung_shape("small-noskip") == params.rung_shape("small") | {"residual": False}
+    assert "residual" not in params.rung_shape("small")
+    raw["ladder"]["small-noskip"]["residual"] = "no"
+    with pytest.raises(ParamsError, match="ladder.small-noskip.residual"):
+        parse_params(raw)

@@ -76,7 +76,9 @@ def test_a_removed_checkpoint_loses_its_shard_and_its_successor_gets_new_distanc
             (run_dir / name).write_bytes((root / "run" / name).read_bytes())
     run = run_shards(run_dir, root / "corpus", PARAMS, out)
     assert not ShardKey("tiny", "base", 42, 100).folder(out).exists()
-    assert [k.step for k in run.computed] == [200]  # only 200's distances (its previous is now 0)
+    # 200's distances (its previous is now 0); and 200 and 300 anew, features and distances: every second
+    # checkpoint gets the loss surface (features.landscape_every = 2), and the second is now 300, not 200
+    assert [k.step for k in run.computed] == [200, 300, 200, 300]
     features, _ = run_tables(run_dir, root / "corpus", tmp_path / "fresh")  # the fewer checkpoints from nothing
     same_rows(read_back(out)[0], features, ["step", "layer", "feature"])
 

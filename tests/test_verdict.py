@@ -11,6 +11,7 @@ import pytest
 from scipy import stats as sps
 
 from topometrics.analysis import verdict, warehouse
+from topometrics.landscape.sublevel import SUMMARY_KEYS
 from topometrics.params import AnalysisParams
 from topometrics.vocabulary import verdict_families
 
@@ -79,6 +80,8 @@ def test_the_verdict_families_declared_in_the_vocabulary_in_report_order():
         ),
         ("heavy_tail", ("w_alpha", "rep_alpha")),
         ("representation", ("rep_tp0", "rep_tp1", "rep_entropy0", "rep_entropy1", "rep_count1", "rep_maxpers1")),
+        ("landscape", tuple(f"ls_{pair}_{key}" for pair in ("rand", "hess") for key in SUMMARY_KEYS)),
+        ("curvature", ("hess_eig1", "hess_eig2", "hess_eig3", "hess_trace", "hess_eig1_over_trace")),
     ]  # fmt: skip
     assert [c[0] for c in verdict.comparisons()] == ["weight_norm", *verdict_families(), "everything"]
 

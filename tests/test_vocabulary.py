@@ -81,12 +81,13 @@ def test_the_rows_of_each_input_are_the_rows_null_when_it_is_unusable(two_checkp
     layers = linear_layer_names(CONFIG.layers)
     model = GPT(CONFIG)
     model.init_weights(torch.Generator().manual_seed(1))
-    weights = {r[:2] for r in weight_features(linear_weights(model.state_dict(), CONFIG.layers), PARAMS).rows}
-    forward = {r[:2] for r in cur.rows} - weights  # a checkpoint's rows are its weight rows and its forward rows
 
     def rows(*inputs):
         declared = computed_from(*inputs, scales=PARAMS.betti_scales)
         return {(layer, n) for layer in layers for n in declared.per_layer} | {(ALL, n) for n in declared.model_level}
+
+    weights = {r[:2] for r in weight_features(linear_weights(model.state_dict(), CONFIG.layers), PARAMS).rows}
+    forward = {r[:2] for r in cur.rows} - weights  # a checkpoint's rows are its weight rows and its forward rows
 
     def failed():
         raise NoForwardPass("no forward pass")
@@ -125,3 +126,10 @@ def test_every_declared_feature_is_documented():
         for feature in family.features:
             assert f"`{feature.name}" in docs, feature.name
     assert model_level(REPRESENTATION, 2)[-4:] == ("rep_betti1_00", "rep_betti1_01", "rep_rankme", "rep_pr")
+
+
+def test_the_families_params_accept_are_the_declared_ones():
+    from topometrics.params import FEATURE_FAMILIES
+
+    assert tuple(family.name for family in FAMILIES) == FEATURE_FAMILIES
+    assert kind("hess_eig1") == "geometric" and kind("ls_hess_saddles") == "topological"

@@ -24,6 +24,10 @@ BASE_VARIANT = "base"  # the recipe in `train` itself; its runs keep the short n
 # Fewest points of a cloud whose Vietoris-Rips diagram can hold a loop: the smallest cycle not filled
 # by triangles is a square, so with fewer points every H1 feature is 0 by construction, not by measurement.
 MIN_CLOUD_POINTS = 4
+# The names of topometrics.vocabulary.FAMILIES (a test checks): params does not import the vocabulary, so
+# that training, which reads params, does not depend on it.
+FEATURE_FAMILIES = ("np", "vr", "spectral", "scale_free", "heavy_tail", "gradient", "representation")
+FEATURE_FAMILIES += ("landscape", "curvature", "distance")
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class RungShape:
     hidden: int | None = None
     layers: int | None = None
     heads: int | None = None
+    residual: bool = True  # False: blocks without skip connections (a rung of its own, e.g. small-noskip)
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,14 @@ class FeaturesParams:
     workers: int = 2  # processes over checkpoints
     null_draws: int = 4  # shuffled-null draws per layer behind np_excess
     unit_points: int = 64  # unit rows per layer for vr_unit_* (farthest-point subsample)
+    families: tuple[str, ...] = FEATURE_FAMILIES  # those computed; the others are NULL with a reason
+    landscape_grid: int = 15  # loss-slice points per axis (odd: the weights at the centre)
+    landscape_radius: float = 1.0  # slice half-width, in units of the filter-normalised directions
+    landscape_batch: int = 4  # validation windows of the fixed loss-surface batch (landscape and curvature)
+    landscape_every: int = 10  # every k-th checkpoint of a run (the first included) gets landscape and curvature
+    hessian_top: int = 3  # Hessian eigenvalues kept (hess_eig1..3); Lanczos finds at least 2 (the hess directions)
+    hessian_probes: int = 8  # Rademacher probes of the Hutchinson trace
+    hessian_iters: int = 20  # Lanczos steps (Hessian-vector products) before the convergence check
 
     def check(self) -> None:
         positive(
@@ -156,8 +169,17 @@ class FeaturesParams:
                 "workers",
                 "null_draws",
                 "unit_points",
+                "landscape_radius",
+                "landscape_batch",
+                "landscape_every",
+                "hessian_probes",
             ),
         )
+        if unknown := [name for name in self.families if name not in FEATURE_FAMILIES]:
+            raise ParamsError(f"features.families: unknown {unknown}; choose from {list(FEATURE_FAMILIES)}")
+        within(self, "features", "hessian_top", 1, 3, "the vocabulary keeps hess_eig1..3")
+        at_least(self, "features", ("landscape_grid",), 3, "a local minimum needs neighbours on both sides")
+        at_least(self, "features", ("hessian_iters",), 3, "Lanczos needs more steps than the eigenvalues it keeps")
         non_negative(self, "features", ("seed", "significance"))
         within(self, "features", "significance", 0.0, 1.0, "a share of the longest bar's persistence")
         loop = "fewer points cannot form a loop, so every H1 feature would be 0 whatever the weights"
@@ -241,8 +263,9 @@ class Params:
             raise ParamsError(f"variants.{variant} does not exist; variants are {[BASE_VARIANT, *self.variants]}")
         return dataclasses.replace(self.train, **self.variants[variant].overrides())
 
-    def rung_shape(self, rung: str) -> dict[str, int]:
-        """``train``'s shape with ``ladder.<rung>``'s overrides: the inheritance rule."""
+    def rung_shape(self, rung: str) -> dict[str, int | bool]:
+        """``train``'s shape with ``ladder.<rung>``'s overrides: the inheritance rule; ``residual: False``
+        only when the rung says so (a default model's config, and so its checkpoints, stay as they were)."""
         if rung not in self.ladder:
             raise ParamsError(f"ladder.{rung} does not exist; rungs are {sorted(self.ladder)}")
         shape = self.ladder[rung]
@@ -252,7 +275,7 @@ class Params:
                 f"ladder.{rung}: hidden={merged['hidden']} is not divisible by heads={merged['heads']}; "
                 f"set ladder.{rung}.heads to a divisor of hidden"
             )
-        return merged
+        return merged if shape.residual else merged | {"residual": False}
 
 
 def run_name(rung: str, seed: int, variant: str = BASE_VARIANT) -> str:

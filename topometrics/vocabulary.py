@@ -16,7 +16,8 @@ row only). Aggregations:
 ``mean_finite`` the mean over the layers with a value (NULL when no layer has one)
 
 ``kind`` is what the analysis compares: ``topological`` features against ``spectral`` ones
-(Steiger's test); ``other`` features are not compared.
+(Steiger's test); ``geometric`` features (the loss surface's curvature) are a baseline the verdict adds to
+the loss curve and the weight norm, never a topological row; ``other`` features are not compared.
 
 ``input`` is what a feature is computed from, and so which features are NULL together when that
 input is unusable (:func:`computed_from`): ``weights`` (the linear layers), ``forward`` (the fixed
@@ -41,7 +42,7 @@ from typing import NamedTuple
 
 MODEL = "model"  # aggregate of a feature computed once per checkpoint (layer 'all' only)
 AGGREGATIONS = ("mean_std", "mean", "sum", "max", "norm", "mean_finite", MODEL)
-KINDS = ("topological", "spectral", "other")
+KINDS = ("topological", "spectral", "geometric", "other")
 WEIGHTS, FORWARD, STATES, PREVIOUS = INPUTS = ("weights", "forward", "states", "previous")
 ALL = "all"  # the layer of model-level rows
 
@@ -97,7 +98,9 @@ REPRESENTATION = Family("representation", "topological", "rep_", STATES, verdict
 DISTANCE = Family("distance", "topological", "", PREVIOUS)
 SCALE_FREE = Family("scale_free", "topological", "", WEIGHTS, verdict="scale_free")
 HEAVY_TAIL = Family("heavy_tail", "spectral", "", WEIGHTS, verdict="heavy_tail")
-FAMILIES = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, REPRESENTATION, DISTANCE)
+LANDSCAPE = Family("landscape", "topological", "ls_", FORWARD, verdict="landscape")
+CURVATURE = Family("curvature", "geometric", "hess_", FORWARD, verdict="curvature")
+FAMILIES = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, REPRESENTATION, LANDSCAPE, CURVATURE, DISTANCE)
 _VR_SUMMARY = (
     ("tp0", "sum", "total persistence of the finite H0 bars"),
     ("tp1", "sum", "total persistence of the H1 bars"),
@@ -105,6 +108,15 @@ _VR_SUMMARY = (
     ("entropy1", "sum", "persistence entropy (nats, not normalised) of the H1 bars"),
     ("count1", "sum", "number of H1 bars"),
     ("maxpers1", "max", "largest H1 lifetime (0 without bars)"),
+)
+_SLICE_SUMMARY = (  # topometrics.landscape.sublevel.SUMMARY_KEYS, in order
+    ("minima", "number of local minima (H0 bars, lower-star, 4-neighbourhood)"),
+    ("saddles", "number of merges (finite H0 bars)"),
+    ("tp", "total persistence of the finite H0 bars (nats)"),
+    ("mean_pers", "mean persistence of the finite H0 bars (nats, 0 without any)"),
+    ("max_pers", "largest persistence of a finite H0 bar (nats, 0 without any)"),
+    ("centre_basin", "share of the grid whose steepest descent ends where the centre's does"),
+    ("range", "max - min loss (nats)"),
 )
 
 # Every feature, family by family in the order the features tables list them.
@@ -194,6 +206,19 @@ FEATURES = (
         kind="spectral",
         in_verdict=False,
     ),
+    *(
+        Feature(f"ls_{pair}_{key}", LANDSCAPE, MODEL, f"{text} of the loss slice along the {where} (docs/features.md)")
+        for pair, where in (("rand", "random filter-normalised directions"), ("hess", "top-2 Hessian eigenvectors"))
+        for key, text in _SLICE_SUMMARY
+    ),
+    *(
+        Feature(
+            f"hess_eig{i}", CURVATURE, MODEL, f"{label} eigenvalue of the Hessian of the fixed-batch loss (Lanczos)"
+        )
+        for i, label in ((1, "largest"), (2, "second largest"), (3, "third largest"))
+    ),
+    Feature("hess_trace", CURVATURE, MODEL, "trace of the Hessian of the fixed-batch loss (Hutchinson, Rademacher)"),
+    Feature("hess_eig1_over_trace", CURVATURE, MODEL, "hess_eig1 / hess_trace: the top direction's share"),
     Feature("vr_w1_prev", DISTANCE, "sum", "1-Wasserstein distance of the layer's diagram to the previous one"),
     Feature("vr_bneck_prev", DISTANCE, "sum", "bottleneck distance of the layer's diagram to the previous one"),
     Feature("rep_w1_prev", DISTANCE, MODEL, "1-Wasserstein distance of the representation diagram to the previous"),
@@ -283,7 +308,8 @@ def lookup(name: str) -> Feature | None:
 
 
 def kind(name: str) -> str:
-    """'topological', 'spectral' or 'other' for a name in the ``feature`` column ('other' if undeclared)."""
+    """'topological', 'spectral', 'geometric' or 'other' for a name in the ``feature`` column ('other' if
+    undeclared)."""
     feature = lookup(name)
     if feature is None:
         return "other"

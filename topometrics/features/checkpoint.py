@@ -29,6 +29,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from topometrics.landscape.slice import LossOfParams, Params, functional_loss
+from topometrics.landscape.surface import SurfaceSettings, surface_values
 from topometrics.measures.heavy_tail import covariance_alpha
 from topometrics.measures.layer_features import aggregate_layers, layer_features
 from topometrics.measures.persistence import (
@@ -42,12 +44,17 @@ from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_
 from topometrics.params import FeaturesParams
 from topometrics.vocabulary import (
     ALL,
+    CURVATURE,
     DISTANCE,
+    FAMILIES,
     FORWARD,
+    LANDSCAPE,
     REPRESENTATION,
     STATES,
     WEIGHTS,
+    Rows,
     computed_from,
+    lookup,
     model_only,
     named,
     per_layer,
@@ -77,12 +84,20 @@ class CheckpointFeatures:
         self.diagrams.update(other.diagrams)
 
 
+class LossSurface(NamedTuple):
+    """The loss on the fixed loss-surface batch as a function of the parameters, and the weights."""
+
+    loss: LossOfParams
+    params: Params
+
+
 class ForwardPass(NamedTuple):
     """One forward/backward pass on the fixed batch."""
 
     states: np.ndarray  # (windows * context, hidden) float64: the residual stream after the last block
     grad_norms: dict[str, float]  # layer name -> Frobenius norm of d loss / d W (biases excluded)
     loss: float  # mean next-token cross-entropy on the batch (nats)
+    surface: LossSurface | str = "no loss-surface batch"  # or why this checkpoint has none
 
 
 class NoForwardPass(Exception):
@@ -135,6 +150,25 @@ def linear_and_forward_features(
     out.add(ALL, {"w_alpha": alpha}, None if np.isfinite(alpha) else f"no layer fitted: {alpha_reasons[0]}")
     if forward is not None:
         out.extend(forward_features(forward, list(weights), params))
+    return switched_off(out, params)
+
+
+def switched_off(result: CheckpointFeatures, params: FeaturesParams) -> CheckpointFeatures:
+    """``result`` with the rows of the families not in ``features.families`` NULL (with the reason), and
+    their diagrams dropped (so the distances to the previous checkpoint say the diagram is missing)."""
+    off = {family.name for family in FAMILIES} - set(params.families)
+    if not off:
+        return result
+    reason = "family switched off (features.families)"
+    out = CheckpointFeatures(diagrams=dict(result.diagrams))
+    for layer, name, value, why in result.rows:
+        feature = lookup(name)
+        out.rows.append(
+            (layer, name, np.nan, reason) if feature and feature.family.name in off else (layer, name, value, why)
+        )
+    for source, family in (("weights", "vr"), ("representation", "representation")):
+        if family in off:
+            out.diagrams = {key: d for key, d in out.diagrams.items() if key[0] != source}
     return out
 
 
@@ -149,16 +183,51 @@ def forward_features(
     try:
         result = forward()
     except NoForwardPass as err:
-        rows = computed_from(FORWARD, STATES, scales=params.betti_scales)
-        for name in layers:
-            out.add(name, dict.fromkeys(rows.per_layer, np.nan), str(err))
-        out.add(ALL, dict.fromkeys(rows.model_level, np.nan), str(err))
-        return out
+        return null_rows(layers, computed_from(FORWARD, STATES, scales=params.betti_scales), str(err))
     for name, value in result.grad_norms.items():
         out.add(name, {"grad_norm": value})
     out.add(ALL, aggregate_layers({name: {"grad_norm": v} for name, v in result.grad_norms.items()}))
     out.add(ALL, {"batch_loss": result.loss})
-    out.extend(representation_features(result.states, params))
+    if REPRESENTATION.name in params.families:
+        out.extend(representation_features(result.states, params))
+    else:  # not computed (switched_off writes the reason)
+        out.add(ALL, dict.fromkeys(computed_from(STATES, scales=params.betti_scales).model_level, np.nan), "off")
+    out.extend(surface_features(result.surface, params))
+    return out
+
+
+def surface_features(surface: LossSurface | str, params: FeaturesParams) -> CheckpointFeatures:
+    """The ``landscape`` and ``curvature`` rows (layer ``'all'``) of the loss on the loss-surface batch.
+
+    NULL with the reason when ``surface`` is one (not a loss-surface checkpoint, a batch larger than the
+    validation split), when both families are switched off, or when the computation fails on the model
+    (an operation without a batched or forward-mode rule); values NULL on their own carry the reasons of
+    :func:`topometrics.landscape.surface.surface_values`.
+    """
+    out = CheckpointFeatures()
+    landscape, curvature = model_only(LANDSCAPE), model_only(CURVATURE)
+    if not {LANDSCAPE.name, CURVATURE.name} & set(params.families):
+        surface = "off"  # switched_off writes the reason
+    if isinstance(surface, str):
+        out.add(ALL, dict.fromkeys(landscape + curvature, np.nan), surface)
+        return out
+    settings = SurfaceSettings(
+        params.landscape_grid,
+        params.landscape_radius,
+        params.hessian_top,
+        params.hessian_probes,
+        params.hessian_iters,
+        params.seed,
+    )
+    try:
+        found = surface_values(surface.loss, surface.params, settings)
+    except RuntimeError as err:
+        reason = f"loss surface not computable on this model: {err}".splitlines()[0]
+        out.add(ALL, dict.fromkeys(landscape + curvature, np.nan), reason)
+        return out
+    for family, values in zip((LANDSCAPE, CURVATURE), found, strict=True):
+        for key, value in values.values.items():
+            out.add(ALL, named(family, {key: value}), values.reasons.get(key))
     return out
 
 
@@ -186,8 +255,13 @@ def representation_features(states: np.ndarray, params: FeaturesParams) -> Check
 
 def null_features(layers: list[str], params: FeaturesParams, reason: str) -> CheckpointFeatures:
     """The full set of feature rows of a checkpoint with linear layers ``layers``, all NULL with ``reason``."""
-    out = CheckpointFeatures()
     rows = computed_from(WEIGHTS, FORWARD, STATES, scales=params.betti_scales)
+    return switched_off(null_rows(layers, rows, reason), params)
+
+
+def null_rows(layers: list[str], rows: Rows, reason: str) -> CheckpointFeatures:
+    """``rows.per_layer`` for each of ``layers`` and ``rows.model_level`` for ``'all'``, all NULL with ``reason``."""
+    out = CheckpointFeatures()
     for name in layers:
         out.add(name, dict.fromkeys(rows.per_layer, np.nan), reason)
     out.add(ALL, dict.fromkeys(rows.model_level, np.nan), reason)
@@ -252,8 +326,45 @@ def validation_batch(tokens: np.ndarray, context: int, windows: int) -> tuple[to
     return flat[:-1].view(windows, context), flat[1:].view(windows, context)
 
 
-def model_on_batch(model: GPT, x: torch.Tensor, y: torch.Tensor) -> ForwardPass:
-    """Hidden states after the last block, per-layer weight-gradient norms and the batch loss."""
+def surface_batch(
+    tokens: np.ndarray, context: int, params: FeaturesParams, index: int
+) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """The fixed loss-surface batch of a run's ``index``-th checkpoint (the first ``features.landscape_batch``
+    validation windows, the same for every checkpoint), or why that checkpoint has none."""
+    if index % params.landscape_every:
+        return f"not a loss-surface checkpoint (features.landscape_every = {params.landscape_every})"
+    needed = params.landscape_batch * context + 1
+    if np.asarray(tokens).size < needed:
+        return (
+            f"features.landscape_batch = {params.landscape_batch} windows of {context} need {needed} validation "
+            f"tokens, the split has {np.asarray(tokens).size}"
+        )
+    return validation_batch(tokens, context, params.landscape_batch)
+
+
+def loss_surface(
+    model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor] | str, logits=None
+) -> LossSurface | str:
+    """The mean next-token cross-entropy on ``batch`` as a function of ``model``'s parameters (or the reason
+    ``batch`` is). ``logits``: model output -> logits (default: the output itself)."""
+    if isinstance(batch, str):
+        return batch
+    x, y = batch
+    as_logits = logits or (lambda out: out)
+
+    def cross_entropy(call) -> torch.Tensor:
+        out = as_logits(call(x))
+        return torch.nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    return LossSurface(functional_loss(model, cross_entropy), params)
+
+
+def model_on_batch(
+    model: GPT, x: torch.Tensor, y: torch.Tensor, surface: tuple[torch.Tensor, torch.Tensor] | str = "no batch"
+) -> ForwardPass:
+    """Hidden states after the last block, per-layer weight-gradient norms and the batch loss; and the
+    loss of the parameters on the loss-surface batch ``surface`` (or the reason it is one)."""
     model.zero_grad(set_to_none=True)
     loss = model.loss(x, y)
     loss.backward()
@@ -261,13 +372,19 @@ def model_on_batch(model: GPT, x: torch.Tensor, y: torch.Tensor) -> ForwardPass:
     with torch.no_grad():
         states = model.hidden_states(x)
     model.zero_grad(set_to_none=True)
-    return ForwardPass(states.reshape(-1, states.shape[-1]).double().numpy(), grads, loss.item())
+    flat = states.reshape(-1, states.shape[-1]).double().numpy()
+    return ForwardPass(flat, grads, loss.item(), loss_surface(model, surface))
 
 
 def checkpoint_features(
-    state: dict[str, torch.Tensor], config: GPTConfig, batch: tuple[torch.Tensor, torch.Tensor], params: FeaturesParams
+    state: dict[str, torch.Tensor],
+    config: GPTConfig,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    params: FeaturesParams,
+    surface: tuple[torch.Tensor, torch.Tensor] | str = "no loss-surface batch given",
 ) -> CheckpointFeatures:
-    """All features of one of our checkpoints except the distances to the previous one.
+    """All features of one of our checkpoints except the distances to the previous one; ``surface``
+    is the loss-surface batch (:func:`surface_batch`) or the reason there is none.
 
     A diverged checkpoint (NaN/Inf in any tensor) gives NULL for every feature with the reason,
     and a ``RuntimeWarning``; it never raises.
@@ -280,7 +397,7 @@ def checkpoint_features(
     model = GPT(config)
     model.load_state_dict(state)
     loaders, global_max = in_memory(linear_weights(state, config.layers))
-    return linear_and_forward_features(loaders, global_max, lambda: model_on_batch(model, *batch), params)
+    return linear_and_forward_features(loaders, global_max, lambda: model_on_batch(model, *batch, surface), params)
 
 
 def weight_features(weights: dict[str, np.ndarray], params: FeaturesParams) -> CheckpointFeatures:

@@ -47,6 +47,8 @@ from topometrics.features.checkpoint import (
     diagrams_frame,
     distance_features,
     features_frame,
+    surface_batch,
+    switched_off,
     validation_batch,
 )
 from topometrics.models.checkpoints import (
@@ -73,6 +75,7 @@ class CheckpointJob:
     key: ShardKey  # its shard: the rung, seed and step columns
     tokens: np.ndarray  # (n,) uint8 validation tokens; the fixed batch is cut at the checkpoint's context
     params: FeaturesParams
+    index: int = 0  # its place among the run's checkpoints (features.landscape_every)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class DistanceJob:
     layers: list[str]  # linear layers in network order: one row per layer and distance, then 'all'
     key: ShardKey
     extra: dict  # the series/revision columns of its feature shard ({} for our runs)
+    params: FeaturesParams | None = None  # features.families: distances switched off are NULL with the reason
 
 
 def run_shards(
@@ -111,11 +115,12 @@ def run_shards(
     batch = hashlib.sha256(tokens.tobytes()).hexdigest()[:16]
     tasks, label, changed = [], f"features@{Path(run_dir).name}", ShardRun()
     weights, damaged = verified_weights(ckpts, label, progress)
-    for ckpt in ckpts:
+    for index, ckpt in enumerate(ckpts):
         name, variant = ckpt.meta.get("rung", Path(run_dir).name), ckpt.meta.get("variant", BASE_VARIANT)
         key = ShardKey(name, variant, int(ckpt.meta.get("seed", -1)), ckpt.step)
-        fingerprint = Fingerprint(f"weights {weights[ckpt.step]} tokens {batch}", digest, code)
-        tasks.append(Task(key, fingerprint, CheckpointJob(ckpt, key, tokens, params)))
+        due = index % params.landscape_every == 0  # in the inputs: a removed checkpoint shifts the others
+        fingerprint = Fingerprint(f"weights {weights[ckpt.step]} tokens {batch} surface {due}", digest, code)
+        tasks.append(Task(key, fingerprint, CheckpointJob(ckpt, key, tokens, params, index)))
         if ckpt.step in damaged:
             changed.failed[key] = damaged[ckpt.step]
     todo = [t for t in tasks if t.key not in changed.failed]
@@ -177,7 +182,7 @@ def distance_shards(
         if not is_current(root, task.key, fingerprint, ("distances",)):
             previous = None if prev is None else read_table(root, prev.key, "diagrams")
             current = read_table(root, task.key, "diagrams")
-            job = DistanceJob(previous, current, layers, task.key, _extra(root, task.key))
+            job = DistanceJob(previous, current, layers, task.key, _extra(root, task.key), params)
         jobs.append(Task(task.key, fingerprint, job))
         prev = task
     return compute_shards(root, jobs, _distance_tables, mapper(params, compute, "distances"), ("distances",))
@@ -208,13 +213,15 @@ def read_tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def _checkpoint_tables(job: CheckpointJob) -> dict:
     batch = validation_batch(job.tokens, job.ckpt.config.context, job.params.rep_batch)
-    result = checkpoint_features(load_state(job.ckpt.path), job.ckpt.config, batch, job.params)
+    surface = surface_batch(job.tokens, job.ckpt.config.context, job.params, job.index)
+    result = checkpoint_features(load_state(job.ckpt.path), job.ckpt.config, batch, job.params, surface)
     return frames(result, job.key, {})
 
 
 def _distance_tables(job: DistanceJob) -> dict:
     prev = None if job.previous is None else _diagrams(job.previous)
     result = distance_features(prev, _diagrams(job.current), job.layers)
+    result = result if job.params is None else switched_off(result, job.params)
     return {"distances": features_frame(result, job.key.rung, job.key.seed, job.key.step).assign(**job.extra)}
 
 

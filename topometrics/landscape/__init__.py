@@ -8,6 +8,7 @@ the loss range); ``curvature.top_eigenpairs`` (Lanczos on Hessian-vector product
 ``slice.flat_hvp`` (the Hessian-vector-product operator of any model's loss); ``gradients.gradient_topology``
 (per-example gradients on a fixed batch, layer by layer with ``torch.func``: Vietoris-Rips summaries of each
 linear layer's cloud and of the whole network's Johnson-Lindenstrauss projection, raw and unit-normalised,
-beside the gradient-noise scale and the mean pairwise cosine). Pure functions of arrays,
+beside the gradient-noise scale and the mean pairwise cosine); ``surface.surface_values``
+(one checkpoint's slice summaries and curvature, each NULL value with its reason). Pure functions of arrays,
 of parameter dicts and of a loss of parameters; nothing here reads or writes a file.
 """

@@ -13,7 +13,9 @@ is its slice); 1-D parameters (biases, LayerNorm gains) get a zero direction, as
 **The grid**: ``n`` x ``n`` points ``theta + a d1 + b d2``, ``a, b`` in ``linspace(-radius, radius, n)``
 (radius in units of the normalised directions); ``grid[i, j]`` is at ``(a_i, b_j)``, the weights
 themselves at the centre when ``n`` is odd. Points are evaluated ``chunk`` at a time with
-``torch.func.vmap`` over stacked parameter sets.
+``torch.func.vmap`` over stacked parameter sets, or one by one when ``chunk`` is 1: on CPU, vmap has no
+batching rule for the fused ``scaled_dot_product_attention`` kernel and loops over the points itself
+(with a warning), slower than a plain loop (``python -m bench features --surface``).
 """
 
 from __future__ import annotations
@@ -73,8 +75,11 @@ def loss_grid(loss: LossOfParams, params: Params, d1: Params, d2: Params, radius
         return loss(moved)
 
     with torch.no_grad():
-        values = [vmap(at)(a[i : i + chunk], b[i : i + chunk]) for i in range(0, len(a), chunk)]
-    return torch.cat(values).double().reshape(n, n).numpy()
+        if chunk == 1:  # a plain loop: on CPU, vmap runs fused attention kernels one point at a time anyway
+            values = [at(a[i : i + 1], b[i : i + 1]).reshape(1) for i in range(len(a))]
+        else:
+            values = [vmap(at)(a[i : i + chunk], b[i : i + chunk]) for i in range(0, len(a), chunk)]
+    return torch.cat(values).double().reshape(n, n).cpu().numpy()
 
 
 def flat_hvp(loss: LossOfParams, params: Params) -> tuple[Callable[[np.ndarray], np.ndarray], int]:

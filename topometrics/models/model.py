@@ -37,8 +37,11 @@ class GPTConfig:
     hidden: int = 48  # width d of the residual stream
     layers: int = 3  # number of decoder blocks
     heads: int = 4  # attention heads; hidden must be divisible by heads
+    residual: bool = True  # False: blocks without the skip connections (x = attn(ln1 x); x = mlp(ln2 x))
 
     def __post_init__(self) -> None:
+        if not isinstance(self.residual, bool):
+            raise ValueError(f"GPTConfig.residual must be true or false, got {self.residual!r}")
         for name in ("vocab_size", "context", "hidden", "layers", "heads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -50,7 +53,12 @@ class GPTConfig:
             )
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a dict; ``residual`` only when False, so a default model's checkpoint metadata is
+        byte for byte what it was before the switch existed."""
+        out = asdict(self)
+        if self.residual:
+            del out["residual"]
+        return out
 
 
 class CausalSelfAttention(nn.Module):
@@ -81,12 +89,15 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
+        self.residual = cfg.residual
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.hidden)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.residual:
+            return self.mlp(self.ln2(self.attn(self.ln1(x))))
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 

@@ -49,7 +49,9 @@ from topometrics.features.checkpoint import (
     ForwardPass,
     NoForwardPass,
     linear_and_forward_features,
+    loss_surface,
     null_features,
+    surface_batch,
     validation_batch,
 )
 from topometrics.models.architectures import (
@@ -145,7 +147,9 @@ def validation_tokens(tokenizer, text: str, needed: int) -> np.ndarray:
         chars *= 4
 
 
-def causal_lm_on_batch(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> ForwardPass:
+def causal_lm_on_batch(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, surface: tuple[torch.Tensor, torch.Tensor] | str = "none"
+) -> ForwardPass:
     """As :func:`topometrics.features.checkpoint.model_on_batch`, for a ``transformers`` causal LM of any family.
 
     States are the residual stream after the last block, before the final layer norm (a forward
@@ -169,14 +173,19 @@ def causal_lm_on_batch(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor)
     grads = {name: float(model.get_parameter(tensor).grad.norm()) for name, tensor in layers.items()}
     model.zero_grad(set_to_none=True)
     states = captured[0]
-    return ForwardPass(states.reshape(-1, states.shape[-1]).double().numpy(), grads, float(loss.detach()))
+    flat = states.reshape(-1, states.shape[-1]).double().numpy()
+    return ForwardPass(flat, grads, float(loss.detach()), loss_surface(model, surface, lambda out: out.logits))
 
 
-def causal_lm_forward(ckpt: SeriesCheckpoint, text: str, params: FeaturesParams, seq_len: int) -> ForwardPass:
+def causal_lm_forward(
+    ckpt: SeriesCheckpoint, text: str, params: FeaturesParams, seq_len: int, index: int = 0
+) -> ForwardPass:
     """The forward/backward pass of a series checkpoint on its fixed validation batch.
 
     The batch is ``features.rep_batch`` windows of ``seq_len`` tokens of the model's own
-    tokenizer over the start of the validation text (:func:`topometrics.features.checkpoint.validation_batch`).
+    tokenizer over the start of the validation text (:func:`topometrics.features.checkpoint.validation_batch`);
+    the loss-surface batch the first ``features.landscape_batch`` windows of it, for the ``index``-th
+    checkpoint of the series (:func:`topometrics.features.checkpoint.surface_batch`).
     Raises :class:`topometrics.features.checkpoint.NoForwardPass` with the reason when the model or the
     tokenizer cannot be loaded.
     """
@@ -185,17 +194,23 @@ def causal_lm_forward(ckpt: SeriesCheckpoint, text: str, params: FeaturesParams,
         if ckpt.tokenizer_dir is None:
             raise OSError("no tokenizer files (tokenizer.json, tokenizer_config.json) beside the weights")
         tokenizer = AutoTokenizer.from_pretrained(ckpt.tokenizer_dir)
-        ids = validation_tokens(tokenizer, text, params.rep_batch * seq_len + 1)
+        ids = validation_tokens(tokenizer, text, max(params.rep_batch, params.landscape_batch) * seq_len + 1)
         x, y = validation_batch(ids, seq_len, params.rep_batch)
     except (OSError, ValueError, RuntimeError) as err:
         raise NoForwardPass(f"model not loadable by transformers: {err}".splitlines()[0]) from err
-    return causal_lm_on_batch(model, x, y)
+    return causal_lm_on_batch(model, x, y, surface_batch(ids, seq_len, params, index))
 
 
 def series_checkpoint_features(
-    ckpt: SeriesCheckpoint, text: str, params: FeaturesParams, seq_len: int, layers: Mapping[str, str] | None = None
+    ckpt: SeriesCheckpoint,
+    text: str,
+    params: FeaturesParams,
+    seq_len: int,
+    layers: Mapping[str, str] | None = None,
+    index: int = 0,
 ) -> tuple[CheckpointFeatures, list[str]]:
-    """All features of one checkpoint but the distances; also returns its layer names.
+    """All features of one checkpoint but the distances; also returns its layer names. ``index``: its
+    place in the series (``features.landscape_every``).
 
     The weights are streamed: pass 1 reads each linear layer's ``max |w|`` (for neural
     persistence's global maximum), pass 2 is :func:`topometrics.features.checkpoint.linear_and_forward_features`
@@ -209,7 +224,7 @@ def series_checkpoint_features(
         reason = "diverged: non-finite weights in a linear layer"
         warnings.warn(f"{ckpt.revision}: {reason}", RuntimeWarning, stacklevel=2)
         return null_features(list(layers), params, reason), list(layers)
-    forward = functools.partial(causal_lm_forward, ckpt, text, params, seq_len)
+    forward = functools.partial(causal_lm_forward, ckpt, text, params, seq_len, index)
     return linear_and_forward_features(loaders, global_max, forward, params), list(layers)
 
 

@@ -64,6 +64,7 @@ class SeriesJob:
     key: shards.ShardKey
     revision: str  # hub revision, or the entry's name in the run folder
     where: RunCheckpoint | None  # a run folder's checkpoint; None: a hub revision, fetched by the job
+    index: int = 0  # its place in the series (features.landscape_every)
 
 
 @dataclass
@@ -116,8 +117,9 @@ def series_shards(
             revision, step, where = ckpt
             inputs = f"{source.model}@{revision}" if source.model else f"weights {file_sha256(*where.weights)}"
             key = shards.ShardKey(name, BASE_VARIANT, source.seed, step)
-            job = SeriesJob(settings, key, revision, where)
-            tasks.append(shards.Task(key, shards.Fingerprint(f"{inputs} {context}", digest, code), job))
+            job = SeriesJob(settings, key, revision, where, len(tasks))
+            due = job.index % params.landscape_every == 0  # features.landscape_every picks by place
+            tasks.append(shards.Task(key, shards.Fingerprint(f"{inputs} {context} surface {due}", digest, code), job))
             found[key] = (revision, where)
         run = shards.compute_shards(out, tasks, _series_tables, mapper(params, compute, f"series {name}"), TABLES)
         available = [t for t in tasks if t.key not in run.failed]
@@ -224,7 +226,9 @@ def _series_tables(job: SeriesJob) -> dict:
         where = next(hub_checkpoints(settings.model, (job.revision,), settings.cache_dir))
         if isinstance(where, dict):
             raise CheckpointError(where["reason"])
-    result, _ = series_checkpoint_features(where, settings.text, settings.params, settings.seq_len, settings.layers)
+    result, _ = series_checkpoint_features(
+        where, settings.text, settings.params, settings.seq_len, settings.layers, job.index
+    )
     out = frames(result, job.key, {"series": settings.label, "revision": job.revision})
     files = [str(p) for p in where.weights]
     out["info"] = {

@@ -1,0 +1,101 @@
+"""topometrics.landscape.surface: one checkpoint's loss-surface values are invariant where they must be
+(hidden-unit permutations, a constant added to the loss) and NULL with the reason where they cannot be
+computed (a non-finite slice, an unconverged Lanczos run, fewer eigenvalues kept)."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from topometrics.landscape.slice import functional_loss, random_direction
+from topometrics.landscape.sublevel import SUMMARY_KEYS
+from topometrics.landscape.surface import CURVATURE_KEYS, SurfaceSettings, slice_values, surface_values
+
+# dim = 3*6 + 6 + 6 + 1 = 31 <= iters: the Krylov space is exhausted, so the eigenpairs are exact
+SETTINGS = SurfaceSettings(grid=7, radius=0.5, top=3, probes=4, iters=40, seed=0)
+
+
+def mlp_loss(hidden_order=None, shift=0.0):
+    """A tanh network's mean squared error, float64; ``hidden_order`` permutes its hidden units."""
+    torch.manual_seed(0)
+    x, y = torch.randn(24, 3, dtype=torch.float64), torch.randn(24, 1, dtype=torch.float64)
+    model = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 1)).double()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    if hidden_order is not None:
+        params["0.weight"], params["0.bias"] = params["0.weight"][hidden_order], params["0.bias"][hidden_order]
+        params["2.weight"] = params["2.weight"][:, hidden_order]
+    return functional_loss(model, lambda call: ((call(x) - y) ** 2).mean() + shift), params
+
+
+def test_permuting_the_hidden_units_leaves_the_curvature_and_both_slices_unchanged():
+    order = torch.tensor([4, 2, 0, 5, 1, 3])
+    loss, params = mlp_loss()
+    loss_p, params_p = mlp_loss(order)
+    landscape, curvature = surface_values(loss, params, SETTINGS)
+    landscape_p, curvature_p = surface_values(loss_p, params_p, SETTINGS)
+    for key in ("eig1", "eig2", "eig3"):
+        assert curvature_p.values[key] == pytest.approx(curvature.values[key], rel=1e-9)
+    for key in SUMMARY_KEYS:  # the Hessian's eigenvectors permute with the units (up to sign: a reflection)
+        assert landscape_p.values[f"hess_{key}"] == pytest.approx(landscape.values[f"hess_{key}"], rel=1e-6, abs=1e-12)
+    # random directions drawn for one model, permuted with it, give the same slice
+    gen = torch.Generator().manual_seed(1)
+    d1, d2 = random_direction(params, gen), random_direction(params, gen)
+    permuted = []
+    for d in (d1, d2):
+        moved = dict(d)
+        moved["0.weight"], moved["0.bias"], moved["2.weight"] = (
+            d["0.weight"][order],
+            d["0.bias"][order],
+            d["2.weight"][:, order],
+        )
+        permuted.append(moved)
+    assert slice_values(loss_p, params_p, tuple(permuted), SETTINGS) == slice_values(loss, params, (d1, d2), SETTINGS)
+    assert not landscape.reasons and not curvature.reasons
+
+
+def test_adding_a_constant_to_the_loss_changes_no_value():
+    (a, b), (c, d) = surface_values(*mlp_loss(), SETTINGS), surface_values(*mlp_loss(shift=7.0), SETTINGS)
+    for key, value in a.values.items():
+        assert c.values[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    for key, value in b.values.items():
+        assert d.values[key] == pytest.approx(value, rel=1e-9), key
+
+
+def test_the_curvature_of_a_quadratic_is_its_matrix_and_the_top_ratio_follows():
+    h = np.diag([5.0, 3.0, 2.0, 1.0, 0.5])
+    loss = lambda p: 0.5 * p["w"] @ torch.as_tensor(h) @ p["w"]  # noqa: E731
+    params = {"w": torch.zeros(5, dtype=torch.float64)}
+    _, curvature = surface_values(loss, params, SurfaceSettings(grid=5, radius=1.0, top=3, probes=2, iters=10, seed=3))
+    assert [curvature.values[k] for k in CURVATURE_KEYS] == pytest.approx([5.0, 3.0, 2.0, 11.5, 5.0 / 11.5])
+
+
+def test_a_non_finite_loss_on_the_slice_is_null_with_the_reason_and_the_curvature_stays():
+    loss, params = mlp_loss()
+
+    def blows_up(p):  # finite near the weights, infinite where the first bias moves far
+        value = loss(p)
+        return torch.where(p["0.weight"].abs().max() > params["0.weight"].abs().max() * 1.2, torch.inf, value)
+
+    landscape, curvature = surface_values(blows_up, params, SETTINGS)
+    assert np.isnan(landscape.values["rand_minima"])
+    assert landscape.reasons["rand_minima"].startswith("non-finite loss at ")
+    assert "of 49 slice points" in landscape.reasons["rand_range"]
+    assert not curvature.reasons and np.isfinite(curvature.values["eig1"])
+
+
+def test_an_unconverged_lanczos_run_nulls_its_eigenvalues_and_the_hess_slice():
+    loss, params = mlp_loss()
+    landscape, curvature = surface_values(loss, params, SETTINGS._replace(iters=3))
+    assert curvature.reasons["eig1"] == "Lanczos did not converge in 3 steps (features.hessian_iters)"
+    assert curvature.reasons["eig1_over_trace"] == curvature.reasons["eig1"]
+    assert "trace" not in curvature.reasons  # Hutchinson has no convergence test: its value stands
+    assert set(landscape.reasons) == {f"hess_{k}" for k in SUMMARY_KEYS}
+    assert all(np.isnan(landscape.values[f"hess_{k}"]) for k in SUMMARY_KEYS)
+    assert all(np.isfinite(landscape.values[f"rand_{k}"]) for k in SUMMARY_KEYS)
+
+
+def test_keeping_fewer_eigenvalues_says_so():
+    _, curvature = surface_values(*mlp_loss(), SETTINGS._replace(top=1))
+    assert np.isnan(curvature.values["eig2"]) and np.isnan(curvature.values["eig3"])
+    assert curvature.reasons["eig3"] == "features.hessian_top = 1 keeps fewer eigenvalues"
+    assert np.isfinite(curvature.values["eig1"])

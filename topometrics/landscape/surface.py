@@ -1,0 +1,137 @@
+"""The loss surface of one checkpoint on its fixed batch: the slices' topology and the Hessian's curvature.
+
+:func:`surface_values` runs, for a loss of parameters (:func:`topometrics.landscape.slice.functional_loss`)
+at the checkpoint's weights:
+
+1. Lanczos on Hessian-vector products (``hessian_iters`` steps, seed ``seed``) for the top
+   ``max(hessian_top, 2)`` eigenpairs, and the Hutchinson trace (``hessian_probes`` Rademacher probes);
+2. two ``landscape_grid`` x ``landscape_grid`` loss slices of half-width ``landscape_radius``: ``rand``
+   along two seeded Gaussian directions, ``hess`` along the top-2 eigenvectors, both filter-normalised;
+3. :func:`topometrics.landscape.sublevel.slice_summary` of each slice.
+
+Every value set comes back with a reason or None; a reason makes its values NULL. Reasons: a Lanczos
+run whose kept Ritz values did not converge (the residual bound above :data:`LANCZOS_TOL` relative) NULLs
+the eigenvalues it concerns and the ``hess`` slice when the top two did not; a non-finite loss anywhere on
+a slice NULLs that slice; a non-finite Hessian product NULLs the curvature and the ``hess`` slice.
+Keys are the vocabulary's, less the family prefix (``rand_minima``, ``eig1``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from topometrics.landscape.curvature import hutchinson_trace, top_eigenpairs
+from topometrics.landscape.slice import (
+    LossOfParams,
+    Params,
+    filter_normalised,
+    flat_hvp,
+    loss_grid,
+    random_direction,
+    unflatten,
+)
+from topometrics.landscape.sublevel import SUMMARY_KEYS, slice_summary
+
+# Relative Lanczos residual bound under which a Ritz value counts as converged: 1e-3 of the eigenvalue
+# is far below the spread between checkpoints, and tens of steps reach it on our models' top eigenvalues.
+LANCZOS_TOL = 1e-3
+EIGEN_KEYS = ("eig1", "eig2", "eig3")
+CURVATURE_KEYS = (*EIGEN_KEYS, "trace", "eig1_over_trace")
+PAIRS = ("rand", "hess")
+
+
+class SurfaceSettings(NamedTuple):
+    """The ``features.landscape_*`` and ``features.hessian_*`` params, and the seed."""
+
+    grid: int
+    radius: float
+    top: int
+    probes: int
+    iters: int
+    seed: int
+    chunk: int = 0  # grid points per vmap call; 0: 32 on a GPU, a plain loop (1) on CPU
+
+
+class Values(NamedTuple):
+    values: dict[str, float]  # keys without the family prefix
+    reasons: dict[str, str]  # key -> why its value is NULL (absent: computed)
+
+
+def surface_values(loss: LossOfParams, params: Params, settings: SurfaceSettings) -> tuple[Values, Values]:
+    """``(landscape, curvature)`` of ``loss`` at ``params``; see the module docstring."""
+    curvature, eig = curvature_values(loss, params, settings)
+    gen = torch.Generator().manual_seed(settings.seed)
+    rand = (random_direction(params, gen), random_direction(params, gen))
+    landscape = Values({}, {})
+    for pair, directions in (("rand", rand), ("hess", eig)):
+        if isinstance(directions, str):
+            summary, reason = dict.fromkeys(SUMMARY_KEYS, np.nan), directions
+        else:
+            summary, reason = slice_values(loss, params, directions, settings)
+        landscape.values.update({f"{pair}_{k}": v for k, v in summary.items()})
+        if reason:
+            landscape.reasons.update({f"{pair}_{k}": reason for k in summary})
+    return landscape, curvature
+
+
+def curvature_values(
+    loss: LossOfParams, params: Params, settings: SurfaceSettings
+) -> tuple[Values, tuple[Params, Params] | str]:
+    """Curvature :data:`CURVATURE_KEYS`, and the filter-normalised top-2 eigenvectors (or why there are none)."""
+    hvp, dim = flat_hvp(loss, params)
+    # Attention runs on PyTorch's math kernel for the Hessian products: the fused CPU/GPU kernels of
+    # scaled_dot_product_attention have no forward-mode derivative.
+    with sdpa_kernel(SDPBackend.MATH):
+        return _curvature_values(hvp, dim, params, settings)
+
+
+def _curvature_values(hvp, dim: int, params: Params, settings: SurfaceSettings):
+    try:
+        eig = top_eigenpairs(_finite(hvp), dim, max(settings.top, 2), settings.iters, settings.seed, LANCZOS_TOL)
+        trace = hutchinson_trace(_finite(hvp), dim, settings.probes, settings.seed).trace
+    except FloatingPointError as err:
+        reason = str(err)
+        return Values(dict.fromkeys(CURVATURE_KEYS, np.nan), dict.fromkeys(CURVATURE_KEYS, reason)), reason
+    values = {key: float(eig.values[i]) if i < settings.top else np.nan for i, key in enumerate(EIGEN_KEYS)}
+    values |= {"trace": trace, "eig1_over_trace": float(eig.values[0]) / trace if trace != 0 else np.nan}
+    reasons = {}
+    for i, key in enumerate(EIGEN_KEYS):
+        if i >= settings.top:
+            reasons[key] = f"features.hessian_top = {settings.top} keeps fewer eigenvalues"
+        elif not eig.converged[i]:
+            reasons[key] = f"Lanczos did not converge in {settings.iters} steps (features.hessian_iters)"
+    if "eig1" in reasons:
+        reasons["eig1_over_trace"] = reasons["eig1"]
+    elif trace == 0:
+        reasons["eig1_over_trace"] = "Hessian trace estimate is 0"
+    if not eig.converged[:2].all():
+        why = f"Lanczos did not converge in {settings.iters} steps (features.hessian_iters): no top-2 eigenvectors"
+        return Values(values, reasons), why
+    vectors = tuple(filter_normalised(unflatten(eig.vectors[:, i], params), params) for i in range(2))
+    return Values(values, reasons), vectors
+
+
+def slice_values(
+    loss: LossOfParams, params: Params, directions: tuple[Params, Params], settings: SurfaceSettings
+) -> tuple[dict[str, float], str | None]:
+    """The slice summary along ``directions``, or NaNs and the reason when the slice has a non-finite loss."""
+    chunk = settings.chunk or (32 if next(iter(params.values())).is_cuda else 1)
+    grid = loss_grid(loss, params, *directions, settings.radius, settings.grid, chunk)
+    bad = int((~np.isfinite(grid)).sum())
+    if bad:
+        return dict.fromkeys(SUMMARY_KEYS, np.nan), f"non-finite loss at {bad} of {grid.size} slice points"
+    return slice_summary(grid), None
+
+
+def _finite(hvp):
+    def checked(v: np.ndarray) -> np.ndarray:
+        out = hvp(v)
+        if not np.isfinite(out).all():
+            raise FloatingPointError("non-finite Hessian-vector product")
+        return out
+
+    return checked
