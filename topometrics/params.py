@@ -15,6 +15,7 @@ import yaml
 
 from topometrics.params_schema import ParamsError, at_least, build, non_negative, positive, reject_unknown, within
 from topometrics.params_sources import ComputeParams, SeriesParams, parse_compute, parse_series
+from topometrics.vocabulary import kind, verdict_families
 
 SHAPE_KEYS = ("hidden", "layers", "heads")
 # keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
@@ -155,6 +156,17 @@ class FeaturesParams:
 
 
 @dataclass(frozen=True)
+class PrimaryParams:
+    """analysis.primary: the one pre-registered test (family or <= 3 of its features, fraction, scheme, baseline)."""
+
+    family: str
+    fraction: float
+    cv: str
+    features: tuple[str, ...] = ()  # empty: the whole family (which must have <= 3 features)
+    baseline: str = "norm"  # 'norm' (loss curve + weight norm) or 'norm+<geometric verdict family>'
+
+
+@dataclass(frozen=True)
 class AnalysisParams:
     fractions: tuple[float, ...] = (0.2, 0.3, 0.5)  # share of training observed before predicting (Table 5)
     bootstrap: int = 1000  # resamples per bootstrap CI (paper section 3.3)
@@ -171,10 +183,15 @@ class AnalysisParams:
     weight_norm_features: tuple[str, ...] = ("w_fro",)  # weight-norm baseline: the first present
     # features whose rho(feature, val loss) goes into metrics.json (those present)
     headline_features: tuple[str, ...] = ("vr_tp0", "vr_tp1", "np_norm", "rep_tp0", "w_spec", "w_rankme")
+    permutations: int = 99  # cell-block refits behind each verdict p-value (smallest p: 1 / (1 + this))
+    min_effect: float = 0.01  # 'adds' needs a gain of at least this share of the baseline MAE
+    equivalence_margin: float = 0.05  # 'ruled out' when the 95% bound on the gain is within this share
+    primary: PrimaryParams | None = None  # the pre-registered endpoint (None: every row exploratory)
 
     def check(self) -> None:
         positive(self, "analysis", ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold"))
-        non_negative(self, "analysis", ("seed", "np_min_delta", "loss_min_delta"))
+        non_negative(self, "analysis", ("seed", "np_min_delta", "loss_min_delta", "min_effect", "permutations"))
+        within(self, "analysis", "equivalence_margin", 0.0, 1.0, "a share of the baseline MAE")
         within(self, "analysis", "alpha", 0.0, 1.0, "a significance level")
         within(self, "analysis", "phase_threshold", 0.0, 1.0, "a share of the NP change's peak")
         if not self.fractions or not all(0.0 < f < 1.0 for f in self.fractions):
@@ -285,7 +302,7 @@ def parse_params(raw: dict) -> Params:
         train=build(TrainParams, raw.get("train") or {}, "train"),
         ladder=ladder,
         features=build(FeaturesParams, raw.get("features") or {}, "features"),
-        analysis=build(AnalysisParams, raw.get("analysis") or {}, "analysis"),
+        analysis=_parse_analysis(raw.get("analysis") or {}),
         series=parse_series(raw.get("series") or {}),
         compute=parse_compute(raw.get("compute") or {}),
         variants=_parse_variants(raw.get("variants") or {}),
@@ -301,11 +318,44 @@ def parse_params(raw: dict) -> Params:
             f"analysis.variant={params.analysis.variant!r} is not a declared variant; "
             f"use one of {[BASE_VARIANT, *params.variants]}"
         )
+    _check_primary(params)
     names = params.run_names()
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         raise ParamsError(f"runs {twice} are declared twice (a rung name with '-' meets a variant); rename one")
     return params
+
+
+def _parse_analysis(raw: object) -> AnalysisParams:
+    primary = raw.pop("primary", None) if isinstance(raw, dict) else None
+    analysis = build(AnalysisParams, raw, "analysis")
+    return (
+        analysis
+        if primary is None
+        else dataclasses.replace(analysis, primary=build(PrimaryParams, primary, "analysis.primary"))
+    )
+
+
+def _check_primary(params: Params) -> None:
+    """The primary endpoint must be one the sweep computes: a verdict family (or <= 3 of its features), one
+    of analysis.fractions, a scheme with >= 3 groups among the declared runs, a declared baseline."""
+    p = params.analysis.primary
+    if p is None:
+        return
+    families = verdict_families()
+    groups = {"seed": len(params.train.seeds), "variant": 1 + len(params.variants), "rung": len(params.ladder)}
+    geometric = [f"norm+{n}" for n, feats in families.items() if {kind(f) for f in feats} == {"geometric"}]
+    problems = [
+        (p.family not in families, f"family {p.family!r} is not a verdict family ({', '.join(families)})"),
+        (not set(p.features) <= set(families.get(p.family, ())), f"features {list(p.features)} not all in {p.family}"),
+        (len(p.features or families.get(p.family, ())) > 3, "the endpoint has > 3 features: declare <= 3 in features"),
+        (p.fraction not in params.analysis.fractions, f"fraction {p.fraction} is not in analysis.fractions"),
+        (groups.get(p.cv, 0) < 3, f"cv {p.cv!r} needs >= 3 groups among the declared runs ({groups})"),
+        (p.baseline not in ["norm", *geometric], f"baseline {p.baseline!r} is not one of {['norm', *geometric]}"),
+    ]  # fmt: skip
+    for bad, why in problems:
+        if bad:
+            raise ParamsError(f"analysis.primary: {why}; fix it in params.yaml before the sweep")
 
 
 def _parse_variants(raw: object) -> dict[str, Variant]:

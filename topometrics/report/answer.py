@@ -53,14 +53,36 @@ def answer(verdict, meta) -> Answer:
     tested = tested.sort_values(["fraction", "family"])
     n, groups = int(tested["n"].max()), int(tested["n_groups"].max())
     head = f"{_question(verdict)}: {n} runs, {CV_WORDS[scheme]} ({groups} {SCHEME_GROUPS[scheme]})."
-    sentences = [head, *(sentence(r) for _, r in tested.iterrows()), _families(verdict, scheme)]
+    primary = verdict[verdict["role"] == "primary"] if "role" in verdict else verdict.iloc[:0]
+    lead = [f"Pre-registered endpoint: {sentence(r)}" for _, r in primary.iterrows()]
+    lead += [_power(params)] if len(primary) and params is not None else []
+    label = "Exploratory (topology rows Holm-corrected per scheme; the rest uncorrected context): "
+    rows = [(label if i == 0 and len(primary) else "") + sentence(r) for i, (_, r) in enumerate(tested.iterrows())]
+    sentences = [head, *lead, *rows, _families(verdict, scheme)]
     command, why = None, None
     if tested["verdict"].astype(str).str.startswith("not enough runs").all() and params is not None:
-        row = tested.iloc[-1]
-        need = analysis_verdict.runs_needed(int(row["n_tests"]), float(row["alpha"]))
-        command, why = _command(analysis_verdict.remedy(params, need))
-        sentences.append(f"With {n} runs no comparison can pass the corrected level; {need} runs can.")
+        rungs = len(params["ladder"])
+        need = analysis_verdict.recipes_needed(rungs, float(tested["alpha"].iloc[-1]), _permutations(params))
+        sentences.append(
+            f"With {n} runs the cell permutations cannot reach the level; it needs {need} recipes per rung."
+            if need
+            else "analysis.permutations is too small for the level: raise it."
+        )
     return Answer(tuple(sentences), command, why, computed=True)
+
+
+def _permutations(params: dict) -> int:
+    return int(params["analysis"].get("permutations", 99))
+
+
+def _power(params: dict) -> str:
+    """Where this sweep's power comes from: the bench's machinery at the sweep's own layout."""
+    train, variants = params["train"], params.get("variants") or {}
+    shape = f"{len(params['ladder'])}x{1 + len(variants)}x{len(train['seeds'])}"
+    return (
+        "Power: the share of simulated sweeps of this layout in which a family explaining >= 30 % of the residual "
+        f"variance is called 'adds' is measured by `python -m bench power --layouts {shape}` (docs/results.md)."
+    )
 
 
 def _not_computable(verdict: pd.DataFrame, params: dict | None) -> Answer:
