@@ -204,3 +204,31 @@ def test_yaml_nan_and_inf_are_refused_naming_the_key(tmp_path):
     (tmp_path / "params.yaml").write_text(text)
     with pytest.raises(ParamsError, match=r"^train\.lr must be a finite number, got nan; write a number such as"):
         load_params(tmp_path / "params.yaml")
+
+
+@pytest.mark.parametrize(
+    ("primary", "message"),
+    [
+        ({"family": "topo", "fraction": 0.3, "cv": "rung"}, "family 'topo' is not a verdict family"),
+        ({"family": "weights_vr", "fraction": 0.3, "cv": "rung"}, "the endpoint has > 3 features"),
+        ({"family": "weights_vr", "features": ["np_norm"], "fraction": 0.3, "cv": "rung"}, r"\['np_norm'\] not all in"),
+        ({"family": "weights_np", "fraction": 0.4, "cv": "rung"}, "fraction 0.4 is not in analysis.fractions"),
+        ({"family": "weights_np", "fraction": 0.3, "cv": "seed"}, "cv 'seed' needs >= 3 groups"),
+        ({"family": "weights_np", "fraction": 0.3, "cv": "rung", "baseline": "x"}, "baseline 'x' is not one of"),
+        ({"family": "weights_np", "cv": "rung"}, "missing"),
+    ],
+)
+def test_a_primary_endpoint_the_sweep_does_not_compute_is_a_params_error(primary, message):
+    raw = default_raw()
+    raw["analysis"]["primary"] = primary
+    with pytest.raises((ParamsError, TypeError), match=message):
+        parse_params(raw)
+
+
+def test_a_primary_endpoint_of_up_to_three_declared_features_loads():
+    raw = default_raw()
+    raw["analysis"]["primary"] = {"family": "weights_vr", "features": ["vr_tp0"], "fraction": 0.3, "cv": "rung"}
+    primary = parse_params(raw).analysis.primary
+    assert (primary.family, primary.features, primary.fraction, primary.cv, primary.baseline) == (
+        "weights_vr", ("vr_tp0",), 0.3, "rung", "norm"
+    )  # fmt: skip

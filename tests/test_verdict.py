@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from topometrics.analysis import inference, verdict, warehouse
+from topometrics.analysis import inference, remedy, verdict, warehouse
 from topometrics.params import AnalysisParams, PrimaryParams
 from topometrics.vocabulary import verdict_families
 
@@ -195,7 +195,7 @@ def test_the_not_enough_runs_rule_counts_usable_cells():
         inference.distinct_permutations(rungs, cells) == 6
         and inference.distinct_permutations(rungs[2:], cells[2:]) == 2
     )
-    assert verdict.recipes_needed(3, 0.05, 99) == 3 and verdict.recipes_needed(3, 0.05, 9) is None
+    assert remedy.recipes_needed(3, 0.05, 99) == 3 and remedy.recipes_needed(3, 0.05, 9) is None
 
 
 def test_metrics_lead_with_the_primary_endpoint(topology_case):

@@ -329,11 +329,12 @@ def parse_params(raw: dict) -> Params:
 def _parse_analysis(raw: object) -> AnalysisParams:
     primary = raw.pop("primary", None) if isinstance(raw, dict) else None
     analysis = build(AnalysisParams, raw, "analysis")
-    return (
-        analysis
-        if primary is None
-        else dataclasses.replace(analysis, primary=build(PrimaryParams, primary, "analysis.primary"))
-    )
+    if primary is None:
+        return analysis
+    missing = [k for k in ("family", "fraction", "cv") if not isinstance(primary, dict) or k not in primary]
+    if missing:
+        raise ParamsError(f"analysis.primary is missing {', '.join(missing)}; declare family, fraction and cv")
+    return dataclasses.replace(analysis, primary=build(PrimaryParams, primary, "analysis.primary"))
 
 
 def _check_primary(params: Params) -> None:

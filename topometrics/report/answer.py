@@ -5,7 +5,7 @@ tested, against which baseline, on how many runs, and the verdict of every topol
 at each fraction of training (:data:`topometrics.analysis.verdict.HEADLINE_FAMILY`, in the scheme of
 :func:`topometrics.analysis.verdict.headline_scheme`). When nothing could be compared, one paragraph
 gives the reasons grouped by cause and the ``dvc exp run`` that makes the verdict computable, derived
-from the params (:func:`topometrics.analysis.verdict.remedy`).
+from the params (:func:`topometrics.analysis.remedy.remedy`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from topometrics.analysis import remedy as analysis_remedy
 from topometrics.analysis import verdict as analysis_verdict
 from topometrics.report.frames import Missing
 from topometrics.report.verdict import CV_WORDS, FAMILY_WORDS, sentence
@@ -62,7 +63,7 @@ def answer(verdict, meta) -> Answer:
     command, why = None, None
     if tested["verdict"].astype(str).str.startswith("not enough runs").all() and params is not None:
         rungs = len(params["ladder"])
-        need = analysis_verdict.recipes_needed(rungs, float(tested["alpha"].iloc[-1]), _permutations(params))
+        need = analysis_remedy.recipes_needed(rungs, float(tested["alpha"].iloc[-1]), _permutations(params))
         sentences.append(
             f"With {n} runs the cell permutations cannot reach the level; it needs {need} recipes per rung."
             if need
@@ -87,9 +88,9 @@ def _power(params: dict) -> str:
 
 def _not_computable(verdict: pd.DataFrame, params: dict | None) -> Answer:
     """Why no comparison ran, grouped by cause, and the command that lets them run."""
-    causes = "; ".join(f"{reason} ({n} comparisons)" for reason, n in analysis_verdict.skip_groups(verdict))
+    causes = "; ".join(f"{reason} ({n} comparisons)" for reason, n in analysis_remedy.skip_groups(verdict))
     why = f"The verdict cannot be computed yet: none of its {len(verdict)} comparisons could run: {causes}."
-    command, because = _command(analysis_verdict.remedy(params)) if params is not None else (None, None)
+    command, because = _command(analysis_remedy.remedy(params)) if params is not None else (None, None)
     return Answer((f"{_question(verdict)}.", why), command, because)
 
 
