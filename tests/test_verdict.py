@@ -11,7 +11,7 @@ import pytest
 from scipy import stats as sps
 
 from topometrics.analysis import inference, remedy, verdict, warehouse
-from topometrics.params import AnalysisParams, PrimaryParams
+from topometrics.params import AnalysisParams, ParamsError, PrimaryParams
 from topometrics.vocabulary import verdict_families
 
 FRACTIONS = (0.1, 0.3, 0.5)
@@ -216,3 +216,32 @@ def test_metrics_of_a_verdict_that_could_not_run_name_no_scheme():
     table, errors = verdict.incremental_validity(synthetic_runs("topology").query("fraction == 0.1"), families=FAMILIES)
     metrics = verdict.verdict_metrics(warehouse_with(table, errors).execute("SELECT * FROM topology_verdict").df())
     assert metrics == {"cv": "none", "f10": {"verdict": "skipped"}}
+
+
+@pytest.mark.parametrize(
+    ("primary", "message"),
+    [
+        (PrimaryParams("topo", 0.5, "seed"), "family 'topo' is not a verdict family"),
+        (PrimaryParams("weights_vr", 0.5, "seed"), "weights_vr has > 3 features"),
+        (PrimaryParams("weights_vr", 0.5, "seed", ("np_norm",)), r"\['np_norm'\] not all in weights_vr"),
+        (PrimaryParams("scale_free", 0.5, "seed", ("np_z",), baseline="norm+curvature"), "baseline 'norm\\+curvature' is not"),
+    ],
+)
+def test_a_primary_endpoint_not_in_the_vocabulary_is_one_params_error_before_any_comparison(primary, message):
+    with pytest.raises(ParamsError, match=message):
+        verdict.incremental_validity(synthetic_runs("topology"), AnalysisParams(primary=primary))
+
+
+def test_a_geometric_family_becomes_a_second_baseline_for_every_topological_family():
+    families = {"weights_vr": ("vr_tp0",), "scale_free": ("vr_unit_tp0",), "norms": ("w_fro",)}
+    with pytest.MonkeyPatch.context() as patch:  # w_fro stands in for a declared geometric feature
+        patch.setattr(verdict, "kind", lambda f: "geometric" if f == "w_fro" else "topological")
+        plan = verdict.comparisons(families)
+        assert list(verdict.baselines(families)) == ["norm", "norm+norms"]
+    got = [(c["family"], c["baseline"], c["role"]) for c in plan]
+    assert got == [
+        ("weight_norm", "loss", "context"), ("norms", "norm", "context"), ("weights_vr", "norm", "topology"),
+        ("scale_free", "norm", "topology"), ("weights_vr", "norm+norms", "topology"),
+        ("scale_free", "norm+norms", "topology"), ("everything", "norm", "context"),
+    ]  # fmt: skip
+    assert plan[4]["base"] == (*verdict.LOSS_INPUTS, *verdict.NORM_INPUTS, "w_fro_level", "w_fro_rate")

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from topometrics.analysis import inference
-from topometrics.params import AnalysisParams
+from topometrics.params import AnalysisParams, ParamsError
 from topometrics.vocabulary import kind, verdict_families
 
 LOSS_INPUTS = ("loss_drop", "mpl_drop", "tissue_drop")  # the per-run laws' predicted drop from the anchor
@@ -98,6 +98,24 @@ def comparisons(families: dict[str, tuple[str, ...]] | None = None) -> list[dict
     return out + [row("everything", "(4) vs (2)", "context", NORM_BASELINE, everything)]
 
 
+def check_primary(params: AnalysisParams, families: dict[str, tuple[str, ...]] | None = None) -> None:
+    """``analysis.primary``'s names against the vocabulary: a verdict family, whose features (<= 3 of them, or
+    the whole family when it has <= 3) it names, and a declared baseline; else one :class:`ParamsError` line."""
+    p = params.primary
+    if p is None:
+        return
+    families = verdict_families() if families is None else families
+    problems = [
+        (p.family not in families, f"family {p.family!r} is not a verdict family ({', '.join(families)})"),
+        (not set(p.features) <= set(families.get(p.family, ())), f"features {list(p.features)} not all in {p.family}"),
+        (len(p.features or families.get(p.family, ())) > 3, f"{p.family} has > 3 features: declare <= 3 in features"),
+        (p.baseline not in baselines(families), f"baseline {p.baseline!r} is not one of {list(baselines(families))}"),
+    ]  # fmt: skip
+    for bad, why in problems:
+        if bad:
+            raise ParamsError(f"analysis.primary: {why}; fix it in params.yaml before the sweep")
+
+
 def primary_comparison(params: AnalysisParams, families: dict[str, tuple[str, ...]] | None = None) -> dict | None:
     """The pre-registered comparison of ``analysis.primary`` (None when none is declared)."""
     primary = params.primary
@@ -133,6 +151,7 @@ def incremental_validity(
     errors : DataFrame with :data:`ERROR_COLUMNS`, the paired per-run predictions behind each ok row
     """
     params = AnalysisParams() if params is None else params
+    check_primary(params, families)
     rows, errors = [], []
     plan, primary = comparisons(families), primary_comparison(params, families)
     for scheme in SCHEMES:
