@@ -57,6 +57,7 @@ def answer(verdict, meta) -> Answer:
     primary = verdict[verdict["role"] == "primary"] if "role" in verdict else verdict.iloc[:0]
     lead = [f"Pre-registered endpoint: {sentence(r)}" for _, r in primary.iterrows()]
     lead += [_power(params)] if len(primary) and params is not None else []
+    lead = lead or ["No pre-registered endpoint (analysis.primary): every row below is exploratory."]
     label = "Exploratory (topology rows Holm-corrected per scheme; the rest uncorrected context): "
     rows = [(label if i == 0 and len(primary) else "") + sentence(r) for i, (_, r) in enumerate(tested.iterrows())]
     sentences = [head, *lead, *rows, _families(verdict, scheme)]
