@@ -224,7 +224,7 @@ def test_metrics_of_a_verdict_that_could_not_run_name_no_scheme():
         (PrimaryParams("topo", 0.5, "seed"), "family 'topo' is not a verdict family"),
         (PrimaryParams("weights_vr", 0.5, "seed"), "weights_vr has > 3 features"),
         (PrimaryParams("weights_vr", 0.5, "seed", ("np_norm",)), r"\['np_norm'\] not all in weights_vr"),
-        (PrimaryParams("scale_free", 0.5, "seed", ("np_z",), baseline="norm+curvature"), "baseline 'norm\\+curvature' is not"),
+        (PrimaryParams("scale_free", 0.5, "seed", ("np_z",), baseline="norm+curvature"), "baseline 'norm.curvature"),
     ],
 )
 def test_a_primary_endpoint_not_in_the_vocabulary_is_one_params_error_before_any_comparison(primary, message):
