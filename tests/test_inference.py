@@ -153,3 +153,16 @@ def test_the_bench_machinery_reports_rates_for_every_cv_and_family_on_a_small_ca
     )
     cal = power.calibration((2, 4, 4), reps=3)
     assert 0.07 < cal["mae_loss_curve"] < 0.14 and cal["mae_with_norm"] < cal["mae_loss_curve"]
+
+
+def test_the_base_model_is_chosen_inside_each_training_fold_among_the_candidates():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(30, 3))
+    y = 2 * x[:, 1] + 0.01 * rng.normal(size=30)  # only the second column predicts
+    groups = np.repeat(np.arange(5), 6)
+    chosen = inference.base_folds(x, y, groups, candidates=[[0], [1], [2], []])
+    assert np.mean(np.abs(chosen.without - y)) < 0.05
+    assert all(design.shape[1] == 2 and np.allclose(design[:, 1], x[:, 1]) for *_, design in chosen.folds)
+    mean_only = inference.base_folds(x, y, groups, candidates=[[]])
+    assert np.mean(np.abs(mean_only.without - y)) > 1.0
+    assert verdict.base_candidates(["loss_drop", "mpl_drop", "weight_norm_level"]) == [[0, 2], [1, 2], [2]]

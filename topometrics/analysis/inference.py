@@ -80,19 +80,42 @@ class Folds:
     folds: tuple  # (test mask, train mask, in-sample base residual on train, design [1, base]) per fold
 
 
-def base_folds(base: np.ndarray, y: np.ndarray, groups) -> Folds:
-    """Leave-one-group-out fits of the base ridge (a group whose complement has < 3 runs stays NaN)."""
+def base_folds(base: np.ndarray, y: np.ndarray, groups, candidates=None) -> Folds:
+    """Leave-one-group-out fits of the base ridge (a group whose complement has < 3 runs stays NaN).
+
+    ``candidates``: column-index lists of ``base``, the alternative base models; inside each training fold
+    the one with the smallest leave-one-group-out error over the training groups is fitted (default: one
+    candidate, every column). A candidate with no columns predicts the training mean.
+    """
     groups = np.asarray(groups)
+    candidates = [list(range(base.shape[1]))] if candidates is None else [list(c) for c in candidates]
     without = np.full(len(y), np.nan)
     folds = []
     for held in np.unique(groups):
         test, train = groups == held, groups != held
         if train.sum() < 3:
             continue
-        fitted = ridge_predict(base[train], y[train], base, BASE_ALPHAS, groups[train])
+        cols = min(candidates, key=lambda c: _inner_error(base[train][:, c], y[train], groups[train]))
+        fitted = _fit_base(base[train][:, cols], y[train], base[:, cols], groups[train])
         without[test] = fitted[test]
-        folds.append((test, train, y[train] - fitted[train], np.column_stack([np.ones(len(y)), base])))
+        folds.append((test, train, y[train] - fitted[train], np.column_stack([np.ones(len(y)), base[:, cols]])))
     return Folds(without, tuple(folds))
+
+
+def _fit_base(x: np.ndarray, y: np.ndarray, x_new: np.ndarray, groups) -> np.ndarray:
+    if x.shape[1] == 0:
+        return np.full(len(x_new), y.mean())
+    return ridge_predict(x, y, x_new, BASE_ALPHAS, groups)
+
+
+def _inner_error(x: np.ndarray, y: np.ndarray, groups) -> float:
+    """Leave-one-group-out squared error of the base ridge on ``x`` (the candidate's score; inf when the
+    training rows span fewer than 3 groups: 0, so the first candidate wins)."""
+    labels = np.unique(groups)
+    if len(labels) < 3 or len(y) < 4:
+        return 0.0
+    return float(sum(np.sum((_fit_base(x[groups != g], y[groups != g], x[groups == g], groups[groups != g])
+                             - y[groups == g]) ** 2) for g in labels))  # fmt: skip
 
 
 def with_family(folds: Folds, extra: np.ndarray, groups) -> np.ndarray:
@@ -161,13 +184,16 @@ class FamilyTest:
     min_p: float  # the smallest p this design can give: max(1 / (1 + n_perm), 1 / distinct permutations)
 
 
-def family_test(base, extra, y, groups, rungs, cells, seeds, n_perm: int = 99, seed: int = 0) -> FamilyTest:
+def family_test(
+    base, extra, y, groups, rungs, cells, seeds, n_perm: int = 99, seed: int = 0, candidates=None
+) -> FamilyTest:
     """The Clark-West statistic of ``extra`` over ``base`` and its p from ``n_perm`` cell-block refits.
 
-    The base fits are shared by every refit (only the family moves). Rows must be complete (no NaN).
+    The base fits (the candidate chosen per fold, see :func:`base_folds`) are shared by every refit (only
+    the family moves). Rows must be complete (no NaN).
     """
     base, extra, y = (np.asarray(a, float) for a in (base, extra, y))
-    folds = base_folds(base, y, groups)
+    folds = base_folds(base, y, groups, candidates)
     with_ = with_family(folds, extra, groups)
     observed = clark_west(y, folds.without, with_)
     rng = np.random.default_rng(seed)

@@ -49,6 +49,14 @@ MIN_CHECKPOINTS = 4  # observed checkpoints a run needs at a fraction
 MIN_GROUPS = 3  # groups a leave-one-group-out scheme needs
 MIN_COVERAGE = 0.75  # share of runs in which an input column must be finite to be used
 RUN_KEYS = ("rung", "seed", "variant")
+# The loss-curve part of every base model is chosen inside each training fold among these candidates (a
+# new candidate is one more entry). ``anchor_rank``: the same-fraction loss ranked across runs (0..1);
+# GRAD_INPUTS: the gradient norm's mean and spread over the observed window, used where the columns exist.
+GRAD_INPUTS = ("grad_norm_mean", "grad_norm_std")
+BASE_CANDIDATES = (
+    LOSS_INPUTS, ("loss_drop",), ("mpl_drop",), ("tissue_drop",), (), ("anchor_rank",), GRAD_INPUTS,
+    (*LOSS_INPUTS, *GRAD_INPUTS),
+)  # fmt: skip
 NORM_BASELINE = "norm"  # the baseline "loss curve + weight norm"; others are "norm+<geometric family>"
 
 VERDICT_COLUMNS = [
@@ -292,6 +300,10 @@ def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams) -
         return {"n": 0, "status": "skipped", "reason": "no usable inputs of the smaller model" + note}, []
     if not extra_cols:
         return {"n": 0, "status": "skipped", "reason": f"family {spec['family']} has no usable values" + note}, []
+    if set(LOSS_INPUTS) <= set(spec["base"]):  # the loss-curve part is chosen among BASE_CANDIDATES
+        g = g.assign(anchor_rank=g["anchor"].rank(pct=True))
+        more = [c for c in ("anchor_rank", *GRAD_INPUTS) if c in g and c not in base_cols]
+        base_cols += usable_columns(g, tuple(more))[0]
     both = base_cols + extra_cols
     target = (g["actual"] - g["anchor"]).to_numpy(float)
     usable = np.isfinite(g[both].to_numpy(float)).all(axis=1) & np.isfinite(target)
@@ -304,6 +316,7 @@ def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams) -
     test = inference.family_test(
         sub[base_cols].to_numpy(float), sub[extra_cols].to_numpy(float), target[usable], sub[scheme].to_numpy(),
         sub["rung"].astype(str).to_numpy(), cells, sub["seed"].to_numpy(), params.permutations, params.seed,
+        base_candidates(base_cols),
     )  # fmt: skip
     result = summarise(target[usable], test, cells, sub["actual"].to_numpy(float), sub["anchor"].to_numpy(float))
     result |= {"n_groups": int(sub[scheme].nunique()), "seed_sd": seed_sd(sub), "inputs": ",".join(both)}
@@ -322,6 +335,21 @@ def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams) -
         for i in np.flatnonzero(np.isfinite(test.without) & np.isfinite(test.with_))
     ]
     return result, errs
+
+
+def base_candidates(base_cols: list[str]) -> list[list[int]] | None:
+    """Column indices of each usable :data:`BASE_CANDIDATES` entry plus every non-loss base column (norm,
+    geometric family); None (one model of every column) when the base has no loss-curve part."""
+    curve = set(LOSS_INPUTS) | {"anchor_rank", *GRAD_INPUTS}
+    always = [i for i, c in enumerate(base_cols) if c not in curve]
+    if len(always) == len(base_cols):
+        return None
+    found = []
+    for candidate in BASE_CANDIDATES:
+        cols = [base_cols.index(c) for c in candidate if c in base_cols]
+        if len(cols) == len(candidate) and sorted(cols + always) not in found:
+            found.append(sorted(cols + always))
+    return found
 
 
 def _dropped_note(dropped: list[str]) -> str:
