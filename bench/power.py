@@ -13,9 +13,9 @@ features (2k columns: level and rate). Three kinds of family:
 Each run set goes through the product's own code: :func:`topometrics.analysis.inference.family_test`
 (orthogonalised family, Clark-West statistic, cell-block permutation p) and
 :func:`topometrics.analysis.verdict.word` (the primary endpoint's verdict: test and minimum effect).
-Printed: % of run sets called ``adds`` per layout x CV scheme x family; written to ``--out`` as JSON.
+Printed: % of run sets called ``adds`` per layout x CV scheme x family, then the whole result as one JSON line.
 Options: ``--layouts 3x4x8,2x4x4`` ``--reps 100`` ``--perms 99`` ``--k 3`` ``--jobs 1`` ``--cvs seed,variant,rung``
-``--out reports/bench_power.json``. The base here is one ridge over the three laws and the norm (the
+``--out FILE``. The base here is one ridge over the three laws and the norm (the
 verdict's choice among base candidates is not simulated).
 """
 
@@ -163,7 +163,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--k", type=int, default=3, help="features in the family (2 columns each)")
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--cvs", default="seed,variant,rung", help="schemes to run (those with >= 3 groups)")
-    parser.add_argument("--out", default="reports/bench_power.json")
+    parser.add_argument("--out", default="", help="also write the JSON to this file")
     args = parser.parse_args(argv)
     t0, result = time.perf_counter(), {"k": args.k, "reps": args.reps, "perms": args.perms, "layouts": {}}
     for text in args.layouts.split(","):
@@ -178,8 +178,9 @@ def main(argv: list[str]) -> int:
         )
         result["layouts"][text] = {"runs": int(np.prod(shape)), "calibration": cal, "rates": table}
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    layouts, took = len(result["layouts"]), result["seconds"]
-    print(f"bench power: {layouts} layouts, {args.reps} run sets per cell, {took} s -> {args.out}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, sort_keys=True))
+    print(f"bench power: {len(result['layouts'])} layouts, {args.reps} run sets per cell, {result['seconds']} s")
     return 0
