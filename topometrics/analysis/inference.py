@@ -198,7 +198,7 @@ def family_test(
     observed = clark_west(y, folds.without, with_)
     rng = np.random.default_rng(seed)
     min_p = max(1 / (1 + max(n_perm, 0)), 1 / distinct_permutations(rungs, cells))
-    if n_perm < 1 or not np.isfinite(observed):
+    if n_perm < 1 or not np.isfinite(observed) or min_p >= 1.0:  # nothing to permute: no p
         return FamilyTest(folds.without, with_, observed, np.nan, 0, min_p)
     hits = 0
     for _ in range(n_perm):
