@@ -210,10 +210,11 @@ def test_yaml_nan_and_inf_are_refused_naming_the_key(tmp_path):
     ("primary", "message"),
     [
         ({"family": "weights_vr", "features": ["a", "b", "c", "d"], "fraction": 0.3, "cv": "rung"}, "at most 3"),
+        ({"fraction": 0.3, "cv": "rung"}, "declare a family"),
         ({"family": "weights_np", "fraction": 0.4, "cv": "rung"}, "fraction 0.4 is not in analysis.fractions"),
         ({"family": "weights_np", "fraction": 0.3, "cv": "seed"}, "cv 'seed' needs >= 3 groups"),
         ({"family": "weights_np", "fraction": 0.3, "cv": "rung", "baseline": "x"}, "baseline 'x': 'norm' or"),
-        ({"family": "weights_np", "cv": "rung"}, "analysis.primary is missing fraction"),
+        ({"family": "weights_np", "cv": "rung"}, "fraction 0.0 is not in analysis.fractions"),
     ],
 )
 def test_a_primary_endpoint_the_sweep_does_not_compute_is_a_params_error(primary, message):

@@ -158,9 +158,9 @@ class FeaturesParams:
 class PrimaryParams:
     """analysis.primary: the one pre-registered test (family or <= 3 of its features, fraction, scheme, baseline)."""
 
-    family: str
-    fraction: float
-    cv: str
+    family: str = ""
+    fraction: float = 0.0
+    cv: str = ""
     features: tuple[str, ...] = ()  # empty: the whole family (which must have <= 3 features)
     baseline: str = "norm"  # 'norm' (loss curve + weight norm) or 'norm+<geometric verdict family>'
 
@@ -326,14 +326,11 @@ def parse_params(raw: dict) -> Params:
 
 
 def _parse_analysis(raw: object) -> AnalysisParams:
+    raw = dict(raw) if isinstance(raw, dict) else raw
     primary = raw.pop("primary", None) if isinstance(raw, dict) else None
     analysis = build(AnalysisParams, raw, "analysis")
-    if primary is None:
-        return analysis
-    missing = [k for k in ("family", "fraction", "cv") if not isinstance(primary, dict) or k not in primary]
-    if missing:
-        raise ParamsError(f"analysis.primary is missing {', '.join(missing)}; declare family, fraction and cv")
-    return dataclasses.replace(analysis, primary=build(PrimaryParams, primary, "analysis.primary"))
+    primary = None if primary is None else build(PrimaryParams, primary, "analysis.primary")
+    return dataclasses.replace(analysis, primary=primary)
 
 
 def _check_primary(params: Params) -> None:
@@ -345,7 +342,7 @@ def _check_primary(params: Params) -> None:
         return
     groups = {"seed": len(params.train.seeds), "variant": 1 + len(params.variants), "rung": len(params.ladder)}
     problems = [
-        (len(p.features) > 3, f"features {list(p.features)}: declare at most 3"),
+        (not p.family or len(p.features) > 3, f"declare a family and at most 3 features, got {p.family!r}"),
         (p.fraction not in params.analysis.fractions, f"fraction {p.fraction} is not in analysis.fractions"),
         (groups.get(p.cv, 0) < 3, f"cv {p.cv!r} needs >= 3 groups among the declared runs ({groups})"),
         (p.baseline.split("+")[0] != "norm", f"baseline {p.baseline!r}: 'norm' or 'norm+<family>'"),
