@@ -179,15 +179,19 @@ class FamilyTest:
     without: np.ndarray
     with_: np.ndarray
     statistic: float  # Clark-West mean, nats^2
-    p_value: float  # one-sided, (1 + #{permuted >= observed}) / (1 + n_perm)
-    n_perm: int
+    p_value: float  # one-sided, (1 + #{permuted >= observed}) / (1 + permutations done)
+    n_perm: int  # permutations done
     min_p: float  # the smallest p this design can give: max(1 / (1 + n_perm), 1 / distinct permutations)
 
 
 def family_test(
-    base, extra, y, groups, rungs, cells, seeds, n_perm: int = 99, seed: int = 0, candidates=None
+    base, extra, y, groups, rungs, cells, seeds, n_perm: int = 99, seed: int = 0, candidates=None, stop: int = 0
 ) -> FamilyTest:
-    """The Clark-West statistic of ``extra`` over ``base`` and its p from ``n_perm`` cell-block refits.
+    """The Clark-West statistic of ``extra`` over ``base`` and its p from up to ``n_perm`` cell-block refits.
+
+    ``stop`` > 0: sequential (Besag & Clifford 1991): the refits end once ``stop`` of them reach the observed
+    statistic, with p = stop / refits done, so a family far from significance costs few refits while one
+    near it gets all ``n_perm`` (the smallest p stays 1 / (1 + n_perm)).
 
     The base fits (the candidate chosen per fold, see :func:`base_folds`) are shared by every refit (only
     the family moves). Rows must be complete (no NaN).
@@ -200,11 +204,14 @@ def family_test(
     min_p = max(1 / (1 + max(n_perm, 0)), 1 / distinct_permutations(rungs, cells))
     if n_perm < 1 or not np.isfinite(observed) or min_p >= 1.0:  # nothing to permute: no p
         return FamilyTest(folds.without, with_, observed, np.nan, 0, min_p)
-    hits = 0
-    for _ in range(n_perm):
+    hits = done = 0
+    while done < n_perm:
         moved = extra[cell_permutation(rungs, cells, seeds, rng)]
         hits += clark_west(y, folds.without, with_family(folds, moved, groups)) >= observed - 1e-15
-    return FamilyTest(folds.without, with_, observed, (1 + hits) / (1 + n_perm), n_perm, min_p)
+        done += 1
+        if stop and hits >= stop:
+            return FamilyTest(folds.without, with_, observed, hits / done, done, min_p)
+    return FamilyTest(folds.without, with_, observed, (1 + hits) / (1 + done), done, min_p)
 
 
 def cell_bounds(difference, cells, level: float = 0.95) -> tuple[float, float, float, int]:
@@ -221,3 +228,12 @@ def cell_bounds(difference, cells, level: float = 0.95) -> tuple[float, float, f
         return mean, np.nan, np.nan, len(means)
     half = float(stats.t.ppf(level, len(means) - 1) * means.std(ddof=1) / np.sqrt(len(means)))
     return mean, mean - half, mean + half, len(means)
+
+
+def pair_agreement(predicted: np.ndarray, actual: np.ndarray) -> float:
+    """Share of run pairs (with different final losses) that ``predicted`` orders as ``actual`` does."""
+    i, j = np.triu_indices(len(actual), k=1)
+    differ = actual[i] != actual[j]
+    if not differ.any():
+        return np.nan
+    return float(np.mean(np.sign(predicted[i] - predicted[j])[differ] == np.sign(actual[i] - actual[j])[differ]))

@@ -168,7 +168,7 @@ def incremental_validity(
             here = plan
             if primary and scheme == params.primary.cv and math.isclose(fraction, params.primary.fraction):
                 here = [primary, *plan]
-            for spec in here:
+            for spec in (s | {"permutations": _permutations(s, plan, inputs, params)} for s in here):
                 row = {"cv": scheme, "fraction": float(fraction)} | {k: spec[k] for k in VERDICT_COLUMNS if k in spec}
                 if why is not None:
                     rows.append(row | {"n": 0, "status": "skipped", "reason": why})
@@ -179,6 +179,15 @@ def incremental_validity(
                 errors += [e | keys | {"comparison": spec["comparison"]} for e in errs]
     verdict = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
     return judge(verdict, params), pd.DataFrame(errors, columns=ERROR_COLUMNS)
+
+
+def _permutations(spec: dict, plan: list[dict], inputs: pd.DataFrame, params: AnalysisParams) -> int:
+    """Refits for a row: ``analysis.permutations``, raised for topology rows until Holm's first level
+    alpha / m (m = topology rows of a scheme) is reachable: 2 m / alpha - 1."""
+    if spec["role"] != "topology":
+        return params.permutations
+    m = sum(c["role"] == "topology" for c in plan) * inputs["fraction"].nunique()
+    return max(params.permutations, math.ceil(2 * m / params.alpha) - 1)
 
 
 def judge(verdict: pd.DataFrame, params: AnalysisParams) -> pd.DataFrame:
@@ -240,19 +249,10 @@ def summarise(y: np.ndarray, test: inference.FamilyTest, cells, actual=None, cur
     if actual is not None:
         final = np.asarray(actual, float)[paired]
         start = final - y[paired]  # the anchor: the last observed loss
-        out |= {"decision_without": pair_agreement(start + test.without[paired], final)}
-        out |= {"decision_with": pair_agreement(start + test.with_[paired], final)}
-        out |= {"decision_current": pair_agreement(np.asarray(current, float)[paired], final)}
+        out |= {"decision_without": inference.pair_agreement(start + test.without[paired], final)}
+        out |= {"decision_with": inference.pair_agreement(start + test.with_[paired], final)}
+        out |= {"decision_current": inference.pair_agreement(np.asarray(current, float)[paired], final)}
     return out
-
-
-def pair_agreement(predicted: np.ndarray, actual: np.ndarray) -> float:
-    """Share of run pairs (with different final losses) that ``predicted`` orders as ``actual`` does."""
-    i, j = np.triu_indices(len(actual), k=1)
-    differ = actual[i] != actual[j]
-    if not differ.any():
-        return np.nan
-    return float(np.mean(np.sign(predicted[i] - predicted[j])[differ] == np.sign(actual[i] - actual[j])[differ]))
 
 
 def seed_sd(g: pd.DataFrame) -> float:
@@ -315,8 +315,8 @@ def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams) -
     cells = _cells(sub).to_numpy()
     test = inference.family_test(
         sub[base_cols].to_numpy(float), sub[extra_cols].to_numpy(float), target[usable], sub[scheme].to_numpy(),
-        sub["rung"].astype(str).to_numpy(), cells, sub["seed"].to_numpy(), params.permutations, params.seed,
-        base_candidates(base_cols),
+        sub["rung"].astype(str).to_numpy(), cells, sub["seed"].to_numpy(), spec["permutations"], params.seed,
+        base_candidates(base_cols), stop=10,
     )  # fmt: skip
     result = summarise(target[usable], test, cells, sub["actual"].to_numpy(float), sub["anchor"].to_numpy(float))
     result |= {"n_groups": int(sub[scheme].nunique()), "seed_sd": seed_sd(sub), "inputs": ",".join(both)}
