@@ -261,3 +261,30 @@ def test_a_rung_without_residual_connections_says_so_and_the_others_keep_their_s
     raw["ladder"]["small-noskip"]["residual"] = "no"
     with pytest.raises(ParamsError, match="ladder.small-noskip.residual"):
         parse_params(raw)
+
+
+@pytest.mark.parametrize(
+    ("primary", "message"),
+    [
+        ({"family": "weights_vr", "features": ["a", "b", "c", "d"], "fraction": 0.3, "cv": "rung"}, "at most 3"),
+        ({"fraction": 0.3, "cv": "rung"}, "declare a family"),
+        ({"family": "weights_np", "fraction": 0.4, "cv": "rung"}, "fraction 0.4 is not in analysis.fractions"),
+        ({"family": "weights_np", "fraction": 0.3, "cv": "seed"}, "cv 'seed' needs >= 3 groups"),
+        ({"family": "weights_np", "fraction": 0.3, "cv": "rung", "baseline": "x"}, "baseline 'x': 'norm' or"),
+        ({"family": "weights_np", "cv": "rung"}, "fraction 0.0 is not in analysis.fractions"),
+    ],
+)
+def test_a_primary_endpoint_the_sweep_does_not_compute_is_a_params_error(primary, message):
+    raw = default_raw()
+    raw["analysis"]["primary"] = primary
+    with pytest.raises(ParamsError, match=message):
+        parse_params(raw)
+
+
+def test_a_primary_endpoint_of_up_to_three_declared_features_loads():
+    raw = default_raw()
+    raw["analysis"]["primary"] = {"family": "weights_vr", "features": ["vr_tp0"], "fraction": 0.3, "cv": "rung"}
+    primary = parse_params(raw).analysis.primary
+    assert (primary.family, primary.features, primary.fraction, primary.cv, primary.baseline) == (
+        "weights_vr", ("vr_tp0",), 0.3, "rung", "norm"
+    )  # fmt: skip

@@ -11,15 +11,20 @@ import pandas as pd
 import pytest
 from test_verdict import synthetic_runs, warehouse_with
 
-from topometrics.analysis import verdict
+from topometrics.analysis import remedy, verdict
+from topometrics.params import AnalysisParams, PrimaryParams
 from topometrics.report import contents as report
 from topometrics.report import frames as report_frames
 from topometrics.report import html as report_html
 from topometrics.report.answer import answer
 
+FAMILIES = {"weights_vr": ("vr_tp0", "vr_tp1"), "scale_free": ("vr_unit_tp0",), "heavy_tail": ("w_alpha", "rep_alpha")}
+FAST = AnalysisParams(permutations=49)  # smallest p 0.02: passes Holm's 0.025 over 2 topology rows
 
-def view(runs: pd.DataFrame) -> pd.DataFrame:
-    table, errors = verdict.incremental_validity(runs, n_boot=100, seed=0)
+
+def view(runs: pd.DataFrame, params: AnalysisParams = FAST) -> pd.DataFrame:
+    runs = runs.query("fraction != 0.3")
+    table, errors = verdict.incremental_validity(runs, params, FAMILIES)
     return warehouse_with(table, errors).execute("SELECT * FROM topology_verdict ORDER BY ALL").df()
 
 
@@ -48,9 +53,9 @@ def test_too_few_groups_in_every_scheme_are_grouped_by_reason():
     runs = synthetic_runs("topology").query("rung != 'c' and seed <= 2 and variant == 'x' and fraction > 0.1")
     got = answer(view(runs.drop(columns="variant")), meta(train={"steps": 5000, "ckpt_every": 100, "seeds": [1, 2]}))
     assert got.sentences[1] == (
-        "The verdict cannot be computed yet: none of its 42 comparisons could run: "  # 2 fractions x 7 comparisons
-        "leave-one-rung-out needs at least 3 rungs, got 2 (14 comparisons); leave-one-seed-out needs at least 3 "
-        "seeds, got 2 (14 comparisons); runs have no variant column (a single recipe) (14 comparisons)."
+        "The verdict cannot be computed yet: none of its 15 comparisons could run: "  # 1 fraction x 5 comparisons
+        "leave-one-rung-out needs at least 3 rungs, got 2 (5 comparisons); leave-one-seed-out needs at least 3 "
+        "seeds, got 2 (5 comparisons); runs have no variant column (a single recipe) (5 comparisons)."
     )
     assert got.command == "dvc exp run -S 'train.seeds=[1,2,3]'"
 
@@ -59,9 +64,9 @@ def test_a_computed_verdict_reads_as_quotable_sentences():
     got = answer(view(synthetic_runs("topology")), meta())
     assert got.computed and got.command is None
     assert got.sentences[0].endswith(": 36 runs, leave-one-seed-out (4 seeds).")
-    assert "weights-NP, weights-VR, scale-free, heavy-tail, representation families" in got.sentences[0]
+    assert "weights-VR, scale-free, heavy-tail families" in got.sentences[0]
     at_50 = next(s for s in got.sentences if s.startswith("At 50% of training"))
-    assert "adding every family to loss curve + weight norm changes MAE by" in at_50 and "(n=36 runs" in at_50
+    assert "adding every family to the loss curve + weight norm changes MAE by" in at_50 and "(n=36 runs" in at_50
     assert not any(s.startswith("At 10%") for s in got.sentences)  # skipped there: the table says why
     families = got.sentences[-1]
     assert families.startswith("Single families (leave-one-seed-out): ") and "scale-free adds at" in families
@@ -72,24 +77,34 @@ def test_without_the_all_families_row_the_families_that_ran_lead():
     frame = frame[frame["family"] != verdict.HEADLINE_FAMILY]
     got = answer(frame, meta())
     assert got.computed and got.sentences[0].endswith(": 36 runs, leave-one-seed-out (4 seeds).")
-    assert sum(s.startswith("At 50% of training, adding") for s in got.sentences) == 5  # weight norm + 4 families
+    assert sum(s.startswith("At 50% of training, adding") for s in got.sentences) == 3  # weight norm + 2 families
 
 
-def test_not_enough_runs_says_how_many_would_do_and_the_seeds_that_give_them():
-    runs = synthetic_runs("topology").query("variant == 'x' and seed <= 3 and rung != 'c'")  # 6 runs, 3 seeds
+def test_not_enough_runs_says_how_many_recipes_per_rung_would_do():
+    runs = synthetic_runs("topology").query("variant == 'x' and seed <= 3 and rung != 'c'")  # 6 runs, 2 cells
     frame = view(runs)
-    need = verdict.runs_needed(int(frame["n_tests"].max()), 0.05)
+    need = remedy.recipes_needed(2, 0.05, 49)
     got = answer(frame, meta(train={"steps": 40, "ckpt_every": 2, "seeds": [1, 2, 3]}))
-    assert got.computed and f"With 6 runs no comparison can pass the corrected level; {need} runs can." in got.sentences
-    seeds = list(range(1, -(-need // 2) + 1))
-    assert got.command == f"dvc exp run -S 'train.seeds=[{','.join(map(str, seeds))}]'"
+    assert need == 3  # (3!)^2 = 36 cell-block permutations: smallest p 1/36 < 0.05; (2!)^2 = 4 cannot
+    assert (
+        f"With 6 runs the cell permutations cannot reach the level; it needs {need} recipes per rung." in got.sentences
+    )
+
+
+def test_the_pre_registered_endpoint_leads_and_every_other_row_is_labelled_exploratory():
+    primary = PrimaryParams(family="scale_free", fraction=0.5, cv="seed")
+    got = answer(view(synthetic_runs("topology"), AnalysisParams(permutations=49, primary=primary)), meta())
+    assert got.sentences[1].startswith("Pre-registered endpoint: At 50% of training, adding the scale-free family")
+    assert got.sentences[1].endswith(": adds.") and "one-sided p=0.02" in got.sentences[1]
+    assert got.sentences[2].startswith("Power: ") and "--layouts 2x1x1" in got.sentences[2]
+    assert got.sentences[3].startswith("Exploratory (topology rows Holm-corrected per scheme")
 
 
 def test_remedy_is_empty_when_the_design_allows_a_verdict():
     default = {"train": {"steps": 5000, "ckpt_every": 100, "seeds": [42]}, "analysis": {"fractions": [0.2, 0.3, 0.5]}}
     default |= {"ladder": dict.fromkeys(["tiny", "small", "medium", "large", "xl"], {}), "variants": {}}
-    assert verdict.remedy(default) == []  # leave-one-rung-out over five rungs, 11 checkpoints by 20%
-    assert verdict.remedy(default | {"analysis": {"fractions": [0.05]}}) == [
+    assert remedy.remedy(default) == []  # leave-one-rung-out over five rungs, 11 checkpoints by 20%
+    assert remedy.remedy(default | {"analysis": {"fractions": [0.05]}}) == [
         ("train.ckpt_every=50", "4 checkpoints by 5% of training")
     ]
 
@@ -103,7 +118,7 @@ def test_the_page_opens_with_the_answer_and_folds_the_verdict_table_away():
     assert answer_at < page.index('<table class="banner') < page.index("<h2>Figures</h2>")
     command = "dvc exp run -S train.ckpt_every=2 -S &#x27;train.seeds=[42,43,44]&#x27;"  # HTML-escaped quotes
     assert f"To make it computable: <code>{command}</code>" in page
-    table = page.index('<details id="verdict-table"><summary>Verdict per scheme, fraction and family (21 comparisons')
+    table = page.index('<details id="verdict-table"><summary>Verdict per scheme, fraction and family (15 comparisons')
     assert page.index("<h2>Figures</h2>") < table
     assert page.count("The verdict cannot be computed yet") == 1
 

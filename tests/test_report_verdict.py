@@ -8,16 +8,19 @@ from topometrics.report import frames as report_frames
 from topometrics.report import html as report_html
 from topometrics.report import verdict as report_verdict
 
+COMMON = dict(n_cells=8, mae_without=0.05, gain_share=0.08, baseline="norm", role="topology")
 ROWS = pd.DataFrame(
     [
-        dict(cv="seed", fraction=0.3, family="weights_vr", n=32, delta_mae=-0.004, ci_low=-0.010, ci_high=0.001,
-             p_bonferroni=0.41, verdict="no evidence"),
-        dict(cv="seed", fraction=0.3, family="weight_norm", n=32, delta_mae=-0.052, ci_low=-0.081, ci_high=-0.027,
-             p_bonferroni=0.0003, verdict="adds"),
-        dict(cv="rung", fraction=0.5, family="heavy_tail", n=0, delta_mae=None, ci_low=None, ci_high=None,
-             p_bonferroni=None, verdict="skipped: fewer than 3 groups"),
-        dict(cv="rung", fraction=0.5, family="everything", n=3, delta_mae=0.02, ci_low=0.01, ci_high=0.03,
-             p_bonferroni=1.0, verdict="not enough runs (n=3)"),
+        COMMON | dict(cv="seed", fraction=0.3, family="weights_vr", n=32, delta_mae=-0.004, ci_low=-0.010,
+                      ci_high=0.001, p_adjusted=0.41, verdict="no evidence"),
+        COMMON | dict(cv="seed", fraction=0.3, family="weight_norm", n=32, delta_mae=-0.052, ci_low=-0.081,
+                      ci_high=-0.027, p_adjusted=0.01, verdict="adds", baseline="loss", role="context"),
+        COMMON | dict(cv="rung", fraction=0.5, family="heavy_tail", n=0, delta_mae=None, ci_low=None, ci_high=None,
+                      p_adjusted=None, verdict="skipped: fewer than 3 groups", role="context"),
+        COMMON | dict(cv="rung", fraction=0.5, family="everything", n=3, delta_mae=0.02, ci_low=0.01, ci_high=0.03,
+                      p_adjusted=1.0, verdict="not enough runs (n=3, 3 cells)", n_cells=3, role="context"),
+        COMMON | dict(cv="seed", fraction=0.5, family="scale_free", n=32, delta_mae=-0.004, ci_low=-0.010,
+                      ci_high=0.001, p_adjusted=0.03, verdict="adds", role="primary"),
     ]
 )  # fmt: skip
 
@@ -26,14 +29,20 @@ def test_each_row_reads_as_a_sentence_with_its_numbers():
     table = report_verdict.verdict_table(ROWS)
     reads = dict(zip(table["family"], table["reads as"], strict=True))
     assert reads["weights_vr"] == (
-        "At 30% of training, adding the weights-VR family to loss curve + weight norm changes MAE by "
-        "−0.004 [−0.01, 0.001] (n=32 runs, leave-one-seed-out, Bonferroni p=0.41): no evidence."
+        "At 30% of training, adding the weights-VR family to the loss curve + weight norm changes MAE by "
+        "−0.004 nats [95% bounds −0.01, 0.001; cells as units], 8% of the baseline MAE 0.05 "
+        "(n=32 runs in 8 cells, leave-one-seed-out, exploratory, Holm-corrected, one-sided Holm p=0.41): no evidence."
     )
-    assert "adding the weight norm to the loss curve changes MAE by −0.052 [−0.081, −0.027]" in reads["weight_norm"]
-    assert reads["weight_norm"].endswith("Bonferroni p=0.0003): adds.")
-    assert reads["heavy_tail"].endswith("was not tested (leave-one-rung-out): skipped: fewer than 3 groups.")
-    assert reads["everything"].endswith("(n=3 runs, leave-one-rung-out, Bonferroni p=1): not enough runs (n=3).")
-    assert list(table.columns[:4]) == ["cv", "fraction", "family", "n"]
+    assert (
+        "adding the weight norm to the loss curve changes MAE by −0.052 nats [95% bounds −0.081, −0.027"
+        in reads["weight_norm"]
+    )
+    assert reads["weight_norm"].endswith("(n=32 runs in 8 cells, leave-one-seed-out, context, one-sided p=0.01): adds.")
+    assert reads["heavy_tail"].endswith("was not tested (leave-one-rung-out, context): skipped: fewer than 3 groups.")
+    assert reads["everything"].endswith("one-sided p=1): not enough runs (n=3, 3 cells).")
+    assert "pre-registered, one-sided p=0.03): adds." in reads["scale_free"]
+    assert table["family"].iloc[0] == "scale_free"  # the pre-registered endpoint first
+    assert list(table.columns[:5]) == ["role", "cv", "fraction", "family", "baseline"]
 
 
 def test_forest_plot_encodes_delta_mae_and_its_ci_with_a_zero_rule():
@@ -44,7 +53,7 @@ def test_forest_plot_encodes_delta_mae_and_its_ci_with_a_zero_rule():
     assert zero["transform"] == [{"calculate": "0", "as": "zero"}] and zero["mark"]["type"] == "rule"
     assert spec["facet"]["row"]["field"] == "fraction"
     plotted = pd.DataFrame(spec["datasets"][spec["data"]["name"]])
-    assert sorted(plotted["family"]) == ["everything", "weight_norm", "weights_vr"]  # the skipped row has no CI
+    assert sorted(plotted["family"]) == ["everything", "scale_free", "weight_norm", "weights_vr"]  # skipped: no CI
 
 
 def test_partial_rho_heatmap_shows_the_mean_over_runs():

@@ -170,16 +170,3 @@ def test_partial_spearman_undefined_cases_carry_reasons():
     assert "3 finite triples" in stats.partial_spearman([1, 2, 3], [3, 1, 2], [1, 2, 3]).reason
     r = stats.partial_spearman(np.sin(z), -z, z)
     assert np.isnan(r.rho) and "val_loss is a monotone function of the control" in r.reason
-
-
-def test_paired_difference_matches_numpy_and_scipy_wilcoxon():
-    rng = np.random.default_rng(3)
-    a, b = rng.gamma(2, 0.1, 30), rng.gamma(2, 0.1, 30) + 0.05
-    r = stats.paired_difference(a, b, n_boot=2000, seed=4)
-    w = sps.wilcoxon(a, b)
-    assert r.delta == pytest.approx(np.mean(a - b), abs=1e-15)
-    assert (r.statistic, r.p_value) == pytest.approx((w.statistic, w.pvalue), abs=1e-15)
-    assert r.ci_low < r.delta < r.ci_high and r.n == 30
-    same = stats.paired_difference(a, a)
-    assert same.delta == 0 and np.isnan(same.p_value) and same.reason == "every paired difference is 0"
-    assert stats.paired_difference([1.0], [2.0]).reason == "1 paired values"

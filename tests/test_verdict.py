@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from topometrics.analysis import verdict, warehouse
+from topometrics.analysis import inference, remedy, verdict, warehouse
 from topometrics.landscape.sublevel import SUMMARY_KEYS
-from topometrics.params import AnalysisParams
+from topometrics.params import AnalysisParams, ParamsError, PrimaryParams
 from topometrics.vocabulary import verdict_families
 
 FRACTIONS = (0.1, 0.3, 0.5)
@@ -83,24 +83,34 @@ def test_the_verdict_families_declared_in_the_vocabulary_in_report_order():
         ("landscape", tuple(f"ls_{pair}_{key}" for pair in ("rand", "hess") for key in SUMMARY_KEYS)),
         ("curvature", ("hess_eig1", "hess_eig2", "hess_eig3", "hess_trace", "hess_eig1_over_trace")),
     ]  # fmt: skip
-    assert [c[0] for c in verdict.comparisons()] == ["weight_norm", *verdict_families(), "everything"]
+    topological = [f for f in verdict_families() if f != "heavy_tail"]
+    assert [c["family"] for c in verdict.comparisons()] == ["weight_norm", "heavy_tail", *topological, "everything"]
+    assert {c["role"] for c in verdict.comparisons() if c["family"] in topological} == {"topology"}
+
+
+FAMILIES = {"scale_free": ("vr_unit_tp0",), "weights_vr": ("vr_tp0", "vr_tp1"), "heavy_tail": ("w_alpha", "rep_alpha")}
+PRIMARY = PrimaryParams(family="scale_free", fraction=0.5, cv="seed", features=("vr_unit_tp0",))
+PARAMS = AnalysisParams(primary=PRIMARY, permutations=49)
 
 
 @pytest.fixture(scope="module")
 def topology_case():
-    table, errors = verdict.incremental_validity(synthetic_runs("topology"), n_boot=500, seed=0)
+    runs = synthetic_runs("topology").query("fraction != 0.3")  # 2 topology rows per scheme: Holm level 0.025
+    table, errors = verdict.incremental_validity(runs, PARAMS, FAMILIES)
     return table, errors, warehouse_with(table, errors)
 
 
 @pytest.fixture(scope="module")
 def norm_case():
-    table, errors = verdict.incremental_validity(synthetic_runs("norm", seed=1), n_boot=500, seed=0)
+    runs = synthetic_runs("norm", seed=1).query("fraction != 0.3")
+    table, errors = verdict.incremental_validity(runs, PARAMS, FAMILIES)
     return table, errors, warehouse_with(table, errors)
 
 
-def words(con, cv, fraction):
+def words(con, cv, fraction, role="'topology', 'context'"):
     rows = con.execute(
-        "SELECT family, verdict FROM topology_verdict WHERE cv = ? AND fraction = ?", [cv, fraction]
+        f"SELECT family, verdict FROM topology_verdict WHERE cv = ? AND fraction = ? AND role IN ({role})",
+        [cv, fraction],
     ).fetchall()
     return dict(rows)
 
@@ -108,42 +118,45 @@ def words(con, cv, fraction):
 @pytest.mark.parametrize("cv", ["seed", "variant", "rung"])
 def test_a_feature_independent_of_the_norm_adds(topology_case, cv):
     _, _, con = topology_case
-    for fraction in (0.3, 0.5):
+    for fraction in (0.5,):
         got = words(con, cv, fraction)
         assert got["scale_free"] == "adds"
-        assert got["weights_np"] == got["weights_vr"] == got["representation"] == "no evidence"
-        assert got["everything"] in ("adds", "no evidence")  # the signal among ~80 noise inputs
+        assert not got["weights_vr"].startswith(("adds", "skipped"))
+    assert words(con, "seed", 0.5, "'primary'") == {"scale_free": "adds"}
 
 
 @pytest.mark.parametrize("cv", ["seed", "variant"])
 def test_a_loss_that_depends_only_on_the_norm_gives_no_evidence_for_topology(norm_case, cv):
     _, _, con = norm_case
-    for fraction in (0.3, 0.5):
+    for fraction in (0.5,):
         got = words(con, cv, fraction)
         assert got["weight_norm"] == "adds"
-        for family in ("weights_np", "weights_vr", "scale_free", "representation", "everything"):
-            assert got[family] == "no evidence", family
+        for family in ("weights_vr", "scale_free", "everything"):
+            assert got[family] in ("no evidence", "hurts") or got[family].startswith("ruled out"), family
 
 
 def test_view_numbers_equal_a_direct_numpy_scipy_computation(topology_case):
     table, errors, con = topology_case
-    view = con.execute("SELECT * FROM topology_verdict WHERE n_tests > 0").df()
+    view = con.execute("SELECT * FROM topology_verdict").df()
     for r in view.itertuples():
-        e = errors[(errors.cv == r.cv) & (errors.fraction == r.fraction) & (errors.family == r.family)]
+        e = errors[(errors.cv == r.cv) & (errors.fraction == r.fraction) & (errors.comparison == r.comparison)]
+        e = e[e.family == r.family]
         if r.verdict.startswith("skipped"):
-            assert e.empty
             continue
         d = e["error_with"].to_numpy() - e["error_without"].to_numpy()
         assert r.n == len(e)
         assert r.delta_mae == pytest.approx(d.mean(), abs=1e-12)
         assert r.mae_with == pytest.approx(e["error_with"].mean(), abs=1e-12)
-        assert np.abs(e["actual"] - e["predicted_with"]).to_numpy() == pytest.approx(e["error_with"].to_numpy())
-        p = sps.wilcoxon(e["error_with"], e["error_without"]).pvalue
-        m = table[(table.cv == r.cv) & (table.status == "ok") & table.p_value.notna()].shape[0]
-        assert r.p_value == pytest.approx(p, rel=1e-12)
-        assert r.p_bonferroni == pytest.approx(min(1.0, p * m), rel=1e-12) and r.n_tests == m
-        boot = d[np.random.default_rng(0).integers(0, len(d), (500, len(d)))].mean(axis=1)
-        assert (r.ci_low, r.ci_high) == pytest.approx(tuple(np.percentile(boot, [2.5, 97.5])), abs=1e-12)
+        cells = (e["rung"] + e["variant"]).to_numpy()
+        means = np.array([d[cells == c].mean() for c in np.unique(cells)])
+        half = sps.t.ppf(0.95, len(means) - 1) * sps.sem(means)
+        assert (r.ci_low, r.ci_high) == pytest.approx((d.mean() - half, d.mean() + half), abs=1e-12)
+        assert r.bound_share == pytest.approx(-(d.mean() - half) / e["error_without"].mean(), rel=1e-9)
+        assert r.mae_without_sd == pytest.approx(r.mae_without / r.seed_sd, rel=1e-12)
+        actual, y_hat = e["actual"].to_numpy(), e["predicted_with"].to_numpy()
+        pairs = [(i, j) for i in range(len(e)) for j in range(i + 1, len(e))]
+        right = np.mean([np.sign(y_hat[i] - y_hat[j]) == np.sign(actual[i] - actual[j]) for i, j in pairs])
+        assert r.decision_with == pytest.approx(right, abs=1e-12)
 
 
 def test_bad_input_is_a_named_skip_never_a_silent_nan(topology_case):
@@ -151,15 +164,12 @@ def test_bad_input_is_a_named_skip_never_a_silent_nan(topology_case):
     skipped = table[table.status == "skipped"]
     assert skipped["reason"].notna().all()
     ok = table[table.status == "ok"]
-    assert ok[["delta_mae", "ci_low", "ci_high", "p_value"]].notna().all().all()
-    # a fraction with fewer than 4 checkpoints
+    assert ok[["delta_mae", "ci_low", "ci_high", "p_value", "verdict"]].notna().all().all()
     early = table[table.fraction == 0.1]
     assert (early.status == "skipped").all()
     assert early.reason.str.contains("observes at most 3 checkpoints per run; need 4").all()
-    # a family with no usable values
-    tail = table[(table.family == "heavy_tail") & (table.fraction == 0.3)]
+    tail = table[(table.family == "heavy_tail") & (table.fraction == 0.5)]
     assert (tail.status == "skipped").all() and tail.reason.str.contains("family heavy_tail has no usable values").all()
-    # an input that failed in too many runs is not used, and says so
     assert ok.reason.str.contains("not used .* tissue_drop", regex=True).all()
     words = con.execute("SELECT DISTINCT verdict FROM topology_verdict WHERE family = 'heavy_tail'").fetchall()
     assert all(w[0].startswith("skipped: ") for w in words)
@@ -168,7 +178,7 @@ def test_bad_input_is_a_named_skip_never_a_silent_nan(topology_case):
 def test_fewer_than_three_groups_and_a_missing_variant_column_are_named_skips():
     runs = synthetic_runs("topology")
     few = runs[runs.seed.isin([1, 2])].drop(columns="variant")
-    table, errors = verdict.incremental_validity(few, n_boot=50)
+    table, errors = verdict.incremental_validity(few, AnalysisParams(permutations=9), FAMILIES)
     by_cv = table[table.fraction == 0.3].groupby("cv")["reason"].first()
     assert by_cv["seed"] == "leave-one-seed-out needs at least 3 seeds, got 2"
     assert by_cv["variant"] == "runs have no variant column (a single recipe)"
@@ -176,29 +186,65 @@ def test_fewer_than_three_groups_and_a_missing_variant_column_are_named_skips():
     assert set(errors.variant.dropna()) == set()
 
 
-def test_too_few_runs_for_bonferroni_is_not_enough_runs():
+def test_the_not_enough_runs_rule_counts_usable_cells():
     runs = synthetic_runs("topology")
-    small = runs[(runs.variant == "x") & runs.seed.isin([1, 2, 3]) & (runs.rung != "c")]  # 6 runs, 3 seeds
-    table, errors = verdict.incremental_validity(small, n_boot=50)
-    con = warehouse_with(table, errors)
-    got = con.execute("SELECT DISTINCT verdict FROM topology_verdict WHERE cv = 'seed' AND n > 0").fetchall()
-    assert {w[0] for w in got} == {"not enough runs (n=6)"}
+    one_recipe = runs[runs.variant == "x"]  # 12 runs, 3 cells, one per rung: no cell permutation exists
+    table, _ = verdict.incremental_validity(one_recipe, AnalysisParams(permutations=9), FAMILIES)
+    tested = table[(table.cv == "seed") & (table.status == "ok")]
+    assert (tested.min_p == 1.0).all() and tested.verdict.str.startswith("not enough runs (n=12, 3 cells)").all()
+    # a cell whose runs lack the family's values does not count: 2 usable cells in rung a -> 2! = 2 permutations
+    rungs, cells = np.array(["a"] * 6 + ["b"] * 3), np.array([0, 0, 1, 1, 2, 2, 3, 3, 3])
+    assert (
+        inference.distinct_permutations(rungs, cells) == 6
+        and inference.distinct_permutations(rungs[2:], cells[2:]) == 2
+    )
+    assert remedy.recipes_needed(3, 0.05, 99) == 3 and remedy.recipes_needed(3, 0.05, 9) is None
 
 
-def test_metrics_carry_the_headline_rows_words_and_numbers(topology_case):
+def test_metrics_lead_with_the_primary_endpoint(topology_case):
     _, _, con = topology_case
     metrics = verdict.verdict_metrics(con.execute("SELECT * FROM topology_verdict").df())
-    assert metrics["cv"] == "seed" and set(metrics) == {"cv", "f10", "f30", "f50"}  # the nearest runs first
+    assert metrics["cv"] == "seed" and set(metrics) == {"primary", "cv", "f10", "f50"}
+    primary = metrics["primary"]
+    assert (primary["family"], primary["fraction"], primary["verdict"], primary["n"]) == ("scale_free", 0.5, "adds", 36)
     row = con.execute(
         "SELECT delta_mae, verdict, n FROM topology_verdict WHERE cv = 'seed' AND fraction = 0.5 AND family = ?",
         [verdict.HEADLINE_FAMILY],
     ).fetchone()
     assert metrics["f50"]["verdict"] == row[1] and metrics["f50"]["n"] == row[2] == 36
-    assert metrics["f50"]["delta_mae"] == pytest.approx(row[0], rel=1e-5)
-    assert metrics["f10"] == {"verdict": "skipped"}  # why: in the report and the view
+    assert metrics["f10"] == {"verdict": "skipped"}
 
 
 def test_metrics_of_a_verdict_that_could_not_run_name_no_scheme():
-    table, errors = verdict.incremental_validity(synthetic_runs("topology").query("fraction == 0.1"), n_boot=10)
+    table, errors = verdict.incremental_validity(synthetic_runs("topology").query("fraction == 0.1"), families=FAMILIES)
     metrics = verdict.verdict_metrics(warehouse_with(table, errors).execute("SELECT * FROM topology_verdict").df())
     assert metrics == {"cv": "none", "f10": {"verdict": "skipped"}}
+
+
+@pytest.mark.parametrize(
+    ("primary", "message"),
+    [
+        (PrimaryParams("topo", 0.5, "seed"), "family 'topo' is not a verdict family"),
+        (PrimaryParams("weights_vr", 0.5, "seed"), "weights_vr has > 3 features"),
+        (PrimaryParams("weights_vr", 0.5, "seed", ("np_norm",)), r"\['np_norm'\] not all in weights_vr"),
+        (PrimaryParams("scale_free", 0.5, "seed", ("np_z",), baseline="norm+curvature"), "baseline 'norm.curvature"),
+    ],
+)
+def test_a_primary_endpoint_not_in_the_vocabulary_is_one_params_error_before_any_comparison(primary, message):
+    with pytest.raises(ParamsError, match=message):
+        verdict.incremental_validity(synthetic_runs("topology"), AnalysisParams(primary=primary))
+
+
+def test_a_geometric_family_becomes_a_second_baseline_for_every_topological_family():
+    families = {"weights_vr": ("vr_tp0",), "scale_free": ("vr_unit_tp0",), "norms": ("w_fro",)}
+    with pytest.MonkeyPatch.context() as patch:  # w_fro stands in for a declared geometric feature
+        patch.setattr(verdict, "kind", lambda f: "geometric" if f == "w_fro" else "topological")
+        plan = verdict.comparisons(families)
+        assert list(verdict.baselines(families)) == ["norm", "norm+norms"]
+    got = [(c["family"], c["baseline"], c["role"]) for c in plan]
+    assert got == [
+        ("weight_norm", "loss", "context"), ("norms", "norm", "context"), ("weights_vr", "norm", "topology"),
+        ("scale_free", "norm", "topology"), ("weights_vr", "norm+norms", "topology"),
+        ("scale_free", "norm+norms", "topology"), ("everything", "norm", "context"),
+    ]  # fmt: skip
+    assert plan[4]["base"] == (*verdict.LOSS_INPUTS, *verdict.NORM_INPUTS, "w_fro_level", "w_fro_rate")

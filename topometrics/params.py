@@ -188,6 +188,17 @@ class FeaturesParams:
 
 
 @dataclass(frozen=True)
+class PrimaryParams:
+    """analysis.primary: the one pre-registered test (family or <= 3 of its features, fraction, scheme, baseline)."""
+
+    family: str = ""
+    fraction: float = 0.0
+    cv: str = ""
+    features: tuple[str, ...] = ()  # empty: the whole family (which must have <= 3 features)
+    baseline: str = "norm"  # 'norm' (loss curve + weight norm) or 'norm+<geometric verdict family>'
+
+
+@dataclass(frozen=True)
 class AnalysisParams:
     fractions: tuple[float, ...] = (0.2, 0.3, 0.5)  # share of training observed before predicting (Table 5)
     bootstrap: int = 1000  # resamples per bootstrap CI (paper section 3.3)
@@ -204,10 +215,15 @@ class AnalysisParams:
     weight_norm_features: tuple[str, ...] = ("w_fro",)  # weight-norm baseline: the first present
     # features whose rho(feature, val loss) goes into metrics.json (those present)
     headline_features: tuple[str, ...] = ("vr_tp0", "vr_tp1", "np_norm", "rep_tp0", "w_spec", "w_rankme")
+    permutations: int = 99  # cell-block refits behind each verdict p-value (smallest p: 1 / (1 + this))
+    min_effect: float = 0.01  # 'adds' needs a gain of at least this share of the baseline MAE
+    equivalence_margin: float = 0.05  # 'ruled out' when the 95% bound on the gain is within this share
+    primary: PrimaryParams | None = None  # the pre-registered endpoint (None: every row exploratory)
 
     def check(self) -> None:
         positive(self, "analysis", ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold"))
-        non_negative(self, "analysis", ("seed", "np_min_delta", "loss_min_delta"))
+        non_negative(self, "analysis", ("seed", "np_min_delta", "loss_min_delta", "min_effect", "permutations"))
+        within(self, "analysis", "equivalence_margin", 0.0, 1.0, "a share of the baseline MAE")
         within(self, "analysis", "alpha", 0.0, 1.0, "a significance level")
         within(self, "analysis", "phase_threshold", 0.0, 1.0, "a share of the NP change's peak")
         if not self.fractions or not all(0.0 < f < 1.0 for f in self.fractions):
@@ -319,7 +335,7 @@ def parse_params(raw: dict) -> Params:
         train=build(TrainParams, raw.get("train") or {}, "train"),
         ladder=ladder,
         features=build(FeaturesParams, raw.get("features") or {}, "features"),
-        analysis=build(AnalysisParams, raw.get("analysis") or {}, "analysis"),
+        analysis=_parse_analysis(raw.get("analysis") or {}),
         series=parse_series(raw.get("series") or {}),
         compute=parse_compute(raw.get("compute") or {}),
         variants=_parse_variants(raw.get("variants") or {}),
@@ -335,11 +351,39 @@ def parse_params(raw: dict) -> Params:
             f"analysis.variant={params.analysis.variant!r} is not a declared variant; "
             f"use one of {[BASE_VARIANT, *params.variants]}"
         )
+    _check_primary(params)
     names = params.run_names()
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         raise ParamsError(f"runs {twice} are declared twice (a rung name with '-' meets a variant); rename one")
     return params
+
+
+def _parse_analysis(raw: object) -> AnalysisParams:
+    raw = dict(raw) if isinstance(raw, dict) else raw
+    primary = raw.pop("primary", None) if isinstance(raw, dict) else None
+    analysis = build(AnalysisParams, raw, "analysis")
+    primary = None if primary is None else build(PrimaryParams, primary, "analysis.primary")
+    return dataclasses.replace(analysis, primary=primary)
+
+
+def _check_primary(params: Params) -> None:
+    """The primary endpoint's shape against the declared runs: <= 3 features, one of analysis.fractions, a
+    scheme with >= 3 groups. Its names (a verdict family, its features, a geometric baseline) are checked
+    against the vocabulary by topometrics.analysis.verdict.check_primary (training must not depend on it)."""
+    p = params.analysis.primary
+    if p is None:
+        return
+    groups = {"seed": len(params.train.seeds), "variant": 1 + len(params.variants), "rung": len(params.ladder)}
+    problems = [
+        (not p.family or len(p.features) > 3, f"declare a family and at most 3 features, got {p.family!r}"),
+        (p.fraction not in params.analysis.fractions, f"fraction {p.fraction} is not in analysis.fractions"),
+        (groups.get(p.cv, 0) < 3, f"cv {p.cv!r} needs >= 3 groups among the declared runs ({groups})"),
+        (p.baseline.split("+")[0] != "norm", f"baseline {p.baseline!r}: 'norm' or 'norm+<family>'"),
+    ]  # fmt: skip
+    for bad, why in problems:
+        if bad:
+            raise ParamsError(f"analysis.primary: {why}; fix it in params.yaml before the sweep")
 
 
 def _parse_variants(raw: object) -> dict[str, Variant]:

@@ -150,40 +150,6 @@ def _partial_rank_corr(rx: np.ndarray, ry: np.ndarray, rz: np.ndarray) -> tuple[
     return _row_pearson(np.where(tiny_x[:, None], 0.0, ex), np.where(tiny_y[:, None], 0.0, ey)), flag
 
 
-@dataclass(frozen=True)
-class PairedResult:
-    """Paired comparison of two error vectors: mean difference, bootstrap CI, Wilcoxon signed-rank test."""
-
-    delta: float  # mean(a - b)
-    ci_low: float
-    ci_high: float
-    statistic: float  # Wilcoxon W
-    p_value: float
-    n: int
-    reason: str | None = None
-
-
-def paired_difference(a, b, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> PairedResult:
-    """Mean of ``a - b`` over pairs with a percentile paired-bootstrap CI and scipy's Wilcoxon signed-rank p.
-
-    Pairs with a NaN are dropped. The bootstrap resamples pairs (seeded). Wilcoxon is two-sided,
-    zero differences dropped (scipy's default); when every difference is 0 the p-value is NULL with a
-    reason and the CI is [0, 0].
-    """
-    a, b = _paired(a, b)
-    d = a - b
-    n = len(d)
-    if n < 2:
-        return PairedResult(np.nan, np.nan, np.nan, np.nan, np.nan, n, f"{n} paired values")
-    delta = float(d.mean())
-    boot = d[np.random.default_rng(seed).integers(0, n, size=(n_boot, n))].mean(axis=1)
-    lo, hi = np.percentile(boot, [50 * (1 - level), 50 * (1 + level)])
-    if not np.any(d != 0):
-        return PairedResult(delta, 0.0, 0.0, np.nan, np.nan, n, "every paired difference is 0")
-    res = stats.wilcoxon(a, b)
-    return PairedResult(delta, float(lo), float(hi), float(res.statistic), float(res.pvalue), n)
-
-
 def steiger_z(r_xy: float, r_zy: float, r_xz: float, n: int) -> tuple[float, float]:
     """Compare two dependent correlations that share variable ``y`` (Steiger 1980, eq. 14).
 

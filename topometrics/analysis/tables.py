@@ -48,7 +48,7 @@ def between_run_tables(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
     """The ``incremental_validity`` and ``incremental_errors`` tables (:mod:`topometrics.analysis.verdict`) over every
     run in ``con``, all recipe variants together (leave-one-variant-out needs them)."""
     _, _, inputs = _predictions_and_inputs(con, params, learned=False)
-    validity, errors = verdict.incremental_validity(inputs, n_boot=params.bootstrap, seed=params.seed)
+    validity, errors = verdict.incremental_validity(inputs, params)
     return {"incremental_validity": validity, "incremental_errors": errors}
 
 

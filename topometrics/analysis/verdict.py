@@ -4,42 +4,43 @@ Within one run every quantity that grows with training correlates with the loss,
 only be asked *between* runs: at a fraction of training, do runs whose topology looks different end
 at a different final loss than their loss curve so far and their weight norm already say?
 
-At every fraction, nested ridge models predict each run's final validation loss (as the drop from
-the last observed one), fitted across runs with leave-one-group-out cross-validation
-(:func:`nested_cross_validate`; groups: seed, recipe variant, rung):
+Every comparison predicts each run's final validation loss (as the drop from the last observed one)
+with a base model and with the base plus a family of inputs (each feature's level and rate),
+leave-one-group-out (groups: seed, recipe variant, rung); the test, its p-value and its bounds are
+:mod:`topometrics.analysis.inference` (family orthogonalised on the base inside each training fold,
+one-sided Clark-West statistic, p from refits with the family's rung x recipe cells permuted within
+their rung, one-sided 95 % bounds with the cells as units). The comparisons (:func:`comparisons`):
 
-1. ``loss``: the loss curve only: the extrapolations of the per-run laws fitted to the observed
-   curve (power law in steps, multi-power law and LR-annealing law, both reading the LR schedule);
-2. ``norm``: (1) + the weight norm (level and rate of the network's Frobenius norm);
-3. ``<family>``: (2) + one family of topological features (level and rate of each; the families
-   are declared in :mod:`topometrics.vocabulary`, :func:`~topometrics.vocabulary.verdict_families`);
-4. ``everything``: (2) + every family.
+- ``primary`` (role ``primary``): the pre-registered endpoint ``analysis.primary`` (its family or
+  feature, fraction, scheme and baseline), judged alone at ``analysis.alpha``;
+- each verdict family of kind topological against each baseline: "loss curve + weight norm" and
+  "loss curve + weight norm + <family>" for every verdict family of kind geometric (role ``topology``,
+  exploratory: Holm-corrected together per scheme, and only they);
+- context rows, uncorrected: the weight norm over the loss curve, each other family (geometric,
+  spectral) over the loss curve + weight norm, and every topological family together.
 
-Per run, the absolute errors of two nested models are paired: (3) vs (2) for each family, (4) vs (2),
-and (2) vs (1) (family ``weight_norm``). :func:`topometrics.analysis.stats.paired_difference` gives the mean
-difference (delta MAE, negative = the added inputs help), its paired-bootstrap CI and the Wilcoxon
-signed-rank p. The SQL view ``topology_verdict`` adds the Bonferroni correction and the verdict word.
+The verdict word (:func:`word`): ``adds`` needs the test (p below the level) *and* a minimum effect (a
+gain of at least ``analysis.min_effect`` of the baseline MAE); ``hurts`` when the 95 % bound shows
+worse predictions; ``ruled out (> X %)`` when the upper bound on the gain is within
+``analysis.equivalence_margin`` of the baseline MAE; ``not enough runs`` when the smallest p the
+permutations can give cannot pass the level; otherwise ``no evidence``. Each row also gives the
+seed-to-seed SD of the final loss (the noise ceiling) and the share of run pairs each model orders
+correctly by final loss, beside ranking by the current loss.
 
-Both models of a comparison are fitted on the same runs: those with every input of the larger
-model. An input column enters only when it is finite in at least :data:`MIN_COVERAGE` of the runs
-(so a feature NULL on the smallest rungs, e.g. a heavy-tail alpha, drops those runs for its family
-rather than the whole family); dropped columns are named in ``reason``. Anything that cannot be
-compared is a row with ``status = 'skipped'`` and its reason, never a NaN without one.
-Pure functions over DataFrames.
+Anything that cannot be compared is a row with ``status = 'skipped'`` and its reason. Pure functions
+over DataFrames.
 """
 
 from __future__ import annotations
 
-import re
+import math
 
 import numpy as np
 import pandas as pd
-from sklearn.linear_model import RidgeCV
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 
-from topometrics.analysis import predict, stats
-from topometrics.vocabulary import verdict_families
+from topometrics.analysis import inference
+from topometrics.params import AnalysisParams, ParamsError
+from topometrics.vocabulary import kind, verdict_families
 
 LOSS_INPUTS = ("loss_drop", "mpl_drop", "tissue_drop")  # the per-run laws' predicted drop from the anchor
 NORM_INPUTS = ("weight_norm_level", "weight_norm_rate")
@@ -48,15 +49,25 @@ MIN_CHECKPOINTS = 4  # observed checkpoints a run needs at a fraction
 MIN_GROUPS = 3  # groups a leave-one-group-out scheme needs
 MIN_COVERAGE = 0.75  # share of runs in which an input column must be finite to be used
 RUN_KEYS = ("rung", "seed", "variant")
-RESIDUAL_ALPHAS = np.logspace(-3, 6, 19)  # penalties of the added family's ridge (see nested_cross_validate)
+# The loss-curve part of every base model is chosen inside each training fold among these candidates (a
+# new candidate is one more entry). ``loss_rank``: the same-fraction loss ranked across runs; GRAD_INPUTS:
+# the gradient norm's mean and spread over the observed window (both from ``tables``), used where present.
+GRAD_INPUTS = ("gn_mean", "gn_spread")
+BASE_CANDIDATES = (
+    LOSS_INPUTS, ("loss_drop",), ("mpl_drop",), ("tissue_drop",), (), ("loss_rank",), GRAD_INPUTS,
+    (*LOSS_INPUTS, *GRAD_INPUTS),
+)  # fmt: skip
+NORM_BASELINE = "norm"  # the baseline "loss curve + weight norm"; others are "norm+<geometric family>"
 
 VERDICT_COLUMNS = [
-    "cv", "fraction", "family", "comparison", "n", "n_groups", "mae_without", "mae_with", "delta_mae",
-    "ci_low", "ci_high", "statistic", "p_value", "status", "reason", "inputs",
+    "cv", "fraction", "family", "comparison", "role", "baseline", "n", "n_cells", "n_groups", "mae_without",
+    "mae_with", "delta_mae", "ci_low", "ci_high", "gain_share", "bound_share", "seed_sd", "decision_without",
+    "decision_with", "decision_current", "statistic", "p_value", "p_adjusted", "min_p", "verdict", "status",
+    "reason", "inputs",
 ]  # fmt: skip
 ERROR_COLUMNS = [
-    "cv", "fraction", "family", "rung", "seed", "variant", "actual", "predicted_without", "predicted_with",
-    "error_without", "error_with",
+    "cv", "fraction", "family", "comparison", "rung", "seed", "variant", "actual", "predicted_without",
+    "predicted_with", "error_without", "error_with",
 ]  # fmt: skip
 
 
@@ -66,23 +77,70 @@ def family_columns(families: dict[str, tuple[str, ...]] | None = None) -> dict[s
     return {name: tuple(f"{f}_{k}" for f in feats for k in ("level", "rate")) for name, feats in families.items()}
 
 
-def comparisons(families: dict[str, tuple[str, ...]] | None = None) -> list[tuple[str, str, tuple, tuple]]:
-    """(family, comparison, inputs of the smaller model, inputs added by the larger) in report order."""
-    cols = family_columns(families)
-    base = LOSS_INPUTS + NORM_INPUTS
-    out = [("weight_norm", "(2) vs (1)", LOSS_INPUTS, NORM_INPUTS)]
-    out += [(name, "(3) vs (2)", base, extra) for name, extra in cols.items()]
-    everything = tuple(c for extra in cols.values() for c in extra)
-    return out + [("everything", "(4) vs (2)", base, everything)]
+def family_kind(features: tuple[str, ...]) -> str:
+    """The kind shared by a family's features (:func:`topometrics.vocabulary.kind`), 'mixed' when they differ."""
+    kinds = {kind(f) for f in features}
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def baselines(families: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """Baseline name -> its inputs: loss curve + weight norm, and that + each geometric verdict family."""
+    cols, base = family_columns(families), LOSS_INPUTS + NORM_INPUTS
+    geometric = [name for name, feats in families.items() if family_kind(feats) == "geometric"]
+    return {NORM_BASELINE: base} | {f"{NORM_BASELINE}+{g}": base + cols[g] for g in geometric}
+
+
+def comparisons(families: dict[str, tuple[str, ...]] | None = None) -> list[dict]:
+    """Every exploratory and context comparison: {family, comparison, role, baseline, base, extra}."""
+    families = verdict_families() if families is None else families
+    cols, bases = family_columns(families), baselines(families)
+    row = lambda fam, comp, role, base, extra: {  # noqa: E731
+        "family": fam, "comparison": comp, "role": role, "baseline": base, "base": bases.get(base, LOSS_INPUTS),
+        "extra": extra,
+    }  # fmt: skip
+    out = [row("weight_norm", "(2) vs (1)", "context", "loss", NORM_INPUTS)]
+    topological = [name for name, feats in families.items() if family_kind(feats) == "topological"]
+    out += [row(n, "(3) vs (2)", "context", NORM_BASELINE, cols[n]) for n in families if n not in topological]
+    out += [row(n, f"(3) vs {b}", "topology", b, cols[n]) for b in bases for n in topological]
+    everything = tuple(c for n in topological for c in cols[n])
+    return out + [row("everything", "(4) vs (2)", "context", NORM_BASELINE, everything)]
+
+
+def check_primary(params: AnalysisParams, families: dict[str, tuple[str, ...]] | None = None) -> None:
+    """``analysis.primary``'s names against the vocabulary: a verdict family, whose features (<= 3 of them, or
+    the whole family when it has <= 3) it names, and a declared baseline; else one :class:`ParamsError` line."""
+    p = params.primary
+    if p is None:
+        return
+    families = verdict_families() if families is None else families
+    problems = [
+        (p.family not in families, f"family {p.family!r} is not a verdict family ({', '.join(families)})"),
+        (not set(p.features) <= set(families.get(p.family, ())), f"features {list(p.features)} not all in {p.family}"),
+        (len(p.features or families.get(p.family, ())) > 3, f"{p.family} has > 3 features: declare <= 3 in features"),
+        (p.baseline not in baselines(families), f"baseline {p.baseline!r} is not one of {list(baselines(families))}"),
+    ]  # fmt: skip
+    for bad, why in problems:
+        if bad:
+            raise ParamsError(f"analysis.primary: {why}; fix it in params.yaml before the sweep")
+
+
+def primary_comparison(params: AnalysisParams, families: dict[str, tuple[str, ...]] | None = None) -> dict | None:
+    """The pre-registered comparison of ``analysis.primary`` (None when none is declared)."""
+    primary = params.primary
+    if primary is None:
+        return None
+    families = verdict_families() if families is None else families
+    features = primary.features or families.get(primary.family, ())
+    extra = family_columns({primary.family: tuple(features)})[primary.family]
+    base = baselines(families).get(primary.baseline, LOSS_INPUTS + NORM_INPUTS)
+    spec = {"family": primary.family, "comparison": "primary", "role": "primary", "baseline": primary.baseline}
+    return spec | {"base": base, "extra": extra}
 
 
 def incremental_validity(
-    inputs: pd.DataFrame,
-    families: dict[str, tuple[str, ...]] | None = None,
-    n_boot: int = 1000,
-    seed: int = 0,
+    inputs: pd.DataFrame, params: AnalysisParams | None = None, families: dict[str, tuple[str, ...]] | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Every nested comparison at every fraction and cross-validation scheme.
+    """Every comparison at every fraction and cross-validation scheme, with its verdict.
 
     Parameters
     ----------
@@ -91,28 +149,123 @@ def incremental_validity(
         variants), ``fraction``, ``n_seen`` (checkpoints observed), ``actual`` (final val loss),
         ``anchor`` (last observed val loss) and the input columns (:data:`LOSS_INPUTS`,
         :data:`NORM_INPUTS`, :func:`family_columns`); a missing column counts as all-NaN.
+    params : the analysis params (``permutations``, ``seed``, ``alpha``, ``min_effect``,
+        ``equivalence_margin``, ``primary``); default :class:`AnalysisParams`
     families : family name -> layer-'all' feature names (default the vocabulary's, ``verdict_families()``)
-    n_boot, seed : paired-bootstrap resamples and seed
 
     Returns
     -------
     verdict : DataFrame with :data:`VERDICT_COLUMNS`, one row per scheme x fraction x comparison
     errors : DataFrame with :data:`ERROR_COLUMNS`, the paired per-run predictions behind each ok row
     """
+    params = AnalysisParams() if params is None else params
+    check_primary(params, families)
     rows, errors = [], []
-    plan = comparisons(families)
+    plan, primary = comparisons(families), primary_comparison(params, families)
     for scheme in SCHEMES:
         for fraction, g in inputs.groupby("fraction", sort=True):
             why = _scheme_problem(g, scheme, fraction)
-            for family, comparison, base, extra in plan:
-                row = {"cv": scheme, "fraction": float(fraction), "family": family, "comparison": comparison}
+            here = plan
+            if primary and scheme == params.primary.cv and math.isclose(fraction, params.primary.fraction):
+                here = [primary, *plan]
+            for spec in (s | {"permutations": _permutations(s, plan, inputs, params)} for s in here):
+                row = {"cv": scheme, "fraction": float(fraction)} | {k: spec[k] for k in VERDICT_COLUMNS if k in spec}
                 if why is not None:
                     rows.append(row | {"n": 0, "status": "skipped", "reason": why})
                     continue
-                result, errs = _compare(g, scheme, base, extra, family, n_boot, seed)
+                result, errs = _compare(g, scheme, spec, params)
                 rows.append(row | result)
-                errors += [e | {"cv": scheme, "fraction": float(fraction), "family": family} for e in errs]
-    return pd.DataFrame(rows, columns=VERDICT_COLUMNS), pd.DataFrame(errors, columns=ERROR_COLUMNS)
+                keys = {"cv": scheme, "fraction": float(fraction), "family": spec["family"]}
+                errors += [e | keys | {"comparison": spec["comparison"]} for e in errs]
+    verdict = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+    return judge(verdict, params), pd.DataFrame(errors, columns=ERROR_COLUMNS)
+
+
+def _permutations(spec: dict, plan: list[dict], inputs: pd.DataFrame, params: AnalysisParams) -> int:
+    """Refits for a row: ``analysis.permutations``, raised for topology rows until Holm's first level
+    alpha / m (m = topology rows of a scheme) is reachable: 2 m / alpha - 1."""
+    if spec["role"] != "topology":
+        return params.permutations
+    m = sum(c["role"] == "topology" for c in plan) * inputs["fraction"].nunique()
+    return max(params.permutations, math.ceil(2 * m / params.alpha) - 1)
+
+
+def judge(verdict: pd.DataFrame, params: AnalysisParams) -> pd.DataFrame:
+    """``p_adjusted`` (Holm over the ok ``topology`` rows of each scheme; the others as they are) and ``verdict``."""
+    out = verdict.copy()
+    out["p_adjusted"] = out["p_value"].astype(float)
+    level = pd.Series(params.alpha, index=out.index)
+    for _, idx in out[(out["role"] == "topology") & (out["status"] == "ok")].groupby("cv").groups.items():
+        out.loc[idx, "p_adjusted"] = holm(out.loc[idx, "p_value"].to_numpy(float))
+        level[idx] = params.alpha / len(idx)  # Holm's first step: the level the smallest p must pass
+    out["verdict"] = [
+        word(r, r["p_adjusted"], params.alpha, params.equivalence_margin, params.min_effect, level[i])
+        if r["status"] == "ok"
+        else f"skipped: {r['reason'] or 'no reason recorded'}"
+        for i, r in out.iterrows()
+    ]
+    return out
+
+
+def holm(p_values) -> np.ndarray:
+    """Holm step-down adjusted p-values over the finite ones: max over j <= rank of (m - j + 1) p_(j), capped at 1."""
+    p = np.asarray(p_values, float)
+    finite = np.flatnonzero(np.isfinite(p))
+    order = finite[np.argsort(p[finite], kind="stable")]
+    m = len(order)
+    adjusted = np.full(len(p), np.nan)
+    adjusted[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    return adjusted
+
+
+def word(row, p: float, alpha: float, margin: float, min_effect: float, level: float | None = None) -> str:
+    """The verdict of one tested comparison (``row``: :func:`summarise`'s keys; ``p``: its p-value, adjusted
+    where it is exploratory; ``level``: the smallest level a p must pass, default ``alpha``)."""
+    level = alpha if level is None else level
+    if not row["min_p"] < level:
+        return f"not enough runs (n={int(row['n'])}, {int(row['n_cells'])} cells)"
+    if p < alpha and row["gain_share"] >= min_effect:
+        return "adds"
+    if row["ci_low"] > 0:
+        return "hurts"
+    if row["bound_share"] <= margin:
+        return f"ruled out (> {100 * max(row['bound_share'], 0.0):.1f} %)"
+    return "no evidence"
+
+
+def summarise(y: np.ndarray, test: inference.FamilyTest, cells, actual=None, current=None) -> dict:
+    """MAEs, delta MAE (with - without, nats) and its one-sided 95 % bounds over cells, the gain and its upper
+    bound as shares of the baseline MAE, the smallest p the permutations can give, and (given the final
+    losses ``actual`` and the current losses ``current``) the share of run pairs each model orders right."""
+    e_wo, e_w = np.abs(y - test.without), np.abs(y - test.with_)
+    paired = np.isfinite(e_wo) & np.isfinite(e_w)
+    cells = np.asarray(cells)[paired]
+    delta, low, high, n_cells = inference.cell_bounds(e_w[paired] - e_wo[paired], cells)
+    mae = float(e_wo[paired].mean()) if paired.any() else np.nan
+    out = {"n": int(paired.sum()), "n_cells": n_cells, "mae_without": mae, "mae_with": float(np.mean(e_w[paired]))}
+    out |= {"delta_mae": delta, "ci_low": low, "ci_high": high, "gain_share": -delta / mae, "bound_share": -low / mae}
+    out |= {"statistic": test.statistic, "p_value": test.p_value}
+    out["min_p"] = test.min_p
+    if actual is not None:
+        final = np.asarray(actual, float)[paired]
+        start = final - y[paired]  # the anchor: the last observed loss
+        out |= {"decision_without": inference.pair_agreement(start + test.without[paired], final)}
+        out |= {"decision_with": inference.pair_agreement(start + test.with_[paired], final)}
+        out |= {"decision_current": inference.pair_agreement(np.asarray(current, float)[paired], final)}
+    return out
+
+
+def seed_sd(g: pd.DataFrame) -> float:
+    """Pooled within-cell (rung x recipe) SD of the final loss: how far seeds alone move it (nats)."""
+    cells = _cells(g)
+    dev = g["actual"].to_numpy(float) - g.groupby(cells)["actual"].transform("mean").to_numpy(float)
+    dof = len(g) - cells.nunique()
+    return float(np.sqrt(np.nansum(dev**2) / dof)) if dof > 0 else np.nan
+
+
+def _cells(g: pd.DataFrame) -> pd.Series:
+    variant = g["variant"].fillna("base").astype(str) if "variant" in g else pd.Series("base", index=g.index)
+    return g["rung"].astype(str) + "|" + variant
 
 
 def _scheme_problem(g: pd.DataFrame, scheme: str, fraction: float) -> str | None:
@@ -138,15 +291,18 @@ def usable_columns(g: pd.DataFrame, columns: tuple[str, ...]) -> tuple[list[str]
     return keep, dropped
 
 
-def _compare(g, scheme, base, extra, family, n_boot, seed) -> tuple[dict, list[dict]]:
+def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams) -> tuple[dict, list[dict]]:
     g = g[g["n_seen"] >= MIN_CHECKPOINTS].reset_index(drop=True)
-    base_cols, base_dropped = usable_columns(g, base)
-    extra_cols, extra_dropped = usable_columns(g, extra)
+    base_cols, base_dropped = usable_columns(g, spec["base"])
+    extra_cols, extra_dropped = usable_columns(g, spec["extra"])
     note = _dropped_note(base_dropped + extra_dropped)
     if not base_cols:
         return {"n": 0, "status": "skipped", "reason": "no usable inputs of the smaller model" + note}, []
     if not extra_cols:
-        return {"n": 0, "status": "skipped", "reason": f"family {family} has no usable values" + note}, []
+        return {"n": 0, "status": "skipped", "reason": f"family {spec['family']} has no usable values" + note}, []
+    if set(LOSS_INPUTS) <= set(spec["base"]):  # the loss-curve part is chosen among BASE_CANDIDATES
+        more = [c for c in ("loss_rank", *GRAD_INPUTS) if c in g and c not in base_cols]
+        base_cols += usable_columns(g, tuple(more))[0]
     both = base_cols + extra_cols
     target = (g["actual"] - g["anchor"]).to_numpy(float)
     usable = np.isfinite(g[both].to_numpy(float)).all(axis=1) & np.isfinite(target)
@@ -155,54 +311,44 @@ def _compare(g, scheme, base, extra, family, n_boot, seed) -> tuple[dict, list[d
     if groups < MIN_GROUPS:
         why = f"{int(usable.sum())} runs with every input span {groups} {scheme}s; need {MIN_GROUPS}"
         return {"n": int(usable.sum()), "n_groups": groups, "status": "skipped", "reason": why + note}, []
-    drops = nested_cross_validate(
-        sub[base_cols].to_numpy(float), sub[extra_cols].to_numpy(float), target[usable], sub[scheme].to_numpy()
-    )
-    pred = {k: sub["anchor"].to_numpy(float) + v for k, v in drops.items()}
-    err = {k: np.abs(v - sub["actual"].to_numpy(float)) for k, v in pred.items()}
-    paired = np.isfinite(err["with"]) & np.isfinite(err["without"])
-    r = stats.paired_difference(err["with"][paired], err["without"][paired], n_boot, seed)
-    result = {"n": r.n, "n_groups": int(sub.loc[paired, scheme].nunique()), "delta_mae": r.delta}
-    result |= {"mae_with": float(np.mean(err["with"][paired])) if r.n else None}
-    result |= {"mae_without": float(np.mean(err["without"][paired])) if r.n else None}
-    result |= {"ci_low": r.ci_low, "ci_high": r.ci_high, "statistic": r.statistic, "p_value": r.p_value}
-    result |= {"inputs": ",".join(both)}
-    if r.n < 2:
-        result |= {"status": "skipped", "reason": f"{r.n} runs predicted by both models; need 2" + note}
-        return result, []
-    result |= {"status": "ok", "reason": ((r.reason or "") + note).removeprefix("; ") or None}
+    cells = _cells(sub).to_numpy()
+    test = inference.family_test(
+        sub[base_cols].to_numpy(float), sub[extra_cols].to_numpy(float), target[usable], sub[scheme].to_numpy(),
+        sub["rung"].astype(str).to_numpy(), cells, sub["seed"].to_numpy(), spec["permutations"], params.seed,
+        base_candidates(base_cols), stop=10,
+    )  # fmt: skip
+    result = summarise(target[usable], test, cells, sub["actual"].to_numpy(float), sub["anchor"].to_numpy(float))
+    result |= {"n_groups": int(sub[scheme].nunique()), "seed_sd": seed_sd(sub), "inputs": ",".join(both)}
+    if result["n"] < 2 or result["n_cells"] < 2:
+        why = f"{result['n']} runs in {result['n_cells']} cells predicted by both models; need 2 cells"
+        return result | {"status": "skipped", "reason": why + note}, []
+    result |= {"status": "ok", "reason": note.removeprefix("; ") or None}
     keys = [k for k in RUN_KEYS if k in sub]
+    anchor = sub["anchor"].to_numpy(float)
     errs = [
         {k: sub.at[i, k] for k in keys}
-        | {"actual": sub.at[i, "actual"], "predicted_without": pred["without"][i], "predicted_with": pred["with"][i]}
-        | {"error_without": err["without"][i], "error_with": err["with"][i]}
-        for i in np.flatnonzero(paired)
+        | {"actual": sub.at[i, "actual"], "predicted_without": anchor[i] + test.without[i]}
+        | {"predicted_with": anchor[i] + test.with_[i]}
+        | {"error_without": abs(test.without[i] - target[usable][i])}
+        | {"error_with": abs(test.with_[i] - target[usable][i])}
+        for i in np.flatnonzero(np.isfinite(test.without) & np.isfinite(test.with_))
     ]
     return result, errs
 
 
-def nested_cross_validate(base: np.ndarray, extra: np.ndarray, y: np.ndarray, groups) -> dict[str, np.ndarray]:
-    """Leave-one-group-out predictions of a model and of the same model plus ``extra`` inputs.
-
-    ``without``: standardised ridge on ``base`` (penalty chosen by efficient leave-one-out inside the
-    training runs, :data:`topometrics.analysis.predict.RIDGE_ALPHAS`). ``with``: that prediction plus a second
-    standardised ridge of ``extra`` fitted to the first model's training residuals, with penalties up
-    to :data:`RESIDUAL_ALPHAS`' 1e6, so inputs that explain nothing beyond the base shrink to no
-    contribution instead of diluting the base's coefficients (one shared penalty over both sets
-    would). Rows are complete (no NaN); a group whose complement has fewer than 3 runs is NaN.
-    """
-    groups = np.asarray(groups)
-    out = {"without": np.full(len(y), np.nan), "with": np.full(len(y), np.nan)}
-    for held in np.unique(groups):
-        test, train = groups == held, groups != held
-        if train.sum() < 3:
-            continue
-        first = make_pipeline(StandardScaler(), RidgeCV(alphas=predict.RIDGE_ALPHAS)).fit(base[train], y[train])
-        residual = y[train] - first.predict(base[train])
-        second = make_pipeline(StandardScaler(), RidgeCV(alphas=RESIDUAL_ALPHAS)).fit(extra[train], residual)
-        out["without"][test] = first.predict(base[test])
-        out["with"][test] = out["without"][test] + second.predict(extra[test])
-    return out
+def base_candidates(base_cols: list[str]) -> list[list[int]] | None:
+    """Column indices of each usable :data:`BASE_CANDIDATES` entry plus every non-loss base column (norm,
+    geometric family); None (one model of every column) when the base has no loss-curve part."""
+    curve = set(LOSS_INPUTS) | {"loss_rank", *GRAD_INPUTS}
+    always = [i for i, c in enumerate(base_cols) if c not in curve]
+    if len(always) == len(base_cols):
+        return None
+    found = []
+    for candidate in BASE_CANDIDATES:
+        cols = [base_cols.index(c) for c in candidate if c in base_cols]
+        if len(cols) == len(candidate) and sorted(cols + always) not in found:
+            found.append(sorted(cols + always))
+    return found
 
 
 def _dropped_note(dropped: list[str]) -> str:
@@ -211,26 +357,38 @@ def _dropped_note(dropped: list[str]) -> str:
     return f"; not used (finite in < {MIN_COVERAGE:.0%} of runs): {', '.join(dropped)}"
 
 
-HEADLINE_FAMILY = "everything"  # the answer's row: every family added to the loss curve and weight norm
+HEADLINE_FAMILY = "everything"  # without a primary endpoint: every topological family together
 
 
 def headline_scheme(view: pd.DataFrame) -> str | None:
-    """The cross-validation scheme the answer leads with: the first of :data:`SCHEMES` (seeds, then recipe
-    variants, then rungs: the nearest runs first) with a comparison that was not skipped; None when all were."""
+    """The scheme the answer leads with: the primary endpoint's when it has a row, else the first of
+    :data:`SCHEMES` (seeds, recipe variants, rungs: the nearest runs first) with a comparison that was not
+    skipped; None when all were."""
     tested = view[~view["verdict"].astype(str).str.startswith("skipped")]
+    primary = view[view["role"] == "primary"] if "role" in view else view.iloc[:0]
+    if len(primary):
+        return str(primary["cv"].iloc[0])
     return next((s for s in SCHEMES if (tested["cv"] == s).any()), None)
 
 
 def verdict_metrics(view: pd.DataFrame) -> dict:
-    """The headline rows of the ``topology_verdict`` view as the ``verdict`` entry of ``reports/metrics.json``:
-    ``{cv, f<percent>: {verdict, delta_mae, n}}``, the :data:`HEADLINE_FAMILY` row of each fraction of the
-    :func:`headline_scheme` (``cv`` 'none' and each verdict 'skipped' when nothing could be compared). A few
-    columns whatever the number of runs; every row is in the warehouse."""
+    """The headline of the ``topology_verdict`` view as the ``verdict`` entry of ``reports/metrics.json``:
+    ``primary: {family, fraction, verdict, delta_mae, gain_share, bound_share, p_value, n}`` when an endpoint
+    was declared, then ``{cv, f<percent>: {verdict, delta_mae, n}}`` (exploratory), the
+    :data:`HEADLINE_FAMILY` row of each fraction of the :func:`headline_scheme`."""
     if view.empty:
         return {"cv": "none"}
+    out: dict = {}
+    primary = view[view["role"] == "primary"] if "role" in view else view.iloc[:0]
+    for r in primary.itertuples(index=False):
+        entry = {"family": r.family, "fraction": float(r.fraction), "cv": r.cv, "verdict": str(r.verdict)}
+        for key in ("delta_mae", "gain_share", "bound_share", "p_value"):
+            value = getattr(r, key)
+            entry[key] = float(f"{float(value):.6g}") if pd.notna(value) else None
+        out["primary"] = entry | {"n": int(r.n)}
     scheme = headline_scheme(view)
     rows = view[(view["cv"] == (scheme or view["cv"].iloc[0])) & (view["family"] == HEADLINE_FAMILY)]
-    out: dict = {"cv": scheme or "none"}
+    out["cv"] = scheme or "none"
     for r in rows.sort_values("fraction").itertuples(index=False):
         word = str(r.verdict).split(":")[0]  # 'skipped: <reason>' -> 'skipped' (the report says why)
         entry = {"verdict": word}
@@ -238,66 +396,3 @@ def verdict_metrics(view: pd.DataFrame) -> dict:
             entry |= {"delta_mae": float(f"{float(r.delta_mae):.6g}"), "n": int(r.n)}
         out[f"f{round(100 * r.fraction):02d}"] = entry
     return out
-
-
-# The reasons _scheme_problem gives (the report groups skipped rows by them).
-TOO_FEW_CHECKPOINTS = re.compile(r"^fraction (\S+) observes at most (\d+) checkpoints per run; need (\d+)$")
-TOO_FEW_GROUPS = re.compile(r"^leave-one-(\w+)-out needs at least (\d+) \w+, got (\d+)$")
-
-
-def skip_groups(view: pd.DataFrame) -> list[tuple[str, int]]:
-    """The reasons of the view's skipped rows, one entry per cause with the number of comparisons it skipped,
-    most first: the per-fraction shortage of checkpoints is one cause (naming each fraction), a column note
-    (``; not used ...``) is dropped, every other reason is its own cause."""
-    skipped = view.loc[view["verdict"].astype(str).str.startswith("skipped"), "verdict"].astype(str)
-    reasons = skipped.str.removeprefix("skipped: ").str.split("; not used").str[0]
-    short = reasons.str.extract(TOO_FEW_CHECKPOINTS)
-    found = short[0].notna()
-    groups = [(reason, int(n)) for reason, n in reasons[~found].value_counts().items()]
-    if found.any():
-        seen = short[found].drop_duplicates().astype(float).sort_values(0)
-        fractions = ", ".join(f"{100 * f:g}%" for f in seen[0])
-        most = ", ".join(f"{int(m)}" for m in seen[1])
-        groups.append((f"by {fractions} of training the runs have at most {most} checkpoints; a comparison needs "
-                       f"{int(seen[2].max())}", int(found.sum())))  # fmt: skip
-    return sorted(groups, key=lambda g: -g[1])
-
-
-def remedy(params: dict, need_runs: int = 0) -> list[tuple[str, str]]:
-    """The ``dvc exp run -S`` settings that make the verdict computable for the declared runs, each with why
-    (``params``: the params snapshot the warehouse keeps in ``meta``); empty when the design allows it.
-
-    - a checkpoint every ``train.ckpt_every`` steps must give :data:`MIN_CHECKPOINTS` by the first fraction
-      (step 0 counts): the largest divisor of ``train.steps`` that does;
-    - some scheme needs :data:`MIN_GROUPS` groups: seeds are added after the largest until there are as many;
-    - ``need_runs``: the runs a comparison needs to pass the corrected level (verdict ``not enough runs``):
-      seeds are added until the declared runs reach it.
-    """
-    train, fractions = params["train"], params["analysis"]["fractions"]
-    steps, every, seeds = int(train["steps"]), int(train["ckpt_every"]), list(train["seeds"])
-    settings = []
-    cutoff = min(fractions) * steps
-    if cutoff // every + 1 < MIN_CHECKPOINTS:
-        fits = [d for d in range(1, steps + 1) if steps % d == 0 and cutoff // d + 1 >= MIN_CHECKPOINTS]
-        when = f"by {100 * min(fractions):g}% of training"
-        if fits:
-            settings.append((f"train.ckpt_every={max(fits)}", f"{MIN_CHECKPOINTS} checkpoints {when}"))
-        else:
-            settings.append((f"train.steps={steps * MIN_CHECKPOINTS}", f"enough steps for a checkpoint {when}"))
-    groups = {"seed": len(seeds), "variant": 1 + len(params.get("variants") or {}), "rung": len(params["ladder"])}
-    per_seed = groups["variant"] * groups["rung"]
-    wanted = max(MIN_GROUPS if max(groups.values()) < MIN_GROUPS else 0, -(-need_runs // per_seed))
-    if wanted > len(seeds):
-        more = seeds + [max(seeds) + i for i in range(1, wanted - len(seeds) + 1)]
-        why = f"{wanted} seeds, {wanted * per_seed} runs: leave-one-seed-out"
-        settings.append((f"'train.seeds=[{','.join(map(str, more))}]'", why))
-    return settings
-
-
-def runs_needed(n_tests: int, alpha: float) -> int:
-    """The fewest paired runs whose smallest two-sided Wilcoxon p, 2^(1-n), can pass alpha / n_tests (the
-    ``not enough runs`` rule of the ``topology_verdict`` view)."""
-    n = 2
-    while 2.0 ** (1 - n) >= alpha / max(n_tests, 1):
-        n += 1
-    return n

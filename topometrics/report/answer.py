@@ -5,7 +5,7 @@ tested, against which baseline, on how many runs, and the verdict of every topol
 at each fraction of training (:data:`topometrics.analysis.verdict.HEADLINE_FAMILY`, in the scheme of
 :func:`topometrics.analysis.verdict.headline_scheme`). When nothing could be compared, one paragraph
 gives the reasons grouped by cause and the ``dvc exp run`` that makes the verdict computable, derived
-from the params (:func:`topometrics.analysis.verdict.remedy`).
+from the params (:func:`topometrics.analysis.remedy.remedy`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from topometrics.analysis import remedy as analysis_remedy
 from topometrics.analysis import verdict as analysis_verdict
 from topometrics.report.frames import Missing
 from topometrics.report.verdict import CV_WORDS, FAMILY_WORDS, sentence
@@ -53,21 +54,44 @@ def answer(verdict, meta) -> Answer:
     tested = tested.sort_values(["fraction", "family"])
     n, groups = int(tested["n"].max()), int(tested["n_groups"].max())
     head = f"{_question(verdict)}: {n} runs, {CV_WORDS[scheme]} ({groups} {SCHEME_GROUPS[scheme]})."
-    sentences = [head, *(sentence(r) for _, r in tested.iterrows()), _families(verdict, scheme)]
+    primary = verdict[verdict["role"] == "primary"] if "role" in verdict else verdict.iloc[:0]
+    lead = [f"Pre-registered endpoint: {sentence(r)}" for _, r in primary.iterrows()]
+    lead += [_power(params)] if len(primary) and params is not None else []
+    lead = lead or ["No pre-registered endpoint (analysis.primary): every row below is exploratory."]
+    label = "Exploratory (topology rows Holm-corrected per scheme; the rest uncorrected context): "
+    rows = [(label if i == 0 and len(primary) else "") + sentence(r) for i, (_, r) in enumerate(tested.iterrows())]
+    sentences = [head, *lead, *rows, _families(verdict, scheme)]
     command, why = None, None
     if tested["verdict"].astype(str).str.startswith("not enough runs").all() and params is not None:
-        row = tested.iloc[-1]
-        need = analysis_verdict.runs_needed(int(row["n_tests"]), float(row["alpha"]))
-        command, why = _command(analysis_verdict.remedy(params, need))
-        sentences.append(f"With {n} runs no comparison can pass the corrected level; {need} runs can.")
+        rungs = len(params["ladder"])
+        need = analysis_remedy.recipes_needed(rungs, float(tested["alpha"].iloc[-1]), _permutations(params))
+        sentences.append(
+            f"With {n} runs the cell permutations cannot reach the level; it needs {need} recipes per rung."
+            if need
+            else "analysis.permutations is too small for the level: raise it."
+        )
     return Answer(tuple(sentences), command, why, computed=True)
+
+
+def _permutations(params: dict) -> int:
+    return int(params["analysis"].get("permutations", 99))
+
+
+def _power(params: dict) -> str:
+    """Where this sweep's power comes from: the bench's machinery at the sweep's own layout."""
+    train, variants = params["train"], params.get("variants") or {}
+    shape = f"{len(params['ladder'])}x{1 + len(variants)}x{len(train['seeds'])}"
+    return (
+        "Power: the share of simulated sweeps of this layout in which a family explaining >= 30 % of the residual "
+        f"variance is called 'adds' is measured by `python -m bench power --layouts {shape}` (docs/results.md)."
+    )
 
 
 def _not_computable(verdict: pd.DataFrame, params: dict | None) -> Answer:
     """Why no comparison ran, grouped by cause, and the command that lets them run."""
-    causes = "; ".join(f"{reason} ({n} comparisons)" for reason, n in analysis_verdict.skip_groups(verdict))
+    causes = "; ".join(f"{reason} ({n} comparisons)" for reason, n in analysis_remedy.skip_groups(verdict))
     why = f"The verdict cannot be computed yet: none of its {len(verdict)} comparisons could run: {causes}."
-    command, because = _command(analysis_verdict.remedy(params)) if params is not None else (None, None)
+    command, because = _command(analysis_remedy.remedy(params)) if params is not None else (None, None)
     return Answer((f"{_question(verdict)}.", why), command, because)
 
 

@@ -16,12 +16,23 @@ import pandas as pd
 from topometrics.report.frames import Missing
 
 # What the smaller model of each comparison already has, and what the larger one adds.
-BASELINE = {"weight_norm": "the loss curve"}
-DEFAULT_BASELINE = "loss curve + weight norm"
+BASELINE = {"loss": "the loss curve", "norm": "the loss curve + weight norm"}
+DEFAULT_BASELINE = "the loss curve + weight norm"
 ADDED = {"weight_norm": "the weight norm", "everything": "every family"}
 FAMILY_WORDS = {"weights_vr": "weights-VR", "weights_np": "weights-NP", "scale_free": "scale-free"}
 CV_WORDS = {"seed": "leave-one-seed-out", "variant": "leave-one-variant-out", "rung": "leave-one-rung-out"}
-TABLE_COLUMNS = ["cv", "fraction", "family", "n", "delta_mae", "ci_low", "ci_high", "p_bonferroni", "verdict"]
+TABLE_COLUMNS = [
+    "role", "cv", "fraction", "family", "baseline", "n", "n_cells", "mae_without", "delta_mae", "ci_low", "ci_high",
+    "bound_share", "mae_without_sd", "decision_with", "decision_current", "p_adjusted", "verdict",
+]  # fmt: skip
+ROLE_WORDS = {"primary": "pre-registered", "topology": "exploratory, Holm-corrected", "context": "context"}
+
+
+def _baseline(name) -> str:
+    name = str(name) if isinstance(name, str) else "norm"
+    if name.startswith("norm+"):
+        return f"the loss curve + weight norm + {name.removeprefix('norm+')}"
+    return BASELINE.get(name, DEFAULT_BASELINE)
 
 
 def _num(value, digits: int = 3) -> str:
@@ -39,21 +50,28 @@ def sentence(row) -> str:
     """One quotable sentence for a ``topology_verdict`` row: the setting, the ΔMAE with its CI, n, p, the verdict."""
     when = f"At {_num(100 * row['fraction'])}% of training"
     cv = CV_WORDS.get(row["cv"], f"leave-one-{row['cv']}-out")
-    what = f"adding {_added(row['family'])} to {BASELINE.get(row['family'], DEFAULT_BASELINE)}"
+    what = f"adding {_added(row['family'])} to {_baseline(row.get('baseline'))}"
+    role = ROLE_WORDS.get(row.get("role"), "exploratory")
     delta = row.get("delta_mae")
     if delta is None or pd.isna(delta):
-        return f"{when}, {what} was not tested ({cv}): {row['verdict']}."
-    p = row.get("p_bonferroni")
-    p_text = "no p-value (every paired difference 0)" if p is None or pd.isna(p) else f"Bonferroni p={_num(p, 2)}"
-    numbers = f"{_num(delta)} [{_num(row['ci_low'])}, {_num(row['ci_high'])}]"
-    return f"{when}, {what} changes MAE by {numbers} (n={int(row['n'])} runs, {cv}, {p_text}): {row['verdict']}."
+        return f"{when}, {what} was not tested ({cv}, {role}): {row['verdict']}."
+    p = row.get("p_adjusted")
+    kind = "Holm p" if row.get("role") == "topology" else "p"
+    p_text = "no p-value" if p is None or pd.isna(p) else f"one-sided {kind}={_num(p, 2)}"
+    numbers = f"{_num(delta)} nats [95% bounds {_num(row['ci_low'])}, {_num(row['ci_high'])}; cells as units]"
+    share = f"{_num(100 * row.get('gain_share', float('nan')), 2)}% of the baseline MAE {_num(row.get('mae_without'))}"
+    n = f"n={int(row['n'])} runs in {int(row.get('n_cells') or 0)} cells"
+    return f"{when}, {what} changes MAE by {numbers}, {share} ({n}, {cv}, {role}, {p_text}): {row['verdict']}."
 
 
 def verdict_table(verdict) -> pd.DataFrame | Missing:
-    """The verdict rows (cv, fraction, family, n, ΔMAE, CI, Bonferroni p, verdict) with a 'reads as' sentence."""
+    """The verdict rows (the primary endpoint first: role, cv, fraction, family, baseline, n, ΔMAE with its
+    bounds, the largest gain allowed, the MAE in seed-SD units, pair decisions, p, verdict) with a 'reads as'
+    sentence."""
     if isinstance(verdict, Missing):
         return verdict
-    rows = verdict.sort_values(["cv", "fraction", "family"]).reset_index(drop=True)
+    order = verdict.assign(_first=verdict.get("role", pd.Series("", index=verdict.index)) != "primary")
+    rows = order.sort_values(["_first", "cv", "fraction", "family"]).drop(columns="_first").reset_index(drop=True)
     out = rows.reindex(columns=TABLE_COLUMNS)
     return out.assign(**{"reads as": [sentence(r) for _, r in rows.iterrows()]})
 
@@ -66,9 +84,9 @@ def forest_plot(verdict) -> alt.TopLevelMixin | Missing:
     if tested.empty:
         reasons = sorted(verdict["verdict"].dropna().unique())[:3]
         return Missing(f"no comparison produced a ΔMAE with a CI ({'; '.join(reasons) or 'no rows'})")
-    data = tested[["cv", "fraction", "family", "n", "delta_mae", "ci_low", "ci_high", "p_bonferroni", "verdict"]]
+    data = tested[["cv", "fraction", "family", "n", "delta_mae", "ci_low", "ci_high", "p_adjusted", "verdict"]]
     family = alt.Y("family:N", title=None)
-    tooltip = ["cv", "fraction", "family", "n", "delta_mae", "ci_low", "ci_high", "p_bonferroni", "verdict"]
+    tooltip = ["cv", "fraction", "family", "n", "delta_mae", "ci_low", "ci_high", "p_adjusted", "verdict"]
     bars = alt.Chart().mark_rule().encode(
         y=family, yOffset="cv:N", color="cv:N",
         x=alt.X("ci_low:Q", title="ΔMAE (with − without; < 0: the family helps)"), x2="ci_high:Q",
@@ -81,7 +99,7 @@ def forest_plot(verdict) -> alt.TopLevelMixin | Missing:
     zero = alt.Chart().transform_calculate(zero="0").mark_rule(color="#888", strokeDash=[4, 3]).encode(x="zero:Q")
     layered = alt.layer(zero, bars, points, data=data).properties(width=360)
     return layered.facet(row=alt.Row("fraction:O", title="fraction of training")).properties(
-        title="What each family adds: ΔMAE of the final-loss prediction, 95% CI"
+        title="What each family adds: ΔMAE of the final-loss prediction, 95% bounds"
     )
 
 

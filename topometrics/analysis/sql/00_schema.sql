@@ -121,14 +121,25 @@ CREATE TABLE tests (
 CREATE TABLE incremental_validity (
     cv VARCHAR NOT NULL,               -- leave-one-<cv>-out: seed, variant or rung
     fraction DOUBLE NOT NULL,
-    family VARCHAR NOT NULL,           -- weight_norm, weights_np, weights_vr, scale_free, heavy_tail, representation, everything
-    comparison VARCHAR NOT NULL,       -- '(2) vs (1)', '(3) vs (2)', '(4) vs (2)'
+    family VARCHAR NOT NULL,           -- weight_norm, a verdict family, everything
+    comparison VARCHAR NOT NULL,       -- 'primary', '(2) vs (1)', '(3) vs <baseline>', '(4) vs (2)'
+    role VARCHAR,                      -- 'primary', 'topology' (exploratory, Holm), 'context' (uncorrected)
+    baseline VARCHAR,                  -- the smaller model: 'loss', 'norm' (loss curve + weight norm), 'norm+<family>'
     n INTEGER,                         -- runs predicted by both models (the pairs)
+    n_cells INTEGER,                   -- rung x recipe cells among them (the units of the bounds)
     n_groups INTEGER,
-    mae_without DOUBLE, mae_with DOUBLE,
+    mae_without DOUBLE, mae_with DOUBLE,  -- nats
     delta_mae DOUBLE,                  -- mean(error_with - error_without); negative = the family helps
-    ci_low DOUBLE, ci_high DOUBLE,     -- paired-bootstrap percentile 95% CI of delta_mae
-    statistic DOUBLE, p_value DOUBLE,  -- Wilcoxon signed-rank (scipy), two-sided
+    ci_low DOUBLE, ci_high DOUBLE,     -- one-sided 95% bounds of delta_mae, cells as units (t over cell means)
+    gain_share DOUBLE,                 -- -delta_mae / mae_without
+    bound_share DOUBLE,                -- -ci_low / mae_without: the largest gain the data allow
+    seed_sd DOUBLE,                    -- pooled within-cell SD of the final loss (nats): the noise ceiling
+    decision_without DOUBLE, decision_with DOUBLE, decision_current DOUBLE,  -- share of run pairs ordered right
+    statistic DOUBLE,                  -- Clark-West mean 2 e_without (pred_with - pred_without), nats^2
+    p_value DOUBLE,                    -- one-sided, from cell-block permutation refits
+    p_adjusted DOUBLE,                 -- Holm over the scheme's topology rows; = p_value for the others
+    min_p DOUBLE,                      -- the smallest p the permutations can give
+    verdict VARCHAR,                   -- the word (see the topology_verdict view)
     status VARCHAR NOT NULL,           -- 'ok' or 'skipped'
     reason VARCHAR,                    -- why skipped, or notes (inputs not used)
     inputs VARCHAR                     -- input columns of the larger model
@@ -136,7 +147,7 @@ CREATE TABLE incremental_validity (
 
 -- The paired per-run predictions behind every 'ok' row of incremental_validity.
 CREATE TABLE incremental_errors (
-    cv VARCHAR NOT NULL, fraction DOUBLE NOT NULL, family VARCHAR NOT NULL,
+    cv VARCHAR NOT NULL, fraction DOUBLE NOT NULL, family VARCHAR NOT NULL, comparison VARCHAR,
     rung VARCHAR NOT NULL, seed INTEGER NOT NULL, variant VARCHAR,
     actual DOUBLE, predicted_without DOUBLE, predicted_with DOUBLE,
     error_without DOUBLE, error_with DOUBLE

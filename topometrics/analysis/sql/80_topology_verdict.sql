@@ -1,28 +1,21 @@
--- topology_verdict (view, v1): what each family of inputs adds to the prediction of a run's final
--- validation loss, per cross-validation scheme x training fraction (topometrics.analysis.verdict).
--- Bonferroni over the tested comparisons (families x fractions) of the same scheme: n_tests = the
--- rows with a p-value; p_bonferroni = min(1, p * n_tests). Verdict words, at settings.alpha:
+-- topology_verdict (view, v2): what each family of inputs adds to the prediction of a run's final
+-- validation loss, per cross-validation scheme x training fraction (topometrics.analysis.verdict, which
+-- computes the test, the bounds and the verdict word; topometrics.analysis.inference, the statistics).
+-- role: 'primary' (the pre-registered endpoint, judged alone at alpha), 'topology' (exploratory:
+-- p_adjusted is Holm over the topology rows of the scheme), 'context' (baselines and the all-families
+-- row, uncorrected). Verdict words:
 --   skipped: <reason>           the comparison could not run (too few groups / checkpoints / values)
---   not enough runs (n=k)       even the smallest two-sided Wilcoxon p with k pairs, 2^(1-k), cannot
---                               pass the corrected level: the design cannot show anything
---   adds                        p_bonferroni < alpha and the whole CI of delta_mae is below 0
---   hurts                       p_bonferroni < alpha and the whole CI is above 0
---   no evidence                 otherwise (including every paired difference 0: no p-value)
+--   not enough runs (n, cells)  the smallest p the cell permutations can give cannot pass the level
+--   adds                        p_adjusted < alpha and the gain is >= analysis.min_effect of mae_without
+--   hurts                       the one-sided 95% lower bound of delta_mae is above 0
+--   ruled out (> X %)           the 95% upper bound on the gain, X % of mae_without, is within
+--                               analysis.equivalence_margin
+--   no evidence                 otherwise
+-- Errors in units of the seed-to-seed SD of the final loss: mae_*_sd = mae_* / seed_sd.
 CREATE OR REPLACE VIEW topology_verdict AS
-WITH tested AS (
-    SELECT v.*, s.alpha,
-        count(*) FILTER (WHERE v.status = 'ok' AND v.p_value IS NOT NULL AND NOT isnan(v.p_value))
-            OVER (PARTITION BY v.cv) AS n_tests
-    FROM incremental_validity AS v CROSS JOIN settings AS s
-)
-SELECT cv, fraction, family, comparison, n, n_groups, mae_without, mae_with, delta_mae, ci_low, ci_high,
-    p_value, least(1.0, p_value * n_tests) AS p_bonferroni, n_tests, alpha,
-    CASE
-        WHEN status <> 'ok' THEN 'skipped: ' || coalesce(reason, 'no reason recorded')
-        WHEN n_tests > 0 AND power(2.0, 1 - n) >= alpha / n_tests THEN 'not enough runs (n=' || n || ')'
-        WHEN p_value * n_tests < alpha AND ci_high < 0 THEN 'adds'
-        WHEN p_value * n_tests < alpha AND ci_low > 0 THEN 'hurts'
-        ELSE 'no evidence'
-    END AS verdict,
-    reason
-FROM tested;
+SELECT v.cv, v.fraction, v.family, v.comparison, v.role, v.baseline, v.n, v.n_cells, v.n_groups,
+    v.mae_without, v.mae_with, v.delta_mae, v.ci_low, v.ci_high, v.gain_share, v.bound_share, v.seed_sd,
+    v.mae_without / nullif(v.seed_sd, 0) AS mae_without_sd, v.mae_with / nullif(v.seed_sd, 0) AS mae_with_sd,
+    v.decision_without, v.decision_with, v.decision_current, v.statistic, v.p_value, v.p_adjusted, v.min_p,
+    s.alpha, v.verdict, v.reason
+FROM incremental_validity AS v CROSS JOIN settings AS s;

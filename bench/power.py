@@ -1,0 +1,188 @@
+"""``python -m bench power``: false positives and power of the verdict's test on simulated sweeps.
+
+Run sets shaped like the sweep (rungs x recipes x seeds) are drawn from a generative model calibrated to
+the real runs (the loss-curve-only MAE ~0.10 nats, + weight norm ~0.055), each with a family of k
+features (2k columns: level and rate). Three kinds of family:
+
+- ``signal s``: the first column is a direction independent of the norm and the loss curve that explains
+  a share s of the final loss's residual variance, at the cell level and at the run level alike;
+- ``noise`` null: every column pure noise (s = 0);
+- ``nuisance`` null: every column a noisy copy of the weight norm or a loss law plus recipe-level offsets:
+  a family that tracks training, as topology does, yet adds nothing.
+
+Each run set goes through the product's own code: :func:`topometrics.analysis.inference.family_test`
+(orthogonalised family, Clark-West statistic, cell-block permutation p) and
+:func:`topometrics.analysis.verdict.word` (the primary endpoint's verdict: test and minimum effect).
+Printed: % of run sets called ``adds`` per layout x CV scheme x family, then the whole result as one JSON line.
+Options: ``--layouts 3x4x8,2x4x4`` ``--reps 100`` ``--perms 99`` ``--k 3`` ``--jobs 1`` ``--cvs seed,variant,rung``
+``--out FILE``. The base here is one ridge over the three laws and the norm (the
+verdict's choice among base candidates is not simulated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+from topometrics.analysis import inference, verdict
+
+SHARES = (0.1, 0.3, 0.5)
+SEED = 20261124
+
+
+@dataclass(frozen=True)
+class Model:
+    """Sizes of the parts of the target (final - last observed val loss), in nats."""
+
+    rung: float = 0.08  # the rungs' effects span -rung .. +rung
+    recipe: float = 0.08  # sd of a recipe's effect
+    cell: float = 0.02  # sd of a rung x recipe interaction
+    seen: float = 0.035  # sd of the per-run part the loss curve shows
+    law_scale: tuple = (0.80, 1.00, 1.15)  # how each loss law reads the curve's part
+    law_bias: float = 0.010  # sd per (law, recipe): a schedule the law misreads
+    law_noise: float = 0.007  # sd of the per-run error the laws share, and of each law's own
+    norm: float = 0.145  # sd of the part only the weight norm sees
+    norm_shares: tuple = (0.5, 0.3, 0.2)  # of its variance: recipe, cell, run
+    norm_noise: tuple = (0.08, 0.30)  # noise of the norm's level and rate (units of its latent)
+    residual: float = 0.041  # sd of what neither sees; half shared by a cell's seeds, half per run
+
+
+@dataclass(frozen=True)
+class RunSet:
+    base: np.ndarray  # (n, 5): three loss laws' predicted drops, weight-norm level and rate
+    extra: np.ndarray  # (n, 2k): the family's columns
+    y: np.ndarray  # (n,) target, nats
+    rung: np.ndarray
+    recipe: np.ndarray
+    seed: np.ndarray
+
+
+def layout(text: str) -> tuple[int, int, int]:
+    """'3x4x8' -> (rungs, recipes, seeds)."""
+    rungs, recipes, seeds = (int(v) for v in text.lower().split("x"))
+    return rungs, recipes, seeds
+
+
+def simulate(shape: tuple[int, int, int], k: int, s: float, null: str, rng: np.random.Generator, m=Model()):
+    """One run set of ``shape`` with a k-feature family: ``null`` 'signal' (share s), 'noise' or 'nuisance'."""
+    n_rung, n_rec, n_seed = shape
+    rung = np.repeat(np.arange(n_rung), n_rec * n_seed)
+    recipe = np.tile(np.repeat(np.arange(n_rec), n_seed), n_rung)
+    seed = np.tile(np.arange(n_seed), n_rung * n_rec)
+    n, cell = len(rung), rung * n_rec + recipe
+    n_cell = n_rung * n_rec
+    rung_effect = np.linspace(-m.rung, m.rung, n_rung) if n_rung > 1 else np.zeros(1)
+    seen = rung_effect[rung] + rng.normal(0, m.recipe, n_rec)[recipe] + rng.normal(0, m.cell, n_cell)[cell]
+    seen = seen + rng.normal(0, m.seen, n)
+    bias = rng.normal(0, m.law_bias, (3, n_rec))[:, recipe]
+    shared = rng.normal(0, m.law_noise, n)
+    laws = np.stack([a * seen + bias[j] + shared + rng.normal(0, m.law_noise, n) for j, a in enumerate(m.law_scale)])
+    w = np.sqrt(np.asarray(m.norm_shares))
+    z = w[0] * rng.normal(size=n_rec)[recipe] + w[1] * rng.normal(size=n_cell)[cell] + w[2] * rng.normal(size=n)
+    norm = np.column_stack([z + rng.normal(0, m.norm_noise[0], n), 0.5 * z + rng.normal(0, m.norm_noise[1], n)])
+    half = np.sqrt(0.5)
+    planted = half * rng.normal(size=n_cell)[cell] + half * rng.normal(size=n)  # unit variance, half cell-level
+    other = half * rng.normal(size=n_cell)[cell] + half * rng.normal(size=n)
+    share = s if null == "signal" else 0.0
+    y = seen + m.norm * z + m.residual * (np.sqrt(share) * planted + np.sqrt(1 - share) * other)
+    extra = rng.normal(size=(n, 2 * k))
+    if null == "signal":
+        extra[:, 0] = planted
+    if null == "nuisance":
+        offsets = rng.normal(size=(n_rec, 2 * k))[recipe]
+        zs = (norm[:, 0] - norm[:, 0].mean()) / norm[:, 0].std()
+        zl = (laws[0] - laws[0].mean()) / laws[0].std()
+        extra[:, 0::2] = 0.8 * zs[:, None] + 0.6 * extra[:, 0::2] + 0.5 * offsets[:, 0::2]
+        extra[:, 1::2] = 0.5 * zl[:, None] + extra[:, 1::2] + 0.5 * offsets[:, 1::2]
+    extra = extra * rng.uniform(0.5, 5, 2 * k) + rng.uniform(-3, 3, 2 * k)  # arbitrary units and offsets
+    return RunSet(np.column_stack([laws.T, norm]), extra, y, rung, recipe, seed)
+
+
+def one_verdict(runs: RunSet, cv: str, n_perm: int, seed: int, margin: float, min_effect: float) -> dict:
+    """The primary endpoint's verdict on one run set under leave-one-``cv``-out (the product's code)."""
+    groups = {"seed": runs.seed, "variant": runs.recipe, "rung": runs.rung}[cv]
+    cells = runs.rung * 1000 + runs.recipe
+    test = inference.family_test(
+        runs.base, runs.extra, runs.y, groups, runs.rung, cells, runs.seed, n_perm, seed, stop=10
+    )  # the primary endpoint's test, as the verdict runs it
+    row = verdict.summarise(runs.y, test, cells)
+    word = verdict.word(row, test.p_value, 0.05, margin, min_effect)
+    return {"p": test.p_value, "word": word, "gain_share": row["gain_share"], "mae_without": row["mae_without"]}
+
+
+def calibration(shape: tuple[int, int, int], reps: int = 20) -> dict:
+    """Leave-one-seed-out MAE of the loss laws alone and with the weight norm (the real sweep: 0.108, 0.053)."""
+    maes = []
+    for rep in range(reps):
+        runs = simulate(shape, 3, 0.0, "noise", np.random.default_rng([SEED, 7, rep]))
+        out = inference.nested_cross_validate(runs.base[:, :3], runs.base[:, 3:], runs.y, runs.seed)
+        maes.append([np.mean(np.abs(out["without"] - runs.y)), np.mean(np.abs(out["with"] - runs.y))])
+    loss, norm = np.mean(maes, axis=0)
+    return {"mae_loss_curve": float(loss), "mae_with_norm": float(norm)}
+
+
+def _task(task: tuple) -> str:
+    shape, cv, k, null, s, rep, n_perm, margin, min_effect = task
+    rng = np.random.default_rng([SEED, *shape, k, rep, int(100 * s), len(null)])
+    return one_verdict(simulate(shape, k, s, null, rng), cv, n_perm, rep, margin, min_effect)["word"]
+
+
+def rates(shape, cvs, k, reps, n_perm, margin=0.05, min_effect=0.01, jobs=1, progress=None) -> dict:
+    """% of ``reps`` run sets called 'adds' (and 'ruled out') per CV scheme and family: noise and nuisance
+    nulls, planted signal at each of :data:`SHARES`."""
+    kinds = [("noise", 0.0), ("nuisance", 0.0), *(("signal", s) for s in SHARES)]
+    cells = [(cv, null, s) for cv in cvs for null, s in kinds]
+    tasks = [(shape, cv, k, null, s, rep, n_perm, margin, min_effect) for cv, null, s in cells for rep in range(reps)]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            words = list(pool.map(_task, tasks, chunksize=4))
+    else:
+        words = [_task(t) for t in tasks]
+    out = {}
+    for i, (cv, null, s) in enumerate(cells):
+        got = words[i * reps : (i + 1) * reps]
+        name = null if null != "signal" else f"s={s:g}"
+        adds = 100 * np.mean([w == "adds" for w in got])
+        ruled = 100 * np.mean([w.startswith("ruled out") for w in got])
+        out[f"{cv}/{name}"] = {"adds_pct": float(adds), "ruled_out_pct": float(ruled), "reps": reps}
+        if progress:
+            progress(f"{'x'.join(map(str, shape))} {cv:8s} {name:9s} adds {adds:5.1f}%  ruled out {ruled:5.1f}%")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench power", description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", default="3x4x8,2x4x4", help="rungs x recipes x seeds, comma-separated")
+    parser.add_argument("--reps", type=int, default=100, help="run sets per cell of the table")
+    parser.add_argument("--perms", type=int, default=99, help="cell-block permutations per test")
+    parser.add_argument("--k", type=int, default=3, help="features in the family (2 columns each)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes")
+    parser.add_argument("--cvs", default="seed,variant,rung", help="schemes to run (those with >= 3 groups)")
+    parser.add_argument("--out", default="", help="also write the JSON to this file")
+    args = parser.parse_args(argv)
+    t0, result = time.perf_counter(), {"k": args.k, "reps": args.reps, "perms": args.perms, "layouts": {}}
+    for text in args.layouts.split(","):
+        shape = layout(text)
+        groups = {"seed": shape[2], "variant": shape[1], "rung": shape[0]}
+        cvs = [cv for cv in args.cvs.split(",") if groups.get(cv, 0) >= 3]
+        cal = calibration(shape)
+        mae = f"loss curve {cal['mae_loss_curve']:.3f}, + norm {cal['mae_with_norm']:.3f} nats"
+        print(f"{text}: {np.prod(shape)} runs, {shape[0] * shape[1]} cells; leave-one-seed-out MAE {mae}", flush=True)
+        table = rates(
+            shape, cvs, args.k, args.reps, args.perms, jobs=args.jobs, progress=lambda x: print(x, flush=True)
+        )
+        result["layouts"][text] = {"runs": int(np.prod(shape)), "calibration": cal, "rates": table}
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, sort_keys=True))
+    print(f"bench power: {len(result['layouts'])} layouts, {args.reps} run sets per cell, {result['seconds']} s")
+    return 0

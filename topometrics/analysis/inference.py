@@ -1,0 +1,239 @@
+"""The verdict's test: does a family of inputs improve a cross-validated prediction beyond a base model?
+
+For one comparison (base inputs, added inputs, target, run layout):
+
+1. :func:`nested_cross_validate`: leave-one-group-out. Inside each training fold, a standardised ridge on
+   the base (penalty chosen by leave-one-*group*-out over the training groups, never leave-one-run-out,
+   so runs that share a group cannot vouch for each other's penalty); the added columns are
+   orthogonalised on the base by least squares on the training rows (Frisch-Waugh-Lovell: an input that
+   co-varies with the base keeps its full coefficient instead of being shrunk), and a second ridge of
+   those orthogonal parts is fitted to the base's training residuals.
+2. :func:`clark_west`: the one-sided Clark-West statistic, the mean over runs of
+   ``2 e_without (pred_with - pred_without)`` (nats^2; > 0: the family's out-of-fold contribution points
+   at the base's out-of-fold error). For nested models it is the MSE difference corrected for the noise
+   the larger model adds under the null.
+3. :func:`family_test`: its p-value from refits with the family's rung x recipe *cells* permuted as
+   blocks within their rung (each run keeps its seed, :func:`cell_permutation`): exact, up to Monte
+   Carlo error, under the null that the family may mark a cell but does not predict its loss.
+4. :func:`cell_bounds`: one-sided 95 % bounds on the change in MAE with the cells as the
+   units (runs of one cell share a residual and are not independent).
+
+Pure numpy; shapes are (n_runs,) and (n_runs, n_columns).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+BASE_ALPHAS = np.logspace(-3, 3, 13)  # penalties of the base ridge (standardised inputs)
+FAMILY_ALPHAS = np.logspace(-3, 6, 19)  # penalties of the added family's ridge: up to "no contribution"
+
+
+def _standardise(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean, sd = train.mean(axis=0), train.std(axis=0)
+    sd = np.where(sd > 1e-12 * np.maximum(np.abs(mean), 1.0), sd, np.inf)  # a constant column contributes 0
+    return (train - mean) / sd, (test - mean) / sd
+
+
+def _ridge_paths(x: np.ndarray, y: np.ndarray, x_new: np.ndarray, alphas: np.ndarray) -> np.ndarray:
+    """Predictions at ``x_new`` of centred ridges fitted on (x, y), one row per penalty: (n_alphas, n_new)."""
+    xm, ym = x.mean(axis=0), y.mean()
+    u, s, vt = np.linalg.svd(x - xm, full_matrices=False)
+    shrink = s / (s**2 + alphas[:, None])  # (n_alphas, rank)
+    proj = (x_new - xm) @ vt.T  # (n_new, rank)
+    return ym + (proj * shrink[:, None, :]) @ (u.T @ (y - ym))
+
+
+def ridge_predict(x: np.ndarray, y: np.ndarray, x_new: np.ndarray, alphas: np.ndarray, groups) -> np.ndarray:
+    """A standardised ridge fitted on (x, y) predicting ``x_new``, its penalty chosen by leave-one-group-out
+    squared error over ``groups`` (the training rows' groups; leave-one-row-out when fewer than 3 groups)."""
+    xs, xs_new = _standardise(x, x_new)
+    groups = np.asarray(groups)
+    labels = np.unique(groups)
+    if len(labels) < 3:
+        labels, groups = np.arange(len(y)), np.arange(len(y))
+    sse = np.zeros(len(alphas))
+    for held in labels:
+        test = groups == held
+        if (~test).sum() < 2:
+            continue
+        sse += ((_ridge_paths(xs[~test], y[~test], xs[test], alphas) - y[test]) ** 2).sum(axis=1)
+    best = alphas[int(np.argmin(sse))]
+    return _ridge_paths(xs, y, xs_new, np.array([best]))[0]
+
+
+def orthogonalise(extra: np.ndarray, base: np.ndarray, train: np.ndarray) -> np.ndarray:
+    """``extra`` less its least-squares fit on [1, base] over the ``train`` rows (applied to every row)."""
+    design = np.column_stack([np.ones(len(base)), base])
+    coef, *_ = np.linalg.lstsq(design[train], extra[train], rcond=None)
+    return extra - design @ coef
+
+
+@dataclass(frozen=True)
+class Folds:
+    """The base model's out-of-fold predictions and, per fold, what the family's refits reuse."""
+
+    without: np.ndarray  # (n,) out-of-fold predictions of the base model (NaN where a fold could not fit)
+    folds: tuple  # (test mask, train mask, in-sample base residual on train, design [1, base]) per fold
+
+
+def base_folds(base: np.ndarray, y: np.ndarray, groups, candidates=None) -> Folds:
+    """Leave-one-group-out fits of the base ridge (a group whose complement has < 3 runs stays NaN).
+
+    ``candidates``: column-index lists of ``base``, the alternative base models; inside each training fold
+    the one with the smallest leave-one-group-out error over the training groups is fitted (default: one
+    candidate, every column). A candidate with no columns predicts the training mean.
+    """
+    groups = np.asarray(groups)
+    candidates = [list(range(base.shape[1]))] if candidates is None else [list(c) for c in candidates]
+    without = np.full(len(y), np.nan)
+    folds = []
+    for held in np.unique(groups):
+        test, train = groups == held, groups != held
+        if train.sum() < 3:
+            continue
+        cols = min(candidates, key=lambda c: _inner_error(base[train][:, c], y[train], groups[train]))
+        fitted = _fit_base(base[train][:, cols], y[train], base[:, cols], groups[train])
+        without[test] = fitted[test]
+        folds.append((test, train, y[train] - fitted[train], np.column_stack([np.ones(len(y)), base[:, cols]])))
+    return Folds(without, tuple(folds))
+
+
+def _fit_base(x: np.ndarray, y: np.ndarray, x_new: np.ndarray, groups) -> np.ndarray:
+    if x.shape[1] == 0:
+        return np.full(len(x_new), y.mean())
+    return ridge_predict(x, y, x_new, BASE_ALPHAS, groups)
+
+
+def _inner_error(x: np.ndarray, y: np.ndarray, groups) -> float:
+    """Leave-one-group-out squared error of the base ridge on ``x`` (the candidate's score; inf when the
+    training rows span fewer than 3 groups: 0, so the first candidate wins)."""
+    labels = np.unique(groups)
+    if len(labels) < 3 or len(y) < 4:
+        return 0.0
+    return float(sum(np.sum((_fit_base(x[groups != g], y[groups != g], x[groups == g], groups[groups != g])
+                             - y[groups == g]) ** 2) for g in labels))  # fmt: skip
+
+
+def with_family(folds: Folds, extra: np.ndarray, groups) -> np.ndarray:
+    """Out-of-fold predictions of the base plus the family (orthogonalised on the base inside each fold)."""
+    groups = np.asarray(groups)
+    out = np.full(len(folds.without), np.nan)
+    for test, train, residual, design in folds.folds:
+        coef, *_ = np.linalg.lstsq(design[train], extra[train], rcond=None)
+        ortho = extra - design @ coef
+        added = ridge_predict(ortho[train], residual, ortho[test], FAMILY_ALPHAS, groups[train])
+        out[test] = folds.without[test] + added
+    return out
+
+
+def nested_cross_validate(base: np.ndarray, extra: np.ndarray, y: np.ndarray, groups) -> dict[str, np.ndarray]:
+    """Leave-one-group-out predictions ``without`` (base ridge) and ``with`` (+ the orthogonalised family)."""
+    folds = base_folds(np.asarray(base, float), np.asarray(y, float), groups)
+    return {"without": folds.without, "with": with_family(folds, np.asarray(extra, float), groups)}
+
+
+def clark_west(y: np.ndarray, without: np.ndarray, with_: np.ndarray) -> float:
+    """Mean of ``2 (y - without)(with - without)`` over the finite runs (> 0: the family helps)."""
+    term = 2 * (y - without) * (with_ - without)
+    term = term[np.isfinite(term)]
+    return float(term.mean()) if len(term) else np.nan
+
+
+def cell_permutation(rungs, cells, seeds, rng: np.random.Generator) -> np.ndarray:
+    """Row indices that give every run the family of the same-seed run of another cell of its rung.
+
+    Cells are permuted as blocks within each rung. A run whose seed the source cell lacks takes that cell's
+    run of the same rank (runs sorted by seed). A rung with a single cell keeps its rows.
+    """
+    rungs, cells, seeds = np.asarray(rungs), np.asarray(cells), np.asarray(seeds)
+    index = np.arange(len(rungs))
+    for rung in np.unique(rungs):
+        names = np.unique(cells[rungs == rung])
+        if len(names) < 2:
+            continue
+        members = {c: index[(rungs == rung) & (cells == c)] for c in names}
+        members = {c: m[np.argsort(seeds[m], kind="stable")] for c, m in members.items()}
+        for target, source in zip(names, rng.permutation(names), strict=True):
+            dest, src = members[target], members[source]
+            index[dest] = src[np.arange(len(dest)) % len(src)]
+    return index
+
+
+def distinct_permutations(rungs, cells) -> int:
+    """How many distinct cell-block permutations exist: the product over rungs of (cells in the rung)!."""
+    rungs, cells = np.asarray(rungs), np.asarray(cells)
+    count = 1
+    for rung in np.unique(rungs):
+        count *= int(np.prod(np.arange(1, len(np.unique(cells[rungs == rung])) + 1)))
+    return count
+
+
+@dataclass(frozen=True)
+class FamilyTest:
+    """One comparison: out-of-fold predictions, the Clark-West statistic and its cell-permutation p."""
+
+    without: np.ndarray
+    with_: np.ndarray
+    statistic: float  # Clark-West mean, nats^2
+    p_value: float  # one-sided, (1 + #{permuted >= observed}) / (1 + permutations done)
+    n_perm: int  # permutations done
+    min_p: float  # the smallest p this design can give: max(1 / (1 + n_perm), 1 / distinct permutations)
+
+
+def family_test(
+    base, extra, y, groups, rungs, cells, seeds, n_perm: int = 99, seed: int = 0, candidates=None, stop: int = 0
+) -> FamilyTest:
+    """The Clark-West statistic of ``extra`` over ``base`` and its p from up to ``n_perm`` cell-block refits.
+
+    ``stop`` > 0: sequential (Besag & Clifford 1991): the refits end once ``stop`` of them reach the observed
+    statistic, with p = stop / refits done, so a family far from significance costs few refits while one
+    near it gets all ``n_perm`` (the smallest p stays 1 / (1 + n_perm)).
+
+    The base fits (the candidate chosen per fold, see :func:`base_folds`) are shared by every refit (only
+    the family moves). Rows must be complete (no NaN).
+    """
+    base, extra, y = (np.asarray(a, float) for a in (base, extra, y))
+    folds = base_folds(base, y, groups, candidates)
+    with_ = with_family(folds, extra, groups)
+    observed = clark_west(y, folds.without, with_)
+    rng = np.random.default_rng(seed)
+    min_p = max(1 / (1 + max(n_perm, 0)), 1 / distinct_permutations(rungs, cells))
+    if n_perm < 1 or not np.isfinite(observed) or min_p >= 1.0:  # nothing to permute: no p
+        return FamilyTest(folds.without, with_, observed, np.nan, 0, min_p)
+    hits = done = 0
+    while done < n_perm:
+        moved = extra[cell_permutation(rungs, cells, seeds, rng)]
+        hits += clark_west(y, folds.without, with_family(folds, moved, groups)) >= observed - 1e-15
+        done += 1
+        if stop and hits >= stop:
+            return FamilyTest(folds.without, with_, observed, hits / done, done, min_p)
+    return FamilyTest(folds.without, with_, observed, (1 + hits) / (1 + done), done, min_p)
+
+
+def cell_bounds(difference, cells, level: float = 0.95) -> tuple[float, float, float, int]:
+    """Mean over runs of the per-run ``difference`` and its one-sided ``level`` lower and upper bounds, with the
+    cells as the units: (mean, lower, upper, cells). The bounds are a Student t interval over the cell means
+    (each cell's runs averaged first) centred on the run mean; NaN bounds with fewer than 2 cells."""
+    difference, cells = np.asarray(difference, float), np.asarray(cells)
+    keep = np.isfinite(difference)
+    if not keep.any():
+        return np.nan, np.nan, np.nan, 0
+    means = np.array([difference[keep & (cells == c)].mean() for c in np.unique(cells[keep])])
+    mean = float(difference[keep].mean())
+    if len(means) < 2:
+        return mean, np.nan, np.nan, len(means)
+    half = float(stats.t.ppf(level, len(means) - 1) * means.std(ddof=1) / np.sqrt(len(means)))
+    return mean, mean - half, mean + half, len(means)
+
+
+def pair_agreement(predicted: np.ndarray, actual: np.ndarray) -> float:
+    """Share of run pairs (with different final losses) that ``predicted`` orders as ``actual`` does."""
+    i, j = np.triu_indices(len(actual), k=1)
+    differ = actual[i] != actual[j]
+    if not differ.any():
+        return np.nan
+    return float(np.mean(np.sign(predicted[i] - predicted[j])[differ] == np.sign(actual[i] - actual[j])[differ]))
