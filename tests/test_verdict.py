@@ -83,8 +83,12 @@ def test_the_verdict_families_declared_in_the_vocabulary_in_report_order():
         ("landscape", tuple(f"ls_{pair}_{key}" for pair in ("rand", "hess") for key in SUMMARY_KEYS)),
         ("curvature", ("hess_eig1", "hess_eig2", "hess_eig3", "hess_trace", "hess_eig1_over_trace")),
     ]  # fmt: skip
-    topological = [f for f in verdict_families() if f != "heavy_tail"]
-    assert [c["family"] for c in verdict.comparisons()] == ["weight_norm", "heavy_tail", *topological, "everything"]
+    topological = [f for f in verdict_families() if f not in ("heavy_tail", "curvature")]
+    # the geometric family (curvature) is a context row and, with the norm, every topological family's second baseline
+    assert [(c["family"], c["baseline"]) for c in verdict.comparisons()] == [
+        ("weight_norm", "loss"), ("heavy_tail", "norm"), ("curvature", "norm"),
+        *((f, "norm") for f in topological), *((f, "norm+curvature") for f in topological), ("everything", "norm"),
+    ]  # fmt: skip
     assert {c["role"] for c in verdict.comparisons() if c["family"] in topological} == {"topology"}
 
 
@@ -227,7 +231,7 @@ def test_metrics_of_a_verdict_that_could_not_run_name_no_scheme():
         (PrimaryParams("topo", 0.5, "seed"), "family 'topo' is not a verdict family"),
         (PrimaryParams("weights_vr", 0.5, "seed"), "weights_vr has > 3 features"),
         (PrimaryParams("weights_vr", 0.5, "seed", ("np_norm",)), r"\['np_norm'\] not all in weights_vr"),
-        (PrimaryParams("scale_free", 0.5, "seed", ("np_z",), baseline="norm+curvature"), "baseline 'norm.curvature"),
+        (PrimaryParams("scale_free", 0.5, "seed", ("np_z",), baseline="norm+landscape"), "baseline 'norm.landscape"),
     ],
 )
 def test_a_primary_endpoint_not_in_the_vocabulary_is_one_params_error_before_any_comparison(primary, message):
