@@ -23,6 +23,23 @@ BASE_VARIANT = "base"  # the recipe in `train` itself; its runs keep the short n
 # Fewest points of a cloud whose Vietoris-Rips diagram can hold a loop: the smallest cycle not filled
 # by triangles is a square, so with fewer points every H1 feature is 0 by construction, not by measurement.
 MIN_CLOUD_POINTS = 4
+TOKENIZER_KINDS = ("char", "bpe")  # data.tokenizer: the 128-symbol characters, or a byte-level BPE
+
+
+@dataclass(frozen=True)
+class TokenizerParams:
+    """``data.tokenizer``: ``char`` (written as the bare word) or ``{kind: bpe, vocab_size: N}``."""
+
+    kind: str = "char"
+    vocab_size: int = 0  # bpe: 256 byte tokens + merges, in [257, 65535]; the text may support fewer (capped)
+
+    def check(self) -> None:
+        if self.kind not in TOKENIZER_KINDS:
+            raise ParamsError(
+                f"data.tokenizer.kind must be char or bpe, got {self.kind!r}; e.g. {{kind: bpe, vocab_size: 512}}"
+            )
+        if self.kind == "bpe":
+            within(self, "data.tokenizer", "vocab_size", 257, 65_535, "256 bytes + at least one merge, ids fit uint16")
 
 
 @dataclass(frozen=True)
@@ -37,8 +54,10 @@ class DataParams:
     val_fraction: float = 0.1  # tail of a single local corpus held out for validation
     val_windows: int = 256  # fixed held-out windows scored at every checkpoint
     max_unknown_share: float = 0.05  # refuse a corpus with more characters outside ASCII 0-126 (WikiText-2: 0.07%)
+    tokenizer: TokenizerParams = field(default_factory=TokenizerParams)
 
     def check(self) -> None:
+        self.tokenizer.check()
         positive(self, "data", ("seq_len", "val_windows", "download_timeout_s"))
         within(self, "data", "max_unknown_share", 0.0, 1.0, "a share of the corpus's characters")
         if not 0.0 < self.val_fraction < 1.0:
@@ -281,7 +300,7 @@ def parse_params(raw: dict) -> Params:
         ladder[rung] = build(RungShape, shape or {}, f"ladder.{rung}")
         positive(ladder[rung], f"ladder.{rung}", SHAPE_KEYS)
     params = Params(
-        data=build(DataParams, raw.get("data") or {}, "data"),
+        data=_parse_data(raw.get("data") or {}),
         train=build(TrainParams, raw.get("train") or {}, "train"),
         ladder=ladder,
         features=build(FeaturesParams, raw.get("features") or {}, "features"),
@@ -306,6 +325,17 @@ def parse_params(raw: dict) -> Params:
         twice = sorted({n for n in names if names.count(n) > 1})
         raise ParamsError(f"runs {twice} are declared twice (a rung name with '-' meets a variant); rename one")
     return params
+
+
+def _parse_data(raw: object) -> DataParams:
+    """``data``, whose ``tokenizer`` is the word ``char`` or a mapping (:class:`TokenizerParams`)."""
+    if not isinstance(raw, dict):
+        return build(DataParams, raw, "data")
+    tok = raw.get("tokenizer", "char")
+    tok = TokenizerParams(kind=tok) if isinstance(tok, str) else build(TokenizerParams, tok, "data.tokenizer")
+    return dataclasses.replace(
+        build(DataParams, {k: v for k, v in raw.items() if k != "tokenizer"}, "data"), tokenizer=tok
+    )
 
 
 def _parse_variants(raw: object) -> dict[str, Variant]:
