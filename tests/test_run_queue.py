@@ -293,8 +293,8 @@ def test_a_full_disk_while_training_is_one_error_line_naming_the_run_and_its_fil
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     corpus(tmp_path / "corpus")
     env = os.environ | {"PYTHONPATH": str(repo)}
-    subprocess.run([sys.executable, str(repo / "stages/config.py"), "--corpus", "corpus", "--out", "configs"], cwd=tmp_path, env=env,
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run([sys.executable, str(repo / "stages/config.py"), "--corpus", "corpus", "--out", "configs"],
+                   cwd=tmp_path, env=env, check=True, capture_output=True)  # fmt: skip
     runs = tiny_disk("128k")  # a few checkpoints and their resume states fit, then the disk is full
     cmd = [sys.executable, str(repo / "stages/train.py"), "--configs", "configs", "--corpus", "corpus", "--runs",
            str(runs), "--metrics", "metrics", "--curves", "curves"]  # fmt: skip
