@@ -14,7 +14,14 @@ from pathlib import Path
 import yaml
 
 from topometrics.params_schema import ParamsError, at_least, build, non_negative, positive, reject_unknown, within
-from topometrics.params_sources import ComputeParams, SeriesParams, parse_compute, parse_series
+from topometrics.params_sources import (
+    ComputeParams,
+    SeriesParams,
+    TokenizerParams,
+    parse_compute,
+    parse_series,
+    parse_tokenizer,
+)
 
 SHAPE_KEYS = ("hidden", "layers", "heads")
 # keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
@@ -23,23 +30,6 @@ BASE_VARIANT = "base"  # the recipe in `train` itself; its runs keep the short n
 # Fewest points of a cloud whose Vietoris-Rips diagram can hold a loop: the smallest cycle not filled
 # by triangles is a square, so with fewer points every H1 feature is 0 by construction, not by measurement.
 MIN_CLOUD_POINTS = 4
-TOKENIZER_KINDS = ("char", "bpe")  # data.tokenizer: the 128-symbol characters, or a byte-level BPE
-
-
-@dataclass(frozen=True)
-class TokenizerParams:
-    """``data.tokenizer``: ``char`` (written as the bare word) or ``{kind: bpe, vocab_size: N}``."""
-
-    kind: str = "char"
-    vocab_size: int = 0  # bpe: 256 byte tokens + merges, in [257, 65535]; the text may support fewer (capped)
-
-    def check(self) -> None:
-        if self.kind not in TOKENIZER_KINDS:
-            raise ParamsError(
-                f"data.tokenizer.kind must be char or bpe, got {self.kind!r}; e.g. {{kind: bpe, vocab_size: 512}}"
-            )
-        if self.kind == "bpe":
-            within(self, "data.tokenizer", "vocab_size", 257, 65_535, "256 bytes + at least one merge, ids fit uint16")
 
 
 @dataclass(frozen=True)
@@ -190,6 +180,7 @@ class AnalysisParams:
     weight_norm_features: tuple[str, ...] = ("w_fro",)  # weight-norm baseline: the first present
     # features whose rho(feature, val loss) goes into metrics.json (those present)
     headline_features: tuple[str, ...] = ("vr_tp0", "vr_tp1", "np_norm", "rep_tp0", "w_spec", "w_rankme")
+    loss_unit: str = "nats"  # nats (per token) | bpb (bits per UTF-8 byte): the unit final losses are compared in
 
     def check(self) -> None:
         positive(self, "analysis", ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold"))
@@ -201,8 +192,7 @@ class AnalysisParams:
 
     def settings(self) -> ViewSettings:
         """The subset the SQL views read from the warehouse's ``settings`` table."""
-        names = ("phase_threshold", "np_patience", "np_min_delta", "loss_patience", "loss_min_delta", "alpha")
-        return ViewSettings(**{name: getattr(self, name) for name in names})
+        return ViewSettings(**{f.name: getattr(self, f.name) for f in fields(ViewSettings)})
 
 
 @dataclass(frozen=True)
@@ -215,6 +205,7 @@ class ViewSettings:
     loss_patience: int
     loss_min_delta: float
     alpha: float = 0.05
+    loss_unit: str = "nats"  # the unit the final loss is compared in (final_checkpoints.loss)
 
 
 @dataclass(frozen=True)
@@ -299,8 +290,10 @@ def parse_params(raw: dict) -> Params:
             raise ParamsError(f"ladder.{rung}: rung names must be letters, digits, '-' or '_'")
         ladder[rung] = build(RungShape, shape or {}, f"ladder.{rung}")
         positive(ladder[rung], f"ladder.{rung}", SHAPE_KEYS)
+    data = raw.get("data") or {}
+    data = data | {"tokenizer": parse_tokenizer(data)} if isinstance(data, dict) else data
     params = Params(
-        data=_parse_data(raw.get("data") or {}),
+        data=build(DataParams, data, "data"),
         train=build(TrainParams, raw.get("train") or {}, "train"),
         ladder=ladder,
         features=build(FeaturesParams, raw.get("features") or {}, "features"),
@@ -320,22 +313,13 @@ def parse_params(raw: dict) -> Params:
             f"analysis.variant={params.analysis.variant!r} is not a declared variant; "
             f"use one of {[BASE_VARIANT, *params.variants]}"
         )
+    if params.analysis.loss_unit not in ("nats", "bpb"):
+        raise ParamsError(f"analysis.loss_unit must be nats or bpb (bits per byte), got {params.analysis.loss_unit!r}")
     names = params.run_names()
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         raise ParamsError(f"runs {twice} are declared twice (a rung name with '-' meets a variant); rename one")
     return params
-
-
-def _parse_data(raw: object) -> DataParams:
-    """``data``, whose ``tokenizer`` is the word ``char`` or a mapping (:class:`TokenizerParams`)."""
-    if not isinstance(raw, dict):
-        return build(DataParams, raw, "data")
-    tok = raw.get("tokenizer", "char")
-    tok = TokenizerParams(kind=tok) if isinstance(tok, str) else build(TokenizerParams, tok, "data.tokenizer")
-    return dataclasses.replace(
-        build(DataParams, {k: v for k, v in raw.items() if k != "tokenizer"}, "data"), tokenizer=tok
-    )
 
 
 def _parse_variants(raw: object) -> dict[str, Variant]:
