@@ -1,7 +1,7 @@
 """Training throughput per rung and the projected wall time of the default ladder.
 
     python -m bench train [--steps 20] [--rungs tiny,xl] [--modes naive,serial,serial2,parallel]
-                                      [--cores N]
+                                      [--cores N] [--bpe 512,2048]
 
 Every mode times the real training step (sample a batch, forward, backward, clip, AdamW
 step with the schedule's learning rate) on random tokens (the cost does not depend on
@@ -29,6 +29,10 @@ The projection of one run is steps x median step time + checkpoints x checkpoint
   gemm_floor_min      the same schedule constraint (whole runs, one thread each) with only the
                       training's matrix products, timed alone: the time no loop overhead can beat
   projection          repro and hand minutes for 8 and 16 cores from the same per-thread rates
+
+``--bpe N,...`` also times each rung with a byte-level BPE vocabulary of N tokens (data.tokenizer: {kind: bpe,
+vocab_size: N}; the same shape, a larger embedding and head) in the ``serial`` loop, interleaved with the
+character rung, and reports ``bpe``: each one's step time and its ratio to the character rung's.
 
 The machine is shared, so read ratios measured in the same run rather than absolute numbers.
 """
@@ -67,8 +71,9 @@ MODES = ("naive", "serial", "serial1", "serial2", "compile2", "parallel")
 DEFAULT_MODES = ("naive", "serial", "parallel")
 
 
-def _tokens(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 127, n, dtype=np.uint8)
+def _tokens(n: int, seed: int, vocab: int = 128) -> np.ndarray:
+    """Random ids as the corpus stores them (uint8 for characters, uint16 for a BPE above 256 ids)."""
+    return np.random.default_rng(seed).integers(0, vocab - 1, n, dtype=np.uint8 if vocab <= 256 else np.uint16)
 
 
 def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int) -> dict:
@@ -78,7 +83,7 @@ def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int) -> dict:
     model = GPT(cfg.model)
     model.init_weights(torch.Generator().manual_seed(r.seed))
     model.train()
-    data = torch.from_numpy(_tokens(1 << 20, 1))
+    data = torch.from_numpy(_tokens(1 << 20, 1, cfg.model.vocab_size))
     gen = torch.Generator().manual_seed(r.seed + 1)
     if mode == "naive":  # the loop as first written: default (for-each) AdamW, no helpers
         opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=r.weight_decay)
@@ -115,7 +120,7 @@ def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int) -> dict:
         step(s)
         times.append(time.perf_counter() - t)
     step_s = statistics.median(times)
-    val_x, val_y = validation_windows(_tokens(200_000, 2), r.val_windows, seq_len)
+    val_x, val_y = validation_windows(_tokens(200_000, 2, cfg.model.vocab_size), r.val_windows, seq_len)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = []
         for i in range(2):
@@ -184,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, from {','.join(MODES)}")
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--cores", type=int, default=usable_cores(), help="processes of the parallel mode and queue")
+    ap.add_argument("--bpe", default="", help="comma-separated BPE vocabulary sizes to time beside each rung")
     args = ap.parse_args(argv)
+    bpe_sizes = [int(v) for v in args.bpe.split(",") if v]
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}; choose from {MODES}")
@@ -201,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     timing: dict[str, dict[str, dict]] = {m: {} for m in modes}
+    bpe: dict[str, dict[str, dict]] = {}
     for rung, cfg in cfgs.items():  # modes interleaved per rung: they see the same background load
         for mode in modes:
             if mode == "parallel":
@@ -208,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(threads[mode])
             timing[mode][rung] = time_rung(cfg, mode, args.steps, args.warmup)
             print(f"  {rung:8s} {mode:9s} {timing[mode][rung]['step_s'] * 1e3:8.1f} ms/step", flush=True)
+        if bpe_sizes:
+            bpe[rung] = bpe_rungs(params, rung, bpe_sizes, threads["serial"], args.steps, args.warmup)
     torch.set_num_threads(default_threads)
     plan = None
     if "parallel" in modes:
@@ -258,9 +268,33 @@ def main(argv: list[str] | None = None) -> int:
         "bench_seconds": round(time.perf_counter() - t_start, 1),
     }
     result |= ladder_schedules(cfgs, timing, minutes, params.train.seeds[0], args.cores)
+    if bpe:
+        result["bpe"] = bpe
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, sort_keys=True))
     return 0
+
+
+def bpe_rungs(params, rung: str, sizes: list[int], threads: int, steps: int, warmup: int) -> dict[str, dict]:
+    """Step time of ``rung`` with characters and with each BPE vocabulary size, interleaved (same load), in the
+    serial loop: ``{"char": {step_ms}, "<N>": {step_ms, vs_char}}``."""
+    torch.set_num_threads(threads)
+    times = {"char": []}
+    for _ in range(3):  # alternate so that a change in background load falls on every vocabulary alike
+        for vocab in [128, *sizes]:
+            cfg = build_run_config(params, rung, params.train.seeds[0], vocab_size=vocab)
+            key = "char" if vocab == 128 else str(vocab)
+            times.setdefault(key, []).append(time_rung(cfg, "serial", steps, warmup)["step_s"])
+    char = statistics.median(times["char"])
+    out = {"char": {"step_ms": round(char * 1e3, 2)}}
+    for key, values in times.items():
+        if key != "char":
+            out[key] = {
+                "step_ms": round(statistics.median(values) * 1e3, 2),
+                "vs_char": round(statistics.median(values) / char, 3),
+            }
+            print(f"  {rung:8s} bpe {key:>6s} {out[key]['step_ms']:8.1f} ms/step, {out[key]['vs_char']:.2f}x char")
+    return out
 
 
 def ladder_schedules(cfgs: dict[str, RunConfig], timing: dict, minutes: dict, seed: int, cores: int) -> dict:
