@@ -140,7 +140,7 @@ def test_representation_features_equal_the_in_memory_model_on_the_same_tokens(lo
     ids = AutoTokenizer.from_pretrained(root)(TEXT, add_special_tokens=False)["input_ids"]
     x, y = feat.validation_batch(np.asarray(ids), SEQ_LEN, PARAMS.rep_batch)
     for step, model in models_by_step.items():
-        states, grads, loss = causal_lm_on_batch(model, x, y)
+        states, grads, loss, _ = causal_lm_on_batch(model, x, y)
         assert list(grads) == list(in_memory_weights(model))
         with torch.no_grad():
             out = model(input_ids=x, output_hidden_states=True)
@@ -154,6 +154,23 @@ def test_representation_features_equal_the_in_memory_model_on_the_same_tokens(lo
             assert got[(layer, name)] == pytest.approx(value, rel=1e-9, abs=1e-12, nan_ok=True), (step, name)
         for name, value in grads.items():
             assert got[(name, "grad_norm")] == pytest.approx(value, rel=1e-6)
+
+
+def test_a_series_batch_bpb_is_its_summed_cross_entropy_over_the_bytes_of_its_own_tokens(local_series, local_result):
+    from test_bpe import gpt2_byte_symbols
+
+    root, models_by_step = local_series
+    tokenizer = AutoTokenizer.from_pretrained(root)
+    ids = np.asarray(tokenizer(TEXT, add_special_tokens=False)["input_ids"])
+    x, y = feat.validation_batch(ids, SEQ_LEN, PARAMS.rep_batch)
+    symbols = gpt2_byte_symbols()  # the byte-level tokens' bytes, independently of the tokenizer's decoder
+    n_bytes = sum(len(bytes(symbols[c] for c in tokenizer.convert_ids_to_tokens(int(i)))) for i in y.ravel())
+    for step, model in models_by_step.items():
+        with torch.no_grad():
+            logits = model(input_ids=x).logits
+        nats = float(torch.nn.functional.cross_entropy(logits.reshape(-1, 300), y.ravel(), reduction="sum"))
+        got = values(local_result.features, step)[("all", "batch_bpb")]
+        assert got == pytest.approx(nats / np.log(2) / n_bytes, rel=1e-5), step
 
 
 def test_local_folder_steps_come_from_names_and_distances_from_the_previous_checkpoint(local_result):

@@ -20,6 +20,7 @@ diagrams : ``(rung, seed, step, source, layer, dim, birth, death)``; ``source`` 
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -83,6 +84,7 @@ class ForwardPass(NamedTuple):
     states: np.ndarray  # (windows * context, hidden) float64: the residual stream after the last block
     grad_norms: dict[str, float]  # layer name -> Frobenius norm of d loss / d W (biases excluded)
     loss: float  # mean next-token cross-entropy on the batch (nats)
+    bpb: float = math.nan  # the same loss in bits per UTF-8 byte of the targets' text (NaN: bytes unknown)
 
 
 class NoForwardPass(Exception):
@@ -158,6 +160,8 @@ def forward_features(
         out.add(name, {"grad_norm": value})
     out.add(ALL, aggregate_layers({name: {"grad_norm": v} for name, v in result.grad_norms.items()}))
     out.add(ALL, {"batch_loss": result.loss})
+    unknown = None if math.isfinite(result.bpb) else "the bytes the batch's targets stand for are unknown"
+    out.add(ALL, {"batch_bpb": result.bpb}, unknown)
     out.extend(representation_features(result.states, params))
     return out
 
@@ -252,8 +256,9 @@ def validation_batch(tokens: np.ndarray, context: int, windows: int) -> tuple[to
     return flat[:-1].view(windows, context), flat[1:].view(windows, context)
 
 
-def model_on_batch(model: GPT, x: torch.Tensor, y: torch.Tensor) -> ForwardPass:
-    """Hidden states after the last block, per-layer weight-gradient norms and the batch loss."""
+def model_on_batch(model: GPT, x: torch.Tensor, y: torch.Tensor, n_bytes: float | None = None) -> ForwardPass:
+    """Hidden states after the last block, per-layer weight-gradient norms and the batch loss (also in bits per
+    byte when ``n_bytes``, the UTF-8 bytes the targets ``y`` stand for, is given)."""
     model.zero_grad(set_to_none=True)
     loss = model.loss(x, y)
     loss.backward()
@@ -261,11 +266,21 @@ def model_on_batch(model: GPT, x: torch.Tensor, y: torch.Tensor) -> ForwardPass:
     with torch.no_grad():
         states = model.hidden_states(x)
     model.zero_grad(set_to_none=True)
-    return ForwardPass(states.reshape(-1, states.shape[-1]).double().numpy(), grads, loss.item())
+    bpb = bits_per_byte(loss.item(), y.numel(), n_bytes)
+    return ForwardPass(states.reshape(-1, states.shape[-1]).double().numpy(), grads, loss.item(), bpb)
+
+
+def bits_per_byte(nats: float, tokens: int, n_bytes: float | None) -> float:
+    """Mean nats per token over ``tokens`` tokens -> bits per UTF-8 byte of their ``n_bytes`` (NaN: unknown)."""
+    return nats * tokens / n_bytes / math.log(2) if n_bytes else math.nan
 
 
 def checkpoint_features(
-    state: dict[str, torch.Tensor], config: GPTConfig, batch: tuple[torch.Tensor, torch.Tensor], params: FeaturesParams
+    state: dict[str, torch.Tensor],
+    config: GPTConfig,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    params: FeaturesParams,
+    n_bytes: float | None = None,
 ) -> CheckpointFeatures:
     """All features of one of our checkpoints except the distances to the previous one.
 
@@ -280,7 +295,7 @@ def checkpoint_features(
     model = GPT(config)
     model.load_state_dict(state)
     loaders, global_max = in_memory(linear_weights(state, config.layers))
-    return linear_and_forward_features(loaders, global_max, lambda: model_on_batch(model, *batch), params)
+    return linear_and_forward_features(loaders, global_max, lambda: model_on_batch(model, *batch, n_bytes), params)
 
 
 def weight_features(weights: dict[str, np.ndarray], params: FeaturesParams) -> CheckpointFeatures:
