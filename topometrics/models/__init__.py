@@ -1,4 +1,5 @@
-"""Models: our GPT, its tokenizers (characters or a byte-level BPE) and schedule, self-describing checkpoints, and any decoder's linear layers.
+"""Models: our GPT, its tokenizers (characters or a byte-level BPE) and schedule, self-describing checkpoints,
+and any decoder's linear layers.
 
 Entry points: ``model.GPT`` / ``model.GPTConfig``; ``tokens.encode`` / ``tokens.load_tokens`` / ``tokens.token_bytes``;
 ``bpe.train_bpe`` / ``bpe.load_bpe``;
