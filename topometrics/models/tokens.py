@@ -141,3 +141,12 @@ def token_bytes(corpus_dir: Path, record: dict, val_ids: np.ndarray) -> np.ndarr
             return None
         lengths[UNKNOWN_ID] = (record["val_bytes"] - (val_ids.size - unknown)) / unknown
     return lengths
+
+
+def decode_prepared(corpus_dir: Path, ids: np.ndarray) -> str:
+    """A prepared corpus's ids back to text with the tokenizer that made them (``tokenizer.json`` for a BPE,
+    checked against its recorded sha256; the characters otherwise, the unknown id as U+FFFD)."""
+    record = read_record(corpus_dir) if (Path(corpus_dir) / "source.json").exists() else {}
+    if sha := tokenizer_sha256(record):
+        return bpe.decode(bpe.load_bpe(corpus_dir, sha), ids)
+    return decode(ids)
