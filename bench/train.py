@@ -2,6 +2,7 @@
 
     python -m bench train [--steps 20] [--rungs tiny,xl] [--modes naive,serial,serial2,parallel]
                           [--cores N] [--device auto|cpu|cuda] [--sweep RUNGS:VARIANTS:SEEDS:STEPS[:CKPT_EVERY] ...]
+                          [--bpe 512,2048]
 
 Every mode times the real training step (sample a batch, forward, backward, clip, AdamW
 step with the schedule's learning rate) on random tokens (the cost does not depend on
@@ -44,6 +45,10 @@ an upper bound).
 ``--device`` (default ``auto``: CUDA when present) is where the model, batches and optimizer live; on
 CUDA every step ends with a device synchronisation so the timer sees the kernels, the thread modes are
 the same single process, and ``parallel`` (one CPU process per core) and the CPU schedules are skipped.
+
+``--bpe N,...`` also times each rung with a byte-level BPE vocabulary of N tokens (data.tokenizer: {kind: bpe,
+vocab_size: N}; the same shape, a larger embedding and head) in the ``serial`` loop, interleaved with the
+character rung, and reports ``bpe``: each one's step time and its ratio to the character rung's.
 
 The machine is shared, so read ratios measured in the same run rather than absolute numbers.
 """
@@ -91,8 +96,9 @@ MODES = ("naive", "serial", "serial1", "serial2", "compile2", "parallel")
 DEFAULT_MODES = ("naive", "serial", "parallel")
 
 
-def _tokens(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 127, n, dtype=np.uint8)
+def _tokens(n: int, seed: int, vocab: int = 128) -> np.ndarray:
+    """Random ids as the corpus stores them (uint8 for characters, uint16 for a BPE above 256 ids)."""
+    return np.random.default_rng(seed).integers(0, vocab - 1, n, dtype=np.uint8 if vocab <= 256 else np.uint16)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -109,7 +115,7 @@ def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int, device: torch.
     model = GPT(cfg.model)
     model.init_weights(torch.Generator().manual_seed(r.seed))
     model.to(device).train()
-    data = torch.from_numpy(_tokens(1 << 20, 1))
+    data = torch.from_numpy(_tokens(1 << 20, 1, cfg.model.vocab_size))
     gen = torch.Generator().manual_seed(r.seed + 1)
     if mode == "naive":  # the loop as first written: default (for-each) AdamW, no helpers
         opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=r.weight_decay)
@@ -148,7 +154,8 @@ def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int, device: torch.
         step(s)
         times.append(time.perf_counter() - t)
     step_s = statistics.median(times)
-    val_x, val_y = (t.to(device) for t in validation_windows(_tokens(200_000, 2), r.val_windows, seq_len))
+    val_windows_cpu = validation_windows(_tokens(200_000, 2, cfg.model.vocab_size), r.val_windows, seq_len)
+    val_x, val_y = (t.to(device) for t in val_windows_cpu)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = []
         for i in range(2):
@@ -240,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--sweep", action="append", default=[], help="project RUNGS:VARIANTS:SEEDS:STEPS[:CKPT_EVERY] (repeatable)"
     )
+    ap.add_argument("--bpe", default="", help="comma-separated BPE vocabulary sizes to time beside each rung")
     args = ap.parse_args(argv)
+    bpe_sizes = [int(v) for v in args.bpe.split(",") if v]
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}; choose from {MODES}")
@@ -265,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     timing: dict[str, dict[str, dict]] = {m: {} for m in modes}
+    bpe: dict[str, dict[str, dict]] = {}
     for rung, cfg in cfgs.items():  # modes interleaved per rung: they see the same background load
         for mode in modes:
             if mode == "parallel":
@@ -272,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(threads[mode])
             timing[mode][rung] = time_rung(cfg, mode, args.steps, args.warmup, device)
             print(f"  {rung:8s} {mode:9s} {timing[mode][rung]['step_s'] * 1e3:8.1f} ms/step", flush=True)
+        if bpe_sizes:
+            bpe[rung] = bpe_rungs(params, rung, bpe_sizes, threads["serial"], args.steps, args.warmup)
     torch.set_num_threads(default_threads)
     plan = None
     if "parallel" in modes:
@@ -334,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda:
         result |= ladder_schedules(cfgs, timing, minutes, params.train.seeds[0], args.cores)
     result["sweeps"] = sweep_projections(sweeps, timing, params.train.ckpt_every, 1 if cuda else args.cores)
+    if bpe:
+        result["bpe"] = bpe
     result["bench_seconds"] = round(time.perf_counter() - t_start, 1)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, sort_keys=True))
@@ -355,6 +369,28 @@ def sweep_projections(sweeps: list[tuple], timing: dict, ckpt_every: int, worker
             f"{p['runs']} runs: {p['wall_hours']} h on {workers} process(es) ({p['run_hours_total']} run-hours)"
         )
         out.append(p)
+    return out
+
+
+def bpe_rungs(params, rung: str, sizes: list[int], threads: int, steps: int, warmup: int) -> dict[str, dict]:
+    """Step time of ``rung`` with characters and with each BPE vocabulary size, interleaved (same load), in the
+    serial loop: ``{"char": {step_ms}, "<N>": {step_ms, vs_char}}``."""
+    torch.set_num_threads(threads)
+    times = {"char": []}
+    for _ in range(3):  # alternate so that a change in background load falls on every vocabulary alike
+        for vocab in [128, *sizes]:
+            cfg = build_run_config(params, rung, params.train.seeds[0], vocab_size=vocab)
+            key = "char" if vocab == 128 else str(vocab)
+            times.setdefault(key, []).append(time_rung(cfg, "serial", steps, warmup)["step_s"])
+    char = statistics.median(times["char"])
+    out = {"char": {"step_ms": round(char * 1e3, 2)}}
+    for key, values in times.items():
+        if key != "char":
+            out[key] = {
+                "step_ms": round(statistics.median(values) * 1e3, 2),
+                "vs_char": round(statistics.median(values) / char, 3),
+            }
+            print(f"  {rung:8s} bpe {key:>6s} {out[key]['step_ms']:8.1f} ms/step, {out[key]['vs_char']:.2f}x char")
     return out
 
 

@@ -1,11 +1,12 @@
 """Stage `config`: one config file per declared run (ladder x variants x train.seeds).
 
-    python stages/config.py --out data/config
+    python stages/config.py --corpus data/corpus --out data/config
 
 Each file merges `train`, the run's variant (`variants.<name>`) and `ladder.<rung>`. DVC params
 dependencies cannot express that inheritance, so this cheap stage depends on those sections and the
 training stage depends on its files: a params change rewrites exactly the configs of the runs it
-changes, and the training stage retrains only those (the others are complete and are skipped).
+changes, and the training stage retrains only those (the others are complete and are skipped). The
+model's vocabulary is the prepared corpus's (128 characters, or the BPE's size).
 """
 
 import json
@@ -13,18 +14,21 @@ from pathlib import Path
 
 from topometrics.atomic import write_text
 from topometrics.errors import run_stage, stage_parser
+from topometrics.models.tokens import read_record, vocab_size
 from topometrics.params import load_params
 from topometrics.training.train import build_run_config
 
 
 def main(argv: list[str]) -> None:
     parser = stage_parser(__doc__)
+    parser.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory (source.json)")
     parser.add_argument("--out", type=Path, required=True, help="directory of <run>.json files")
     args = parser.parse_args(argv)
     params = load_params(args.params)
+    vocab = vocab_size(read_record(args.corpus))
     args.out.mkdir(parents=True, exist_ok=True)
     for rung, variant, seed in params.runs():
-        cfg = build_run_config(params, rung, seed, variant)
+        cfg = build_run_config(params, rung, seed, variant, vocab)
         path = args.out / f"{cfg.name}.json"
         text = json.dumps(cfg.to_dict(), indent=1, sort_keys=True) + "\n"
         if not path.exists() or path.read_text() != text:

@@ -3,7 +3,8 @@
     python stages/corpus.py --out data/corpus
 
 Refuses a corpus whose splits are shorter than one window of data.seq_len, or more of whose characters
-than data.max_unknown_share fall outside the tokenizer's ASCII range, before touching --out.
+than data.max_unknown_share fall outside the tokenizer's ASCII range, before touching --out. With
+data.tokenizer: {kind: bpe, vocab_size: N} it trains a byte-level BPE on the training split (tokenizer.json).
 """
 
 from pathlib import Path
@@ -18,7 +19,9 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", type=Path, required=True, help="prepared corpus directory")
     args = ap.parse_args(argv)
     d = load_params(args.params).data
-    source = prepare(d.corpus, d.urls, d.download_timeout_s, d.val_fraction, args.out, d.seq_len, d.max_unknown_share)
+    source = prepare(
+        d.corpus, d.urls, d.download_timeout_s, d.val_fraction, args.out, d.seq_len, d.max_unknown_share, d.tokenizer
+    )
     print(summary(source, args.out))
 
 

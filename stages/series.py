@@ -14,7 +14,7 @@ from transformers.utils import logging as hf_logging
 
 from topometrics.atomic import write_parquet, write_text
 from topometrics.errors import run_stage, stage_parser
-from topometrics.models.tokens import decode, load_tokens
+from topometrics.models.tokens import decode_prepared, load_tokens
 from topometrics.params import load_params
 from topometrics.series.source_shards import series_shards, summary_line
 
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     params = load_params(args.params)
     hf_logging.disable_progress_bar()  # one progress line per checkpoint, not a bar per file
-    text = decode(load_tokens(args.corpus, "val"))
+    text = decode_prepared(args.corpus, load_tokens(args.corpus, "val"))  # each series re-tokenises it
     # One BLAS thread: the per-layer SVDs are small, and extra BLAS threads only contend (docs/series.md).
     with threadpool_limits(limits=1, user_api="blas"):
         result = series_shards(

@@ -258,3 +258,68 @@ def test_dvc_repro_refuses_a_corpus_too_small_in_one_line_and_keeps_every_run(re
         "data.seq_len + 2 = 34; point data.corpus at more text or lower data.seq_len"
     ]
     assert snapshot(reproduced / "data") == before  # no run, corpus or warehouse file lost or changed
+
+
+# ---------------------------------------------------------------- data.tokenizer: a byte-level BPE
+
+
+def bpe_corpus(tmp_path: Path) -> Path:
+    """A local corpus whose validation split holds a word the training split never has."""
+    folder = tmp_path / "text"
+    folder.mkdir()
+    english = corpus.offline_text()[:60_000]
+    (folder / "wiki.train.raw").write_text(english, encoding="utf-8")
+    (folder / "wiki.valid.raw").write_text(("zqxv zqxv 世界 🎉 " * 400) + english[:8_000], encoding="utf-8")
+    return folder
+
+
+def test_a_bpe_corpus_is_trained_on_the_training_split_and_stored_as_uint16(tmp_path):
+    from topometrics.models import bpe
+    from topometrics.models.tokens import load_tokens, vocab_size
+    from topometrics.params import TokenizerParams
+
+    text, out = bpe_corpus(tmp_path), tmp_path / "prepared"
+    source = prepare(str(text), (), 1, 0.1, out, 32, 0.05, TokenizerParams("bpe", 1000))
+    tok = bpe.load_bpe(out, source["tokenizer"]["sha256"])
+    assert vocab_size(source) == tok.get_vocab_size() == 1000 and source["tokenizer"]["requested"] == 1000
+    assert not (out / "train.u8").exists() and load_tokens(out, "val").dtype == np.uint16
+    assert not any("zq" in symbol for symbol in tok.get_vocab())  # the validation-only word made no merge
+    val = (text / "wiki.valid.raw").read_text(encoding="utf-8")
+    assert bpe.decode(tok, load_tokens(out, "val")) == val and source["val_bytes"] == len(val.encode("utf-8"))
+    assert source["unknown_share"] == 0.0 and len(json.loads((out / "vocab.json").read_text())) == 1000
+    line = summary(source, out).splitlines()[0]
+    assert f"byte-level BPE of 1,000 tokens, trained in {source['tokenizer']['train_s']:.1f} s" in line
+    assert not prepare(str(text), (), 1, 0.1, out, 32, 0.05, TokenizerParams("bpe", 1000))["changed"]
+
+
+def test_a_bpe_vocabulary_the_text_cannot_fill_is_capped_with_a_warning(tmp_path):
+    from topometrics.models.tokens import load_tokens
+    from topometrics.params import TokenizerParams
+
+    folder = tmp_path / "text"
+    folder.mkdir()
+    (folder / "a.train.txt").write_text("abcabd abcabd\n" * 50)
+    (folder / "a.valid.txt").write_text("abd abc abd\n" * 20)
+    with pytest.warns(corpus.CappedVocabularyWarning, match=r"vocab_size=4,000 is more .* capped at 2\d\d tokens"):
+        source = prepare(str(folder), (), 1, 0.1, tmp_path / "out", 8, 0.05, TokenizerParams("bpe", 4000))
+    assert source["tokenizer"]["vocab_size"] == 261  # 256 bytes + 5 merges: ab, cab, abcab, abcabd, Ġabcabd
+    assert load_tokens(tmp_path / "out", "val").dtype == np.uint16  # a BPE always has more than 256 ids
+    assert "(capped from 4,000)" in summary(source, tmp_path / "out")
+
+
+def test_switching_the_tokenizer_or_editing_tokenizer_json_redoes_the_preparation(tmp_path):
+    from topometrics.models.tokens import load_tokens
+    from topometrics.params import TokenizerParams
+
+    text, out = bpe_corpus(tmp_path), tmp_path / "prepared"
+    chars = prepare(str(text), (), 1, 0.1, out, 32)
+    assert "tokenizer" not in chars and (out / "train.u8").exists()
+    bpe_source = prepare(str(text), (), 1, 0.1, out, 32, 0.05, TokenizerParams("bpe", 600))
+    assert bpe_source["redone"].endswith("made with another data.tokenizer") and not (out / "train.u8").exists()
+    tokenizer_json = out / "tokenizer.json"
+    tokenizer_json.write_text(tokenizer_json.read_text().replace("Ġt", "Ġq", 1))
+    again = prepare(str(text), (), 1, 0.1, out, 32, 0.05, TokenizerParams("bpe", 600))
+    assert again["changed"] and "tokenizer.json: content changed" in again["redone"]
+    back = prepare(str(text), (), 1, 0.1, out, 32)
+    assert "tokenizer" not in back and not tokenizer_json.exists() and not (out / "val.u16").exists()
+    assert (load_tokens(out, "val") == encode((text / "wiki.valid.raw").read_text())).all()

@@ -71,7 +71,7 @@ def test_stage_scripts_answer_mistakes_in_one_line(tmp_path):
     params["ladder"]["tiny"]["heads"] = 3
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     cases = {
-        ("config.py", "--out", "config"): (
+        ("config.py", "--corpus", "corpus", "--out", "config"): (
             "error: ladder.tiny: hidden=8 is not divisible by heads=3; set ladder.tiny.heads to a divisor of hidden"
         ),
         ("report.py", "--warehouse", "nowhere.duckdb", "--series-status", "status.json", "--out", "reports"): (

@@ -220,3 +220,19 @@ def test_kill_9_of_the_features_stage_leaves_no_process_behind(tmp_path):
     for leftover in alive:  # so that a failure does not leak them either
         leftover.kill()
     assert not alive, [" ".join(p.cmdline()) for p in alive]
+
+
+def test_batch_bpb_is_the_summed_cross_entropy_over_the_bytes_and_null_with_a_reason_without_them():
+    x, y = batch()
+    model = tiny_model(4)
+    n_bytes = float(y.numel()) * 1.25  # as if a quarter of the targets were two-byte characters
+    with torch.no_grad():
+        logits = model(x)
+        nats = float(torch.nn.functional.cross_entropy(logits.reshape(-1, 128), y.reshape(-1), reduction="sum"))
+    rows = {
+        (r[0], r[1]): (r[2], r[3])
+        for r in checkpoint_features(model.state_dict(), CONFIG, (x, y), PARAMS, n_bytes).rows
+    }
+    assert rows[("all", "batch_bpb")][0] == pytest.approx(nats / np.log(2) / n_bytes, rel=1e-5)
+    rows = {(r[0], r[1]): (r[2], r[3]) for r in checkpoint_features(model.state_dict(), CONFIG, (x, y), PARAMS).rows}
+    assert np.isnan(rows[("all", "batch_bpb")][0]) and "bytes" in rows[("all", "batch_bpb")][1]

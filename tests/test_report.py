@@ -142,7 +142,7 @@ def test_table1_puts_the_paper_beside_our_final_loss(full):
     tiny = t1.iloc[0]
     assert tiny["paper n_params"] == 2936 and tiny["paper final loss"] == 2.466
     final = frames["final"].set_index("rung").loc["tiny", "val_loss"]
-    assert tiny["final_val_loss"] == pytest.approx(final)
+    assert tiny["final loss (nats/token)"] == pytest.approx(final)
 
 
 def test_table2_rho_p_and_ci_come_from_the_analysis_tests(full):

@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from topometrics.features.monitor import RunMonitors
-from topometrics.models.checkpoints import list_checkpoints
+from topometrics.models.bpe import TokenizerError
+from topometrics.models.checkpoints import CheckpointError, list_checkpoints
 from topometrics.models.model import GPTConfig
 from topometrics.models.tokens import encode, load_tokens
 from topometrics.params import FeaturesParams, ParamsError, load_params
@@ -293,8 +294,8 @@ def test_a_full_disk_while_training_is_one_error_line_naming_the_run_and_its_fil
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     corpus(tmp_path / "corpus")
     env = os.environ | {"PYTHONPATH": str(repo)}
-    subprocess.run([sys.executable, str(repo / "stages/config.py"), "--out", "configs"], cwd=tmp_path, env=env,
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run([sys.executable, str(repo / "stages/config.py"), "--corpus", "corpus", "--out", "configs"],
+                   cwd=tmp_path, env=env, check=True, capture_output=True)  # fmt: skip
     runs = tiny_disk("128k")  # a few checkpoints and their resume states fit, then the disk is full
     cmd = [sys.executable, str(repo / "stages/train.py"), "--configs", "configs", "--corpus", "corpus", "--runs",
            str(runs), "--metrics", "metrics", "--curves", "curves"]  # fmt: skip
@@ -305,3 +306,51 @@ def test_a_full_disk_while_training_is_one_error_line_naming_the_run_and_its_fil
         ": no space left on its disk; free space there (or point the output elsewhere) and rerun `dvc repro`" in line
     ), line
     assert list_checkpoints(runs / "a-42"), "the checkpoints written before the disk filled are kept"
+
+
+# ---------------------------------------------------------------- a BPE corpus
+
+
+def bpe_corpus(root: Path, vocab: int = 300) -> tuple[Path, dict]:
+    """A corpus prepared by the corpus stage with a byte-level BPE of ``vocab`` tokens."""
+    from topometrics.params import TokenizerParams
+    from topometrics.training.corpus import prepare
+
+    text = offline_text()[:120_000]
+    path = root / f"text-{vocab}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    source = prepare(str(path), (), 1, 0.15, root / "corpus", 32, 0.05, TokenizerParams("bpe", vocab))
+    return root / "corpus", source
+
+
+def bpe_config(vocab: int, seed: int = 1) -> RunConfig:
+    cfg = config(seed=seed, steps=20)
+    return RunConfig(cfg.rung, GPTConfig(vocab_size=vocab, hidden=8, layers=1, heads=1, context=32), cfg.recipe)
+
+
+def test_a_bpe_run_records_its_tokenizer_and_another_tokenizer_is_refused_before_any_work(tmp_path):
+    data, source = bpe_corpus(tmp_path)
+    sha = source["tokenizer"]["sha256"]
+    run = files(tmp_path, bpe_config(300))
+    assert train_runs([run], data, Pool(1, 1, ("cpu",)), log=quiet)["t-1"]["status"] == "complete"
+    metas = [c.meta for c in list_checkpoints(run.run_dir)]
+    assert {m["tokenizer"] for m in metas} == {sha} and all(m["config"]["vocab_size"] == 300 for m in metas)
+    assert metas[-1]["recipe_fingerprint"] == recipe_fingerprint(run.config, source["sha256"], sha)
+    assert 0 < metas[-1]["val_bpb"] < metas[0]["val_bpb"]  # learning lowers the loss per byte
+    assert metas[-1]["val_bytes"] > metas[-1]["val_tokens"] == 8 * 32  # a BPE token is about two bytes or more
+    before = snapshot(run.run_dir)
+
+    other, _ = bpe_corpus(tmp_path / "other", 400)  # another tokenizer under the same run directory
+    with pytest.raises(CheckpointError, match=r"t-1 holds checkpoints trained on the BPE whose tokenizer.json"):
+        train_runs([files(tmp_path, bpe_config(400))], other, Pool(1, 1, ("cpu",)), log=quiet)
+    chars = corpus(tmp_path / "chars")
+    with pytest.raises(CheckpointError, match=r"data.tokenizer now gives characters; move it away \(e.g. mv "):
+        train_runs([files(tmp_path, config(seed=1, steps=20))], chars, Pool(1, 1, ("cpu",)), log=quiet)
+    with pytest.raises(ParamsError, match=r"t-1 has vocab_size 128, the prepared corpus 300; run `dvc repro config`"):
+        train_runs([files(tmp_path, config(seed=1, steps=20))], data, Pool(1, 1, ("cpu",)), log=quiet)
+    tokenizer_json = data / "tokenizer.json"
+    tokenizer_json.write_text(tokenizer_json.read_text().replace("Ġt", "Ġq", 1))  # edited by hand
+    with pytest.raises(TokenizerError, match=r"tokenizer.json: content changed after the corpus stage wrote it"):
+        train_runs([run], data, Pool(1, 1, ("cpu",)), log=quiet)
+    assert snapshot(run.run_dir) == before  # every refusal left the finished run as it was

@@ -156,6 +156,23 @@ def test_representation_features_equal_the_in_memory_model_on_the_same_tokens(lo
             assert got[(name, "grad_norm")] == pytest.approx(value, rel=1e-6)
 
 
+def test_a_series_batch_bpb_is_its_summed_cross_entropy_over_the_bytes_of_its_own_tokens(local_series, local_result):
+    from test_bpe import gpt2_byte_symbols
+
+    root, models_by_step = local_series
+    tokenizer = AutoTokenizer.from_pretrained(root)
+    ids = np.asarray(tokenizer(TEXT, add_special_tokens=False)["input_ids"])
+    x, y = feat.validation_batch(ids, SEQ_LEN, PARAMS.rep_batch)
+    symbols = gpt2_byte_symbols()  # the byte-level tokens' bytes, independently of the tokenizer's decoder
+    n_bytes = sum(len(bytes(symbols[c] for c in tokenizer.convert_ids_to_tokens(int(i)))) for i in y.ravel())
+    for step, model in models_by_step.items():
+        with torch.no_grad():
+            logits = model(input_ids=x).logits
+        nats = float(torch.nn.functional.cross_entropy(logits.reshape(-1, 300), y.ravel(), reduction="sum"))
+        got = values(local_result.features, step)[("all", "batch_bpb")]
+        assert got == pytest.approx(nats / np.log(2) / n_bytes, rel=1e-5), step
+
+
 def test_local_folder_steps_come_from_names_and_distances_from_the_previous_checkpoint(local_result):
     assert [s["step"] for s in local_result.status] == [0, 10, 20]
     assert all(s["status"] == "computed" for s in local_result.status)

@@ -51,3 +51,18 @@ def test_load_tokens_refuses_a_split_that_is_not_what_source_json_records(tmp_pa
     (tmp_path / "source.json").write_text("{")
     with pytest.raises(TokensError, match=r"source.json is not valid JSON .*; run `dvc repro corpus`"):
         load_tokens(tmp_path, "train")
+
+
+def test_a_prepared_corpus_decodes_with_the_tokenizer_that_made_it(tmp_path):
+    from topometrics.models.tokens import decode_prepared
+    from topometrics.params import TokenizerParams
+    from topometrics.training.corpus import offline_text, prepare
+
+    text = offline_text()[:40_000] + "\nnaïve 世界 🎉\n"
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    for tokenizer in (TokenizerParams(), TokenizerParams("bpe", 400)):
+        out = tmp_path / tokenizer.kind
+        prepare(str(tmp_path / "t.txt"), (), 1, 0.1, out, 16, 0.05, tokenizer)
+        val = decode_prepared(out, load_tokens(out, "val"))
+        assert val.endswith("naïve 世界 🎉\n" if tokenizer.kind == "bpe" else "na\ufffdve \ufffd\ufffd \ufffd\n")
+        assert len(val) > 3_000

@@ -41,6 +41,7 @@ from topometrics.training.train import (
     recipe_fingerprint,
     train_run,
     validation_windows,
+    write_checkpoint_table,
 )
 
 TEXT = encode(offline_text()[:200_000])
@@ -429,3 +430,61 @@ def test_a_wsd_recipe_trains_with_its_schedule_and_a_new_fingerprint(tmp_path):
     plain = config(steps=20)
     assert recipe_fingerprint(cfg, "sha") != recipe_fingerprint(plain, "sha")
     assert "schedule" not in plain.to_dict()["recipe"]
+
+
+def test_a_character_run_keeps_the_fingerprint_and_checkpoint_bytes_it_had_before_tokenizers_were_a_param(tmp_path):
+    """Known answer: the recipe fingerprint and the weights' sha256 that the code before ``data.tokenizer``
+    gave this run (measured on that commit with the same config, corpus slice and seed, on CPU with one torch
+    thread: the thread count changes the order of float sums, hence the bytes)."""
+    cfg = RunConfig(
+        "t",
+        GPTConfig(hidden=8, layers=1, heads=1, context=16),
+        Recipe(steps=4, ckpt_every=2, batch_size=4, lr=3e-3, warmup=1, min_lr_ratio=0.0, weight_decay=0.01,
+               grad_clip=1.0, seed=7, val_windows=4),
+    )  # fmt: skip
+    assert recipe_fingerprint(cfg, "abc") == recipe_fingerprint(cfg, "abc", None) == "279c4fdf7e0d919f"
+    assert recipe_fingerprint(cfg, "abc", "f" * 64) != "279c4fdf7e0d919f"  # a BPE is part of the recipe
+    ids = encode(offline_text()[:20_000])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_run(cfg, ids[:18_000], ids[18_000:], tmp_path, "abc", "cpu", log=quiet, progress_bar=False)
+    finally:
+        torch.set_num_threads(threads)
+    digests = {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in sorted(tmp_path.glob("step_*.safetensors"))
+    }
+    assert digests == {
+        "step_000000.safetensors": "a7417c0927bd582a",
+        "step_000002.safetensors": "3681aadac9d11779",
+        "step_000004.safetensors": "c1b061ab8f474e1b",
+    }
+    assert "tokenizer" not in json.loads((tmp_path / "step_000004.json").read_text())
+
+
+def test_the_sidecars_bits_per_byte_is_the_summed_cross_entropy_over_the_bytes_of_the_scored_text(tmp_path):
+    """Direct computation: sum over every scored target of -log2 p(target), over the UTF-8 bytes of the text the
+    targets stand for (ASCII here: one byte per character, unknown ids at the validation text's mean)."""
+    from topometrics.models.tokens import token_bytes
+
+    ascii_text = "".join(c for c in offline_text()[180_000:200_000] if ord(c) < 127)
+    val_text = ascii_text + "é世" * 300  # 600 unknown ids of 2 and 3 bytes: mean 2.5
+    val = encode(val_text)
+    record = {"val_bytes": len(val_text.encode("utf-8"))}
+    lengths = token_bytes(tmp_path, record, val)
+    assert lengths[127] == pytest.approx(2.5) and (lengths[:127] == 1).all()
+    cfg = config(steps=20)
+    train_run(cfg, TRAIN, val, tmp_path / "run", "x", "cpu", log=quiet, progress_bar=False, token_bytes=lengths)
+    meta = json.loads((tmp_path / "run" / "step_000020.json").read_text())
+    x, y = validation_windows(val, cfg.recipe.val_windows, 32)
+    model = load_model(list_checkpoints(tmp_path / "run")[-1])
+    with torch.no_grad():
+        logits = model(x)
+        nats = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
+    targets = y.numpy().ravel()
+    n_bytes = np.count_nonzero(targets < 127) + 2.5 * np.count_nonzero(targets == 127)
+    assert meta["val_tokens"] == targets.size and meta["val_bytes"] == pytest.approx(n_bytes)
+    assert meta["val_bpb"] == pytest.approx(nats.item() / np.log(2) / n_bytes, rel=1e-5)
+    write_checkpoint_table(tmp_path / "run", tmp_path / "checkpoints.csv")
+    last = pd.read_csv(tmp_path / "checkpoints.csv").iloc[-1]
+    assert last["val_bpb"] == pytest.approx(meta["val_bpb"], abs=1e-6)

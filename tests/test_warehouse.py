@@ -372,7 +372,7 @@ def test_a_series_with_only_a_training_loss_is_correlated_against_it_and_says_so
     for i, (v, t) in enumerate(zip(val, train, strict=True)):
         rows = [("both", v, t), ("train-only", None, t), ("none", None, None)]
         for rung, vl, tl in rows:
-            con.execute("INSERT INTO checkpoints VALUES (?, 'base', 0, ?, ?, ?, NULL)", [rung, i * 100, vl, tl])
+            con.execute("INSERT INTO checkpoints VALUES (?, 'base', 0, ?, ?, ?, NULL, NULL)", [rung, i * 100, vl, tl])
     got = {r[0]: r[1:] for r in con.execute("SELECT rung, loss, n, rho FROM feature_loss_spearman").fetchall()}
     assert got["both"] == ("val_loss", 5, pytest.approx(stats.spearmanr(x, val).statistic))
     assert got["train-only"] == ("train_loss", 5, pytest.approx(stats.spearmanr(x, train).statistic))
@@ -579,3 +579,39 @@ def test_a_held_writer_stops_the_warehouse_stage_naming_the_process(reproduced):
         "); close that connection (read with duckdb.connect(..., read_only=True) or `duckdb -readonly`) and re-run"
     )
     assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("unit", ["nats", "bpb"])
+def test_analysis_loss_unit_picks_the_final_loss_the_scaling_fit_and_the_curves_read(unit):
+    import dataclasses
+
+    from topometrics.analysis.tables import CHOSEN_LOSS
+
+    con = _hand_made_db(None, dataclasses.replace(AnalysisParams().settings(), loss_unit=unit))
+    con.execute("INSERT INTO rungs (rung, kind, n_params) VALUES ('t', 'ladder', 1000)")
+    for step, nats in ((0, 4.0), (500, 2.0), (1000, 1.5)):
+        bpb = nats * 100 / 130 / np.log(2)  # 100 scored tokens standing for 130 bytes
+        con.execute("INSERT INTO checkpoints (rung, seed, step, val_loss, val_bpb) VALUES ('t', 0, ?, ?, ?)",
+                    [step, nats, bpb])  # fmt: skip
+    final = con.execute("SELECT val_loss, val_bpb, loss FROM final_checkpoints").fetchone()
+    assert final[:2] == (1.5, pytest.approx(1.5 * 100 / 130 / np.log(2)))
+    assert final[2] == (final[0] if unit == "nats" else final[1])
+    scaled = con.execute("SELECT value FROM scaling WHERE feature = 'val_loss'").fetchone()[0]
+    assert scaled == final[2]
+    curve = con.execute(f"SELECT {CHOSEN_LOSS} FROM checkpoints ORDER BY step").df().iloc[:, 0].tolist()
+    assert curve[0] == (4.0 if unit == "nats" else pytest.approx(4.0 * 100 / 130 / np.log(2)))
+
+
+def test_a_checkpoint_tables_bits_per_byte_reaches_the_warehouse_and_older_tables_give_null(tmp_path):
+    inputs = write_inputs(tmp_path / "data", rungs={"tiny": 2936, "small": 11_824})
+    table = tmp_path / "data" / "runs" / "tiny-42" / "checkpoints.csv"
+    frame = pd.read_csv(table)
+    frame.assign(val_bpb=frame["val_loss"] * 0.9).to_csv(table, index=False)  # the train stage's column
+    target = tmp_path / "warehouse.duckdb"
+    warehouse.build_warehouse(target, inputs, AnalysisParams().settings(), {"code_version": "test"})
+    with duckdb.connect(str(target), read_only=True) as con:
+        rows = con.execute("SELECT rung, val_loss, val_bpb FROM checkpoints ORDER BY rung, step").df()
+        unit = con.execute("SELECT loss_unit FROM settings").fetchone()[0]
+    tiny, small = rows[rows["rung"] == "tiny"], rows[rows["rung"] == "small"]
+    assert np.allclose(tiny["val_bpb"], tiny["val_loss"] * 0.9) and small["val_bpb"].isna().all()
+    assert unit == "nats"

@@ -14,7 +14,14 @@ from pathlib import Path
 import yaml
 
 from topometrics.params_schema import ParamsError, at_least, build, non_negative, positive, reject_unknown, within
-from topometrics.params_sources import ComputeParams, SeriesParams, parse_compute, parse_series
+from topometrics.params_sources import (
+    ComputeParams,
+    SeriesParams,
+    TokenizerParams,
+    parse_compute,
+    parse_series,
+    parse_tokenizer,
+)
 
 SHAPE_KEYS = ("hidden", "layers", "heads")
 # keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
@@ -42,8 +49,10 @@ class DataParams:
     val_fraction: float = 0.1  # tail of a single local corpus held out for validation
     val_windows: int = 256  # fixed held-out windows scored at every checkpoint
     max_unknown_share: float = 0.05  # refuse a corpus with more characters outside ASCII 0-126 (WikiText-2: 0.07%)
+    tokenizer: TokenizerParams = field(default_factory=TokenizerParams)
 
     def check(self) -> None:
+        self.tokenizer.check()
         positive(self, "data", ("seq_len", "val_windows", "download_timeout_s"))
         within(self, "data", "max_unknown_share", 0.0, 1.0, "a share of the corpus's characters")
         if not 0.0 < self.val_fraction < 1.0:
@@ -219,6 +228,7 @@ class AnalysisParams:
     min_effect: float = 0.01  # 'adds' needs a gain of at least this share of the baseline MAE
     equivalence_margin: float = 0.05  # 'ruled out' when the 95% bound on the gain is within this share
     primary: PrimaryParams | None = None  # the pre-registered endpoint (None: every row exploratory)
+    loss_unit: str = "nats"  # nats (per token) | bpb (bits per UTF-8 byte): the unit final losses are compared in
 
     def check(self) -> None:
         positive(self, "analysis", ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold"))
@@ -231,8 +241,7 @@ class AnalysisParams:
 
     def settings(self) -> ViewSettings:
         """The subset the SQL views read from the warehouse's ``settings`` table."""
-        names = ("phase_threshold", "np_patience", "np_min_delta", "loss_patience", "loss_min_delta", "alpha")
-        return ViewSettings(**{name: getattr(self, name) for name in names})
+        return ViewSettings(**{f.name: getattr(self, f.name) for f in fields(ViewSettings)})
 
 
 @dataclass(frozen=True)
@@ -245,6 +254,7 @@ class ViewSettings:
     loss_patience: int
     loss_min_delta: float
     alpha: float = 0.05
+    loss_unit: str = "nats"  # the unit the final loss is compared in (final_checkpoints.loss)
 
 
 @dataclass(frozen=True)
@@ -330,8 +340,10 @@ def parse_params(raw: dict) -> Params:
             raise ParamsError(f"ladder.{rung}: rung names must be letters, digits, '-' or '_'")
         ladder[rung] = build(RungShape, shape or {}, f"ladder.{rung}")
         positive(ladder[rung], f"ladder.{rung}", SHAPE_KEYS)
+    data = raw.get("data") or {}
+    data = data | {"tokenizer": parse_tokenizer(data)} if isinstance(data, dict) else data
     params = Params(
-        data=build(DataParams, raw.get("data") or {}, "data"),
+        data=build(DataParams, data, "data"),
         train=build(TrainParams, raw.get("train") or {}, "train"),
         ladder=ladder,
         features=build(FeaturesParams, raw.get("features") or {}, "features"),
@@ -352,6 +364,8 @@ def parse_params(raw: dict) -> Params:
             f"use one of {[BASE_VARIANT, *params.variants]}"
         )
     _check_primary(params)
+    if params.analysis.loss_unit not in ("nats", "bpb"):
+        raise ParamsError(f"analysis.loss_unit must be nats or bpb (bits per byte), got {params.analysis.loss_unit!r}")
     names = params.run_names()
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})

@@ -1,5 +1,5 @@
 """params.yaml's ``series`` and ``compute`` sections: where external checkpoints come from and where
-per-checkpoint work runs. Frozen dataclasses validated like every section (:mod:`topometrics.params`,
+per-checkpoint work runs; and ``data.tokenizer``, what the text becomes. Frozen dataclasses validated
 which composes them into ``Params``).
 """
 
@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from topometrics.params_schema import ParamsError, build, non_negative, positive
+from topometrics.params_schema import ParamsError, build, non_negative, positive, within
 
+TOKENIZER_KINDS = ("char", "bpe")  # data.tokenizer: the 128-symbol characters, or a byte-level BPE
 PYTHIA_REVISIONS = ("step0", "step1000", "step5000", "step10000", "step50000", "step100000", "step143000")
 
 
@@ -106,3 +107,25 @@ def parse_compute(raw: object) -> ComputeParams:
     if not security.ca or not security.cert:
         raise ParamsError("compute.security needs ca and cert (PEM file paths), and key unless cert holds it")
     return dataclasses.replace(params, security=security)
+
+
+@dataclass(frozen=True)
+class TokenizerParams:
+    """``data.tokenizer``: ``char`` (written as the bare word) or ``{kind: bpe, vocab_size: N}``."""
+
+    kind: str = "char"
+    vocab_size: int = 0  # bpe: 256 byte tokens + merges, in [257, 65535]; the text may support fewer (capped)
+
+    def check(self) -> None:
+        if self.kind not in TOKENIZER_KINDS:
+            raise ParamsError(
+                f"data.tokenizer.kind must be char or bpe, got {self.kind!r}; e.g. {{kind: bpe, vocab_size: 512}}"
+            )
+        if self.kind == "bpe":
+            within(self, "data.tokenizer", "vocab_size", 257, 65_535, "256 bytes + at least one merge, ids fit uint16")
+
+
+def parse_tokenizer(data: object) -> TokenizerParams:
+    """``data.tokenizer``: the word ``char``, or a mapping such as ``{kind: bpe, vocab_size: 512}``."""
+    tok = data.get("tokenizer", "char") if isinstance(data, dict) else "char"
+    return TokenizerParams(kind=tok) if isinstance(tok, str) else build(TokenizerParams, tok, "data.tokenizer")

@@ -156,6 +156,9 @@ FEATURES = (
     ),
     Feature("grad_norm", GRADIENT, "norm", "Frobenius norm of d loss / d W (bias excluded) on the fixed batch"),
     Feature("batch_loss", GRADIENT, MODEL, "mean next-token cross-entropy (nats) on the fixed batch"),
+    Feature(
+        "batch_bpb", GRADIENT, MODEL, "batch_loss in bits per UTF-8 byte of the text the batch's targets stand for"
+    ),
     Feature("rep_tp0", REPRESENTATION, MODEL, "total persistence of the hidden-state cloud's finite H0 bars"),
     Feature("rep_tp1", REPRESENTATION, MODEL, "total persistence of the hidden-state cloud's H1 bars"),
     Feature("rep_entropy0", REPRESENTATION, MODEL, "persistence entropy of the cloud's finite H0 bars"),

@@ -54,7 +54,7 @@ def build_metrics(con, params: AnalysisParams) -> dict:
     method, per fraction, intervals over seeds, fits) is a table or view of the warehouse.
     """
     final = con.execute(
-        f"""SELECT rung, any_value(n_params) AS n_params, avg(val_loss) AS final_val_loss
+        f"""SELECT rung, any_value(n_params) AS n_params, avg(loss) AS final_val_loss
            FROM final_checkpoints WHERE kind = 'ladder' AND (rung, seed) NOT IN ({DIVERGED})
            GROUP BY rung ORDER BY n_params, rung"""
     ).df()

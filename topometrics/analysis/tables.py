@@ -21,6 +21,9 @@ from topometrics.params import AnalysisParams, ParamsError
 from topometrics.vocabulary import kind, lookup, verdict_families
 
 LOSS_ONLY = "loss_power_law"
+# A checkpoint's validation loss in analysis.loss_unit (as final_checkpoints.loss): the loss curves the
+# predictions extrapolate and the verdict's targets are then in the same unit as the final loss.
+CHOSEN_LOSS = "CASE WHEN (SELECT any_value(loss_unit) FROM settings) = 'bpb' THEN val_bpb ELSE val_loss END"
 
 
 def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
@@ -163,7 +166,7 @@ def _predictions_and_inputs(con, params: AnalysisParams, learned: bool = True):
     """:func:`prediction_table` and the per run x fraction inputs of the learned and nested models."""
     runs = con.execute(
         """SELECT r.rung, r.variant, r.seed, coalesce(r.steps, f.step) AS steps, coalesce(r.warmup, 0) AS warmup,
-                  coalesce(r.lr, 1.0) AS lr, coalesce(r.min_lr_ratio, 0.0) AS min_lr_ratio, f.val_loss AS actual,
+                  coalesce(r.lr, 1.0) AS lr, coalesce(r.min_lr_ratio, 0.0) AS min_lr_ratio, f.loss AS actual,
                   r.status, r.status_reason, r.config_json
            FROM runs r JOIN final_checkpoints f USING (rung, variant, seed) WHERE r.kind = 'ladder'
            ORDER BY rung, variant, seed"""
@@ -257,7 +260,7 @@ def _run_series(con, params: AnalysisParams) -> dict[tuple, dict[str, tuple[np.n
     wanted = dict.fromkeys([*params.topology_features, *(f for fam in verdict_families().values() for f in fam)])
     names = ", ".join(f"'{f}'" for f in wanted)
     frames = {
-        "val_loss": "SELECT rung, variant, seed, step, val_loss AS value FROM checkpoints",
+        "val_loss": f"SELECT rung, variant, seed, step, {CHOSEN_LOSS} AS value FROM checkpoints",
         "np": "SELECT rung, variant, seed, step, np AS value FROM np_series",
         "grad_norm": "SELECT rung, variant, seed, step, grad_norm AS value FROM steps",
         # weight norm of the whole network: the layer-'all' row, else the 2-norm over layers

@@ -32,12 +32,13 @@ from topometrics.errors import TopometricsError, disk_full
 from topometrics.execution.shards import params_digest, split_by_params
 from topometrics.params import BASE_VARIANT, Params, ViewSettings, as_dict
 
-SCHEMA_VERSION = 3  # 2: runs lost the always-NULL fingerprint column; 3: a variant column keys every run
+SCHEMA_VERSION = 4  # 2: runs lost the always-NULL fingerprint column; 3: a variant column keys every run;
+# 4: checkpoints.val_bpb and settings.loss_unit
 SQL_DIR = Path(__file__).parent / "sql"
 # Analysis tables the warehouse stage loads from the analysis stage's Parquet files.
 ANALYSIS_TABLES = ("predictions", "fits", "tests", "incremental_validity", "incremental_errors")
 # Columns a Parquet file may lack (they become NULL), per table: why a value or a loss is NULL.
-_OPTIONAL_COLUMNS = {"features": {"reason": "VARCHAR"}, "checkpoints": {"reason": "VARCHAR"}}
+_OPTIONAL_COLUMNS = {"features": {"reason": "VARCHAR"}, "checkpoints": {"reason": "VARCHAR", "val_bpb": "DOUBLE"}}
 
 
 class WarehouseError(TopometricsError, ValueError):
@@ -328,7 +329,8 @@ def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str |
         absent = {"step", *columns} - set(frame.columns)
         if absent:
             raise WarehouseError(f"{csv} lacks columns {sorted(absent)}; expected step,{','.join(columns)}")
-        _insert(con, table, frame[["step", *columns]].assign(rung=rung, variant=variant, seed=seed), source=csv)
+        extra = [c for c in ("val_bpb",) if c in frame.columns and table == "checkpoints"]  # absent before bpb
+        _insert(con, table, frame[["step", *columns, *extra]].assign(rung=rung, variant=variant, seed=seed), source=csv)
     return variant
 
 

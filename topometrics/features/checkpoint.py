@@ -20,6 +20,7 @@ diagrams : ``(rung, seed, step, source, layer, dim, birth, death)``; ``source`` 
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ class ForwardPass(NamedTuple):
     grad_norms: dict[str, float]  # layer name -> Frobenius norm of d loss / d W (biases excluded)
     loss: float  # mean next-token cross-entropy on the batch (nats)
     surface: LossSurface | str = "no loss-surface batch"  # or why this checkpoint has none
+    bpb: float = math.nan  # the same loss in bits per UTF-8 byte of the targets' text (NaN: bytes unknown)
 
 
 class NoForwardPass(Exception):
@@ -188,6 +190,8 @@ def forward_features(
         out.add(name, {"grad_norm": value})
     out.add(ALL, aggregate_layers({name: {"grad_norm": v} for name, v in result.grad_norms.items()}))
     out.add(ALL, {"batch_loss": result.loss})
+    unknown = None if math.isfinite(result.bpb) else "the bytes the batch's targets stand for are unknown"
+    out.add(ALL, {"batch_bpb": result.bpb}, unknown)
     if REPRESENTATION.name in params.families:
         out.extend(representation_features(result.states, params))
     else:  # not computed (switched_off writes the reason)
@@ -361,10 +365,15 @@ def loss_surface(
 
 
 def model_on_batch(
-    model: GPT, x: torch.Tensor, y: torch.Tensor, surface: tuple[torch.Tensor, torch.Tensor] | str = "no batch"
+    model: GPT,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    surface: tuple[torch.Tensor, torch.Tensor] | str = "no batch",
+    n_bytes: float | None = None,
 ) -> ForwardPass:
-    """Hidden states after the last block, per-layer weight-gradient norms and the batch loss; and the
-    loss of the parameters on the loss-surface batch ``surface`` (or the reason it is one)."""
+    """Hidden states after the last block, per-layer weight-gradient norms and the batch loss (also in bits per
+    byte when ``n_bytes``, the UTF-8 bytes the targets ``y`` stand for, is given); and the loss of the
+    parameters on the loss-surface batch ``surface`` (or the reason it is one)."""
     model.zero_grad(set_to_none=True)
     loss = model.loss(x, y)
     loss.backward()
@@ -373,7 +382,13 @@ def model_on_batch(
         states = model.hidden_states(x)
     model.zero_grad(set_to_none=True)
     flat = states.reshape(-1, states.shape[-1]).double().numpy()
-    return ForwardPass(flat, grads, loss.item(), loss_surface(model, surface))
+    bpb = bits_per_byte(loss.item(), y.numel(), n_bytes)
+    return ForwardPass(flat, grads, loss.item(), surface=loss_surface(model, surface), bpb=bpb)
+
+
+def bits_per_byte(nats: float, tokens: int, n_bytes: float | None) -> float:
+    """Mean nats per token over ``tokens`` tokens -> bits per UTF-8 byte of their ``n_bytes`` (NaN: unknown)."""
+    return nats * tokens / n_bytes / math.log(2) if n_bytes else math.nan
 
 
 def checkpoint_features(
@@ -382,6 +397,7 @@ def checkpoint_features(
     batch: tuple[torch.Tensor, torch.Tensor],
     params: FeaturesParams,
     surface: tuple[torch.Tensor, torch.Tensor] | str = "no loss-surface batch given",
+    n_bytes: float | None = None,
 ) -> CheckpointFeatures:
     """All features of one of our checkpoints except the distances to the previous one; ``surface``
     is the loss-surface batch (:func:`surface_batch`) or the reason there is none.
@@ -397,7 +413,9 @@ def checkpoint_features(
     model = GPT(config)
     model.load_state_dict(state)
     loaders, global_max = in_memory(linear_weights(state, config.layers))
-    return linear_and_forward_features(loaders, global_max, lambda: model_on_batch(model, *batch, surface), params)
+    return linear_and_forward_features(
+        loaders, global_max, lambda: model_on_batch(model, *batch, surface, n_bytes), params
+    )
 
 
 def weight_features(weights: dict[str, np.ndarray], params: FeaturesParams) -> CheckpointFeatures:

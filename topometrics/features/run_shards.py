@@ -60,7 +60,7 @@ from topometrics.models.checkpoints import (
     safetensors_problem,
 )
 from topometrics.models.model import linear_layer_names
-from topometrics.models.tokens import load_tokens
+from topometrics.models.tokens import load_tokens, read_record, token_bytes
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams
 
@@ -76,6 +76,7 @@ class CheckpointJob:
     tokens: np.ndarray  # (n,) uint8 validation tokens; the fixed batch is cut at the checkpoint's context
     params: FeaturesParams
     index: int = 0  # its place among the run's checkpoints (features.landscape_every)
+    token_bytes: np.ndarray | None = None  # (vocab,) UTF-8 bytes per id, for batch_bpb (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,8 @@ def run_shards(
     if not ckpts:
         raise CheckpointError(f"{run_dir}: no complete checkpoints (step_*.safetensors + .json); run training first")
     tokens = load_tokens(corpus_dir, "val")
+    record = read_record(corpus_dir) if (Path(corpus_dir) / "source.json").exists() else {}
+    lengths = token_bytes(Path(corpus_dir), record, tokens)
     code, digest = module_source_hash(__name__), params_digest(params)
     batch = hashlib.sha256(tokens.tobytes()).hexdigest()[:16]
     tasks, label, changed = [], f"features@{Path(run_dir).name}", ShardRun()
@@ -120,7 +123,7 @@ def run_shards(
         key = ShardKey(name, variant, int(ckpt.meta.get("seed", -1)), ckpt.step)
         due = index % params.landscape_every == 0  # in the inputs: a removed checkpoint shifts the others
         fingerprint = Fingerprint(f"weights {weights[ckpt.step]} tokens {batch} surface {due}", digest, code)
-        tasks.append(Task(key, fingerprint, CheckpointJob(ckpt, key, tokens, params, index)))
+        tasks.append(Task(key, fingerprint, CheckpointJob(ckpt, key, tokens, params, index, lengths)))
         if ckpt.step in damaged:
             changed.failed[key] = damaged[ckpt.step]
     todo = [t for t in tasks if t.key not in changed.failed]
@@ -214,7 +217,8 @@ def read_tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _checkpoint_tables(job: CheckpointJob) -> dict:
     batch = validation_batch(job.tokens, job.ckpt.config.context, job.params.rep_batch)
     surface = surface_batch(job.tokens, job.ckpt.config.context, job.params, job.index)
-    result = checkpoint_features(load_state(job.ckpt.path), job.ckpt.config, batch, job.params, surface)
+    n_bytes = None if job.token_bytes is None else float(job.token_bytes[batch[1].numpy()].sum())
+    result = checkpoint_features(load_state(job.ckpt.path), job.ckpt.config, batch, job.params, surface, n_bytes)
     return frames(result, job.key, {})
 
 

@@ -6,6 +6,10 @@ split and ``source.json``, the corpus stage's record of them (token counts and e
 ``tokens_sha256``); :func:`load_tokens` is the one reader of those files, and it checks them against
 the record first: a truncated or changed token file would otherwise train new runs on other data
 under the same recipe fingerprint.
+
+With ``data.tokenizer: {kind: bpe, ...}`` (:mod:`topometrics.models.bpe`) the record says so
+(``tokenizer``: kind, vocab_size, sha256 of ``tokenizer.json``) and a vocabulary above 256 ids is stored
+as uint16 in ``<split>.u16`` (:func:`token_dtype`); :func:`vocab_size` is the model's vocabulary.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from topometrics.errors import TopometricsError
+from topometrics.models import bpe
 
 UNKNOWN_ID = 127  # every non-ASCII character (and DEL) maps here
+CHAR_VOCAB = 128  # the character tokenizer's vocabulary
 SPLITS = ("train", "val")
+_SUFFIX = {np.dtype(np.uint8): "u8", np.dtype(np.uint16): "u16"}
 
 
 class MissingTokensError(TopometricsError, FileNotFoundError):
@@ -46,21 +53,33 @@ def vocabulary() -> list[str]:
     return [chr(i) for i in range(UNKNOWN_ID)] + ["\ufffd"]
 
 
-def token_file(corpus_dir: Path, split: str) -> Path:
-    """``<corpus_dir>/<split>.u8``, the file of a prepared split ('train' or 'val')."""
+def vocab_size(record: dict) -> int:
+    """The model's vocabulary for a prepared corpus's record: the tokenizer's (128 for characters)."""
+    return int((record.get("tokenizer") or {}).get("vocab_size", CHAR_VOCAB))
+
+
+def token_dtype(vocab: int) -> np.dtype:
+    """The stored id type: uint8 up to 256 ids, uint16 above (data.tokenizer.vocab_size <= 65,535)."""
+    return np.dtype(np.uint8 if vocab <= 256 else np.uint16)
+
+
+def token_file(corpus_dir: Path, split: str, dtype: np.dtype | type = np.uint8) -> Path:
+    """``<corpus_dir>/<split>.u8`` (or ``.u16`` for uint16 ids), the file of a prepared split ('train' or 'val')."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return Path(corpus_dir) / f"{split}.u8"
+    return Path(corpus_dir) / f"{split}.{_SUFFIX[np.dtype(dtype)]}"
 
 
 def load_tokens(corpus_dir: Path, split: str) -> np.ndarray:
-    """(n,) uint8 token ids of a prepared split ('train' or 'val'), checked against ``source.json``
-    (:func:`token_problem`; a directory without one, made by hand, is read as it is)."""
-    path = token_file(corpus_dir, split)
+    """(n,) token ids (uint8, or uint16 for a vocabulary above 256) of a prepared split ('train' or 'val'),
+    checked against ``source.json`` (:func:`token_problem`; a directory without one, made by hand, is read
+    as it is)."""
+    record = read_record(corpus_dir) if (Path(corpus_dir) / "source.json").exists() else {}
+    dtype = token_dtype(vocab_size(record))
+    path = token_file(corpus_dir, split, dtype)
     if not path.exists():
         raise MissingTokensError(f"{path} is missing; run the corpus stage first (dvc repro corpus)")
-    ids = np.fromfile(path, dtype=np.uint8)
-    record = read_record(corpus_dir) if (Path(corpus_dir) / "source.json").exists() else {}
+    ids = np.fromfile(path, dtype=dtype)
     if problem := token_problem(ids, split, record):
         raise TokensError(f"{Path(corpus_dir) / problem}; run `dvc repro corpus` (the corpus stage rewrites it)")
     return ids
@@ -81,18 +100,53 @@ def read_record(corpus_dir: Path) -> dict:
 
 
 def tokens_sha256(ids: np.ndarray) -> str:
-    """sha256 (hex) of a split's ids as stored (one byte each)."""
-    return hashlib.sha256(np.ascontiguousarray(ids, dtype=np.uint8).data).hexdigest()
+    """sha256 (hex) of a split's ids as stored (uint8: one byte each; uint16: two, little-endian)."""
+    stored = ids if ids.dtype == np.uint16 else np.asarray(ids, dtype=np.uint8)
+    return hashlib.sha256(np.ascontiguousarray(stored.astype(stored.dtype.newbyteorder("<"))).data).hexdigest()
 
 
 def token_problem(ids: np.ndarray, split: str, record: dict) -> str | None:
     """``<split>.u8: <why>`` when the ids read from a split's file are not those ``record`` (source.json)
     counts and hashes, else None (also for what the record does not say)."""
+    name = f"{split}.{'u16' if ids.dtype == np.uint16 else 'u8'}"
     count = record.get(f"{split}_tokens")
     if count is not None and ids.size != count:
-        return f"{split}.u8: {ids.size:,} tokens where source.json records {count:,} (truncated or extended)"
+        return f"{name}: {ids.size:,} tokens where source.json records {count:,} (truncated or extended)"
     recorded = (record.get("tokens_sha256") or {}).get(split)
     if recorded is not None and (digest := tokens_sha256(ids)) != recorded:
         hashes = f"sha256 {digest[:12]}..., source.json's {recorded[:12]}..."
-        return f"{split}.u8: content changed after the corpus stage wrote it ({hashes})"
+        return f"{name}: content changed after the corpus stage wrote it ({hashes})"
     return None
+
+
+def tokenizer_sha256(record: dict) -> str | None:
+    """The sha256 of a BPE corpus's ``tokenizer.json`` (its identity), None for characters."""
+    return (record.get("tokenizer") or {}).get("sha256")
+
+
+def token_bytes(corpus_dir: Path, record: dict, val_ids: np.ndarray) -> np.ndarray | None:
+    """(vocab,) float64: the UTF-8 bytes each id stands for, so a loss in nats per token becomes bits per byte.
+
+    A BPE's tokens are byte strings (exact; ``tokenizer.json`` is checked against its recorded sha256). A
+    character id below 127 is one byte; the unknown id stands for every non-ASCII character, so it counts
+    the validation text's mean bytes per such character (``val_bytes`` in the record minus the ASCII
+    ones, over their count). None when that mean is needed and the record predates ``val_bytes``.
+    """
+    if sha := tokenizer_sha256(record):
+        return bpe.token_byte_lengths(bpe.load_bpe(corpus_dir, sha)).astype(np.float64)
+    lengths = np.ones(CHAR_VOCAB)
+    unknown = int(np.count_nonzero(val_ids == UNKNOWN_ID))
+    if unknown:
+        if "val_bytes" not in record:
+            return None
+        lengths[UNKNOWN_ID] = (record["val_bytes"] - (val_ids.size - unknown)) / unknown
+    return lengths
+
+
+def decode_prepared(corpus_dir: Path, ids: np.ndarray) -> str:
+    """A prepared corpus's ids back to text with the tokenizer that made them (``tokenizer.json`` for a BPE,
+    checked against its recorded sha256; the characters otherwise, the unknown id as U+FFFD)."""
+    record = read_record(corpus_dir) if (Path(corpus_dir) / "source.json").exists() else {}
+    if sha := tokenizer_sha256(record):
+        return bpe.decode(bpe.load_bpe(corpus_dir, sha), ids)
+    return decode(ids)

@@ -40,7 +40,8 @@ def rung_color(rungs: Iterable[str], title: str = "rung") -> alt.Color:
 def loss_curves(checkpoints: pd.DataFrame) -> alt.Chart:
     """Validation loss over training, one line per rung (and seed). Columns: rung, seed, step, val_loss."""
     _require(checkpoints, "loss_curves", ("rung", "seed", "step", "val_loss"))
-    return _rung_lines(checkpoints, "val_loss", "validation loss (nats/char)", "Validation loss per rung")
+    unit = "bits/byte" if "loss_unit" in checkpoints and (checkpoints["loss_unit"] == "bpb").any() else "nats/token"
+    return _rung_lines(checkpoints, "val_loss", f"validation loss ({unit})", "Validation loss per rung")
 
 
 def np_evolution(np_series: pd.DataFrame) -> alt.Chart:

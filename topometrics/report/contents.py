@@ -183,7 +183,8 @@ def params_digest(meta: dict[str, str]) -> str:
 
 
 def table1(rungs, final) -> pd.DataFrame | Missing:
-    """Shape, parameter count and final validation loss (mean over seeds) per rung, beside Table 1."""
+    """Shape, parameter count and final validation loss (mean over seeds, in analysis.loss_unit, which the
+    column names) per rung, beside Table 1."""
     if isinstance(rungs, Missing) or isinstance(final, Missing):
         return rungs if isinstance(rungs, Missing) else final
     loss = final.groupby("rung").agg(final_val_loss=("val_loss", "mean"), seeds=("seed", "nunique"))
@@ -191,7 +192,13 @@ def table1(rungs, final) -> pd.DataFrame | Missing:
     cols = ["rung", "kind", "n_params", "hidden", "layers", "heads"]
     out = rungs[cols].merge(loss.reset_index(), on="rung", how="left").merge(PAPER_TABLE1, on="rung", how="left")
     order = ["rung", "kind", "n_params", "paper n_params", "hidden", "layers", "heads", "seeds", "final_step"]
-    return ordered(out[[*order, "final_val_loss", "paper final loss"]])
+    unit = UNIT_WORDS.get(final["loss_unit"].iloc[0] if "loss_unit" in final and len(final) else "nats")
+    return ordered(
+        out[[*order, "final_val_loss", "paper final loss"]].rename(columns={"final_val_loss": f"final loss ({unit})"})
+    )
+
+
+UNIT_WORDS = {"nats": "nats/token", "bpb": "bits/byte"}  # analysis.loss_unit as the report names it
 
 
 def rho_table(spearman, rho, features: tuple[str, ...], paper: pd.DataFrame) -> pd.DataFrame | Missing:

@@ -19,13 +19,17 @@ BETTI = re.compile(r"^rep_betti(\d)_(\d+)$")  # the per-scale names of the rep_b
 
 # The report shows the runs of the recipe variant the analysis tables were computed for (analysis.variant).
 ANALYSED = "variant = (SELECT coalesce(any_value(variant), 'base') FROM predictions)"
+# The validation loss in analysis.loss_unit (nats per token, or bits per UTF-8 byte), and the unit's name.
+UNIT = "(SELECT any_value(loss_unit) FROM settings)"
+LOSS = f"CASE WHEN {UNIT} = 'bpb' THEN c.val_bpb ELSE c.val_loss END AS val_loss, {UNIT} AS loss_unit"
 QUERIES = {
     "runs": f"SELECT * FROM runs WHERE {ANALYSED} ORDER BY kind, rung, seed",
     "meta": "SELECT key, value FROM meta",
     "rungs": "SELECT * FROM rungs",
-    "checkpoints": f"""SELECT c.rung, c.seed, c.step, c.val_loss, g.kind FROM checkpoints c JOIN rungs g USING (rung)
+    "checkpoints": f"""SELECT c.rung, c.seed, c.step, {LOSS}, g.kind FROM checkpoints c JOIN rungs g USING (rung)
                        WHERE {ANALYSED}""",
-    "final": f"SELECT rung, seed, step, val_loss, n_params, kind, complete FROM final_checkpoints WHERE {ANALYSED}",
+    "final": f"""SELECT rung, seed, step, loss AS val_loss, {UNIT} AS loss_unit, n_params, kind, complete
+                 FROM final_checkpoints WHERE {ANALYSED}""",
     "features": f"""SELECT f.rung, f.seed, f.step, f.feature, f.value, g.kind FROM features f JOIN rungs g USING (rung)
                    WHERE f.layer = 'all' AND f.value IS NOT NULL AND NOT isnan(f.value) AND {ANALYSED}""",
     "np": f"SELECT n.rung, n.seed, n.step, n.np, g.kind FROM np_series n JOIN rungs g USING (rung) WHERE {ANALYSED}",

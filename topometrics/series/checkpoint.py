@@ -48,6 +48,7 @@ from topometrics.features.checkpoint import (
     CheckpointFeatures,
     ForwardPass,
     NoForwardPass,
+    bits_per_byte,
     linear_and_forward_features,
     loss_surface,
     null_features,
@@ -196,9 +197,14 @@ def causal_lm_forward(
         tokenizer = AutoTokenizer.from_pretrained(ckpt.tokenizer_dir)
         ids = validation_tokens(tokenizer, text, max(params.rep_batch, params.landscape_batch) * seq_len + 1)
         x, y = validation_batch(ids, seq_len, params.rep_batch)
+        targets = tokenizer.decode(
+            y.reshape(-1).tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
     except (OSError, ValueError, RuntimeError) as err:
         raise NoForwardPass(f"model not loadable by transformers: {err}".splitlines()[0]) from err
-    return causal_lm_on_batch(model, x, y, surface_batch(ids, seq_len, params, index))
+    # bits per byte of the targets' text under the model's own tokenizer
+    result = causal_lm_on_batch(model, x, y, surface_batch(ids, seq_len, params, index))
+    return result._replace(bpb=bits_per_byte(result.loss, y.numel(), len(targets.encode("utf-8"))))
 
 
 def series_checkpoint_features(

@@ -11,8 +11,9 @@ Resolution order for ``data.corpus``:
    documentation topics in ``pydoc_data``) is used, and this is said loudly: a
    warning, ``source.json`` (requested, used, checksum, reason) and later the report.
 
-Tokenisation (character level, 128 symbols) and the one reader of the prepared token files are
-``topometrics.models.tokens``.
+Tokenisation (``data.tokenizer``: characters, 128 symbols, by default; or a byte-level BPE trained here on
+the training split only, saved as ``tokenizer.json``: ``topometrics.models.bpe``) and the one reader of the
+prepared token files are ``topometrics.models.tokens``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import time
 import urllib.error
 import urllib.request
 import warnings
@@ -31,18 +33,22 @@ import numpy as np
 
 from topometrics.atomic import write_array, write_text
 from topometrics.errors import TopometricsError
+from topometrics.models import bpe
 from topometrics.models.tokens import (
     SPLITS,
     UNKNOWN_ID,
     encode,
+    token_dtype,
     token_file,
     token_problem,
     tokens_sha256,
+    vocab_size,
     vocabulary,
 )
-from topometrics.params import DataParams
+from topometrics.params import DataParams, TokenizerParams
 
 WIKITEXT = "wikitext-2-raw-v1"
+CHARACTERS = TokenizerParams()  # data.tokenizer's default
 FALLBACK = "python-docs-offline"
 
 # Published size and SHA-256 of the raw v1 archive and its members (shared/data/wikitext-2/README.md).
@@ -60,6 +66,10 @@ class CorpusError(TopometricsError, RuntimeError):
 
 class FallbackWarning(UserWarning):
     """Training runs on the offline fallback corpus, not the one requested."""
+
+
+class CappedVocabularyWarning(UserWarning):
+    """The training text supports fewer BPE merges than data.tokenizer.vocab_size asks for."""
 
 
 @dataclass(frozen=True)
@@ -236,9 +246,14 @@ def read_source(out_dir: Path) -> tuple[dict | None, str | None]:
         return None, f"{path}: not valid JSON"
     if not isinstance(source, dict):
         return None, f"{path}: not the corpus stage's record"
-    ids = {split: np.fromfile(token_file(out_dir, split), dtype=np.uint8) for split in SPLITS}
+    dtype = token_dtype(vocab_size(source))
+    ids = {split: np.fromfile(token_file(out_dir, split, dtype), dtype=dtype) for split in SPLITS}
     if problems := [f"{Path(out_dir) / p}" for split in SPLITS if (p := token_problem(ids[split], split, source))]:
         return None, "; ".join(problems)
+    tok = source.get("tokenizer")
+    tokenizer_json = Path(out_dir) / bpe.TOKENIZER_FILE
+    if tok and bpe.content_sha256(tokenizer_json.read_text(encoding="utf-8")) != tok.get("sha256"):
+        return None, f"{tokenizer_json}: content changed after the corpus stage wrote it"
     if "tokens_sha256" not in source or "unknown_share" not in source:
         source |= {"tokens_sha256": {split: tokens_sha256(ids[split]) for split in SPLITS}}
         source |= {"unknown_share": unknown_share(*ids.values())}
@@ -247,7 +262,51 @@ def read_source(out_dir: Path) -> tuple[dict | None, str | None]:
 
 
 def _prepared_files(out_dir: Path) -> list[Path]:
-    return [token_file(out_dir, "train"), token_file(out_dir, "val"), Path(out_dir) / "vocab.json"]
+    """The files of a preparation; a BPE one (its record names the tokenizer) also has ``tokenizer.json``."""
+    try:
+        record = json.loads((Path(out_dir) / "source.json").read_text())
+        tokenizer = record.get("tokenizer") if isinstance(record, dict) else None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        record, tokenizer = {}, None
+    dtype = token_dtype(vocab_size(record if isinstance(record, dict) else {}))
+    files = [token_file(out_dir, "train", dtype), token_file(out_dir, "val", dtype), Path(out_dir) / "vocab.json"]
+    return files + ([Path(out_dir) / bpe.TOKENIZER_FILE] if tokenizer else [])
+
+
+def same_tokenizer(cached: dict | None, tokenizer: TokenizerParams) -> bool:
+    """Whether a prepared record was tokenised as ``data.tokenizer`` asks (kind and requested size), and its
+    ``tokenizer.json`` is still the one it records (else the preparation is redone)."""
+    recorded = (cached or {}).get("tokenizer")
+    if tokenizer.kind == "char":
+        return recorded is None
+    return bool(recorded) and recorded.get("requested") == tokenizer.vocab_size
+
+
+def tokenize(train_text: str, val_text: str, tokenizer: TokenizerParams) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Both splits as stored ids and the tokenizer's record entries (none for characters).
+
+    A BPE is trained on the training text only, in ``train_s`` seconds; when the text supports fewer
+    merges than asked, the vocabulary is what it supports (a :class:`CappedVocabularyWarning`, not an error).
+    """
+    if tokenizer.kind == "char":
+        return encode(train_text), encode(val_text), {}
+    t0 = time.perf_counter()
+    tok = bpe.train_bpe([train_text], tokenizer.vocab_size)
+    seconds = time.perf_counter() - t0
+    text = bpe.to_json(tok)
+    size = tok.get_vocab_size()
+    if size < tokenizer.vocab_size:
+        warnings.warn(
+            f"data.tokenizer.vocab_size={tokenizer.vocab_size:,} is more than the training text supports: "
+            f"capped at {size:,} tokens (256 bytes + {size - bpe.BYTE_TOKENS:,} merges)",
+            CappedVocabularyWarning,
+            stacklevel=2,
+        )
+    dtype = token_dtype(size)
+    ids = [bpe.encode(tok, t).astype(dtype) for t in (train_text, val_text)]
+    record = {"kind": "bpe", "requested": tokenizer.vocab_size, "vocab_size": size}
+    record |= {"sha256": bpe.content_sha256(text), "train_s": round(seconds, 3), "json": text}
+    return ids[0], ids[1], record
 
 
 def min_split_tokens(seq_len: int) -> int:
@@ -297,35 +356,50 @@ def prepare(
     out_dir: Path,
     seq_len: int,
     max_unknown_share: float = DataParams.max_unknown_share,
+    tokenizer: TokenizerParams = CHARACTERS,
 ) -> dict:
-    """Resolve the corpus and write ``train.u8``, ``val.u8`` (uint8 ids), ``vocab.json`` and
-    ``source.json`` into ``out_dir``; leave them untouched when they are still right.
+    """Resolve the corpus and write ``train.u8``, ``val.u8`` (uint8 ids; ``.u16``, uint16, for a BPE
+    vocabulary above 256), ``vocab.json``, ``tokenizer.json`` (BPE only) and ``source.json`` into
+    ``out_dir``; leave them untouched when they are still right.
 
     A corpus with a split shorter than one window of ``seq_len``, or with a larger share of unknown
-    characters than ``max_unknown_share`` (:func:`check_unknown_share`), raises :class:`CorpusError`
-    before anything in ``out_dir`` is touched (the previous preparation stays).
-    A preparation whose token files are not those its ``source.json`` records (truncated, changed) is
-    redone, and the record says why (``redone``).
+    characters than ``max_unknown_share`` (:func:`check_unknown_share`, characters only: a byte-level BPE
+    has no unknown id), raises :class:`CorpusError` before anything in ``out_dir`` is touched.
+    A preparation whose token files are not those its ``source.json`` records (truncated, changed), or
+    made with another ``data.tokenizer``, is redone, and the record says why (``redone``).
     Returns the source record (with ``changed``: whether files were rewritten).
     """
     out_dir = Path(out_dir)
     cached, damage = read_source(out_dir)
+    if cached is not None and not same_tokenizer(cached, tokenizer):
+        cached, damage = None, f"{out_dir / 'source.json'}: made with another data.tokenizer"
     resolved = resolve(corpus, urls, timeout_s, val_fraction, cached)
     if resolved is None:
         sizes = cached.get("train_tokens", 0), cached.get("val_tokens", 0)
         check_split_sizes(f"data.corpus={corpus!r}", *sizes, seq_len)
         check_unknown_share(f"data.corpus={corpus!r}", cached["unknown_share"], max_unknown_share)
         return cached | {"changed": False}
-    train, val = encode(resolved.train), encode(resolved.val)
+    train, val, tok = tokenize(resolved.train, resolved.val, tokenizer)
     check_split_sizes(f"data.corpus={corpus!r}", int(train.size), int(val.size), seq_len)
-    share = unknown_share(train, val)
+    share = unknown_share(train, val) if tokenizer.kind == "char" else 0.0
     check_unknown_share(f"data.corpus={corpus!r}", share, max_unknown_share)
     out_dir.mkdir(parents=True, exist_ok=True)
     source = resolved.source | {"train_tokens": int(train.size), "val_tokens": int(val.size), "unknown_share": share}
     source |= {"tokens_sha256": {"train": tokens_sha256(train), "val": tokens_sha256(val)}}
+    source |= {"val_bytes": len(resolved.val.encode("utf-8"))}  # bits per byte (topometrics.models.tokens)
+    for path in _prepared_files(out_dir):  # a preparation of another tokenizer leaves no stale files
+        path.unlink(missing_ok=True)
     for split, ids in (("train", train), ("val", val)):
-        write_array(token_file(out_dir, split), ids)
-    write_text(out_dir / "vocab.json", json.dumps(vocabulary(), ensure_ascii=False))
+        write_array(token_file(out_dir, split, ids.dtype), ids)
+    if tok:
+        write_text(out_dir / bpe.TOKENIZER_FILE, tok.pop("json"))
+        source |= {"tokenizer": tok}
+        symbols = sorted(
+            bpe.Tokenizer.from_file(str(out_dir / bpe.TOKENIZER_FILE)).get_vocab().items(), key=lambda kv: kv[1]
+        )
+        write_text(out_dir / "vocab.json", json.dumps([symbol for symbol, _ in symbols], ensure_ascii=False))
+    else:
+        write_text(out_dir / "vocab.json", json.dumps(vocabulary(), ensure_ascii=False))
     write_text(out_dir / "source.json", json.dumps(source, indent=1, sort_keys=True))
     return source | {"changed": True} | ({"redone": damage} if damage else {})
 
@@ -336,6 +410,10 @@ def summary(source: dict, out_dir: Path) -> str:
     state = "wrote" if source["changed"] else "kept"
     tokens = f"{source['train_tokens']:,} train / {source['val_tokens']:,} val tokens"
     tokens += f", {source['unknown_share']:.2%} unknown characters"
+    if tok := source.get("tokenizer"):
+        capped = f" (capped from {tok['requested']:,})" if tok["vocab_size"] < tok["requested"] else ""
+        trained = f", trained in {tok['train_s']:.1f} s" if source["changed"] else ""
+        tokens += f"; byte-level BPE of {tok['vocab_size']:,} tokens{capped}{trained}"
     fallback = f" FALLBACK: {source['reason']}" if source["fallback"] else ""
     record = {k: v for k, v in source.items() if k not in ("changed", "redone")}
     redone = f"corpus: {source['redone']}; rewriting the prepared corpus\n" if source.get("redone") else ""

@@ -171,6 +171,19 @@ def record_outcome(run_dir: Path, status: str, reason: str, final_step: int | No
     write_text(Path(run_dir) / "run.json", json.dumps(record, indent=1, sort_keys=True))
 
 
+def trained_tokenizers(run_dir: Path) -> set[str]:
+    """The tokenizers the run directory's checkpoints were trained on, as its sidecars and resume state say:
+    a BPE's ``tokenizer.json`` sha256, ``char`` for records without one (none for a directory without records)."""
+    records = []
+    for path in Path(run_dir).glob("step_*.json"):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            continue  # damaged: resume_step names it
+    records += [info] if (info := resume_info(run_dir)) else []
+    return {m.get("tokenizer", "char") for m in records if isinstance(m, dict) and "step" in m}
+
+
 def _owners(run_dir: Path) -> dict[str, str | None]:
     """Run name -> recipe fingerprint, as the directory's own sidecars and resume state say."""
     records = []

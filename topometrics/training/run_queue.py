@@ -37,17 +37,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from topometrics.atomic import write_text
 from topometrics.errors import NO_SPACE, TopometricsError, disk_full
 from topometrics.execution.lifeline import die_with
-from topometrics.models.checkpoints import list_checkpoints, verify_checkpoint
+from topometrics.models.checkpoints import CheckpointError, list_checkpoints, verify_checkpoint
 from topometrics.models.model import GPT, count_parameters
-from topometrics.models.tokens import load_tokens, read_record
+from topometrics.models.tokens import load_tokens, read_record, token_bytes, tokenizer_sha256, vocab_size
 from topometrics.params import Params, ParamsError
 from topometrics.training.live_relay import LiveRelay
 from topometrics.training.monitor_log import MONITOR_DIR, latest_measurement
+from topometrics.training.run_dir import trained_tokenizers
 from topometrics.training.train import (
     Observer,
     RunConfig,
@@ -125,7 +127,7 @@ def estimated_flops(cfg: RunConfig, from_step: int = 0) -> float:
     return per_token * r.batch_size * m.context * max(0, r.steps - from_step)
 
 
-def run_progress(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> int:
+def run_progress(cfg: RunConfig, run_dir: Path, corpus_sha256: str, tokenizer: str | None = None) -> int:
     """The last checkpoint step of a run directory made with this recipe and corpus (0: new or stale).
 
     Read from the checkpoints' sidecars (cheap: names, then one small JSON file); training itself
@@ -138,10 +140,10 @@ def run_progress(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> int:
         meta = json.loads((Path(run_dir) / f"step_{steps[0]:06d}.json").read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return 0  # damaged: training names it and recomputes it
-    return steps[0] if meta.get("recipe_fingerprint") == recipe_fingerprint(cfg, corpus_sha256) else 0
+    return steps[0] if meta.get("recipe_fingerprint") == recipe_fingerprint(cfg, corpus_sha256, tokenizer) else 0
 
 
-def is_complete(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> bool:
+def is_complete(cfg: RunConfig, run_dir: Path, corpus_sha256: str, tokenizer: str | None = None) -> bool:
     """The run reached its last step with this recipe and corpus, its checkpoint table (written
     last) says so, and every checkpoint is whole and unchanged (header, size and the sha256 its
     sidecar records: :func:`topometrics.models.checkpoints.verify_checkpoint`, which records the hash
@@ -149,7 +151,7 @@ def is_complete(cfg: RunConfig, run_dir: Path, corpus_sha256: str) -> bool:
     the run to training, which names it and recomputes it."""
     table = Path(run_dir) / "checkpoints.csv"
     r = cfg.recipe
-    if run_progress(cfg, run_dir, corpus_sha256) != r.steps or not table.exists():
+    if run_progress(cfg, run_dir, corpus_sha256, tokenizer) != r.steps or not table.exists():
         return False
     if any(verify_checkpoint(run_dir, step) for step in range(0, r.steps + 1, r.ckpt_every)):
         return False
@@ -209,20 +211,48 @@ def _train_one(
         for factory in observe:
             observers.append(observer := factory(run.config, run.run_dir))
             opened.callback(observer.close)
+        record, val_ids = read_record(corpus_dir), load_tokens(corpus_dir, "val")
         summary = train_run(
             run.config,
             load_tokens(corpus_dir, "train"),
-            load_tokens(corpus_dir, "val"),
+            val_ids,
             run.run_dir,
             corpus_sha256,
             device,
             log=_print,
             progress_bar=False,
             observers=observers,
+            tokenizer=tokenizer_sha256(record),
+            token_bytes=token_bytes(corpus_dir, record, val_ids),
         )
     write_text(run.run_dir / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
     write_checkpoint_table(run.run_dir, run.run_dir / "checkpoints.csv")  # last (atomic): marks the run complete
     return summary
+
+
+def check_tokenizer(runs: list[RunFiles], corpus_dir: Path, source: dict) -> None:
+    """Before any work: the prepared ``tokenizer.json`` is the one recorded, every run config's vocabulary is
+    the corpus's, and no run directory holds checkpoints of another tokenizer (a run never resumes onto one;
+    its finished files are left as they are). Raises naming the file and the fix."""
+    tok = tokenizer_sha256(source)
+    if tok:
+        token_bytes(Path(corpus_dir), source, np.zeros(0, dtype=np.uint16))  # checks tokenizer.json's sha256
+    for r in runs:
+        if r.config.model.vocab_size != vocab_size(source):
+            raise ParamsError(
+                f"the config of {r.config.name} has vocab_size {r.config.model.vocab_size}, the prepared corpus "
+                f"{vocab_size(source)}; run `dvc repro config` (it reads the corpus's vocabulary)"
+            )
+        if other := sorted(trained_tokenizers(r.run_dir) - {tok or "char"}):
+            raise CheckpointError(
+                f"{r.run_dir} holds checkpoints trained on {_tokenizer_words(other[0])}, but data.tokenizer now gives "
+                f"{_tokenizer_words(tok or 'char')}; "
+                f"move it away (e.g. mv {r.run_dir} {r.run_dir}-old) or set data.tokenizer back (nothing was changed)"
+            )
+
+
+def _tokenizer_words(tokenizer: str) -> str:
+    return "characters" if tokenizer == "char" else f"the BPE whose tokenizer.json has sha256 {tokenizer[:12]}..."
 
 
 def train_runs(
@@ -247,9 +277,10 @@ def train_runs(
     """
     corpus_dir = Path(corpus_dir)
     source = read_record(corpus_dir)
-    sha = source["sha256"]
-    done = {r.config.name: r for r in runs if is_complete(r.config, r.run_dir, sha)}
-    start = {r.config.name: run_progress(r.config, r.run_dir, sha) for r in runs if r.config.name not in done}
+    sha, tok = source["sha256"], tokenizer_sha256(source)
+    check_tokenizer(runs, corpus_dir, source)
+    done = {r.config.name: r for r in runs if is_complete(r.config, r.run_dir, sha, tok)}
+    start = {r.config.name: run_progress(r.config, r.run_dir, sha, tok) for r in runs if r.config.name not in done}
     todo = sorted(
         (r for r in runs if r.config.name not in done), key=lambda r: -estimated_flops(r.config, start[r.config.name])
     )
@@ -260,7 +291,7 @@ def train_runs(
     t0 = last_line = time.monotonic()
     relay = None
     if live:
-        relay = LiveRelay(live, {r.config.name: (r.run_dir, recipe_fingerprint(r.config, sha)) for r in runs})
+        relay = LiveRelay(live, {r.config.name: (r.run_dir, recipe_fingerprint(r.config, sha, tok)) for r in runs})
         relay.poll()  # complete runs show at once
     if todo:
         for split in ("train", "val"):  # checked once here: a changed token file is one line, not one per run
@@ -285,7 +316,7 @@ def train_runs(
                     log(_finished_line(run, summaries[run.config.name], len(summaries), len(runs), t0))
                     last_line = time.monotonic()
                 if pending and time.monotonic() - last_line >= progress_s:
-                    steps = sum(run_progress(r.config, r.run_dir, sha) for r in todo) - sum(start.values())
+                    steps = sum(run_progress(r.config, r.run_dir, sha, tok) for r in todo) - sum(start.values())
                     log(_overall_line(steps, total_steps - sum(start.values()), len(summaries), len(runs), t0))
                     last_line = time.monotonic()
     if relay:

@@ -108,12 +108,18 @@ class RunConfig:
         return cls(d["rung"], GPTConfig(**d["model"]), Recipe(**d["recipe"]), d["variant"])
 
 
-def recipe_fingerprint(cfg: RunConfig, corpus_sha256: str) -> str:
-    """Hash of model shape, recipe and corpus: what a checkpoint must match to be resumed."""
-    body = json.dumps(
-        {"model": cfg.model.to_dict(), "recipe": cfg.recipe.to_dict(), "corpus": corpus_sha256}, sort_keys=True
-    )
-    return hashlib.sha256(body.encode()).hexdigest()[:16]
+def recipe_fingerprint(cfg: RunConfig, corpus_sha256: str, tokenizer: str | None = None) -> str:
+    """Hash of model shape, recipe, corpus and tokenizer (the sha256 of a BPE's ``tokenizer.json``; None for
+    characters, which leaves the hash of a character run as it always was): what a checkpoint must match
+    to be resumed."""
+    body = {"model": cfg.model.to_dict(), "recipe": cfg.recipe.to_dict(), "corpus": corpus_sha256}
+    body |= {"tokenizer": tokenizer} if tokenizer else {}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def bits_per_byte(val_loss: float, tokens: int, n_bytes: float) -> float:
+    """Mean nats per token over ``tokens`` scored tokens -> bits per UTF-8 byte of the text they stand for."""
+    return val_loss * tokens / n_bytes / math.log(2)
 
 
 def pick_device(requested: str) -> torch.device:
@@ -211,11 +217,24 @@ class Run:
     val_y: torch.Tensor  # ... and their targets
     observers: Sequence[Observer] = ()
     stale: bool = False  # the run directory holds this run's files of another recipe (discarded after step 0)
+    tokenizer: str | None = None  # sha256 of the BPE's tokenizer.json (None: characters)
+    val_bytes: float | None = None  # UTF-8 bytes the scored validation targets stand for (None: unknown)
 
     def observe_step(self, step: int, loss: float | None) -> None:
         """Every observer's :meth:`Observer.on_step` with the model's weights now."""
         for observer in self.observers:
             observer.on_step(self.model, step, loss)
+
+    def val_units(self, val_loss: float) -> dict:
+        """The sidecar's ``val_tokens`` (targets scored), ``val_bytes`` (their UTF-8 bytes) and ``val_bpb``."""
+        if self.val_bytes is None:
+            return {}
+        tokens = int(self.val_y.numel())
+        return {
+            "val_tokens": tokens,
+            "val_bytes": self.val_bytes,
+            "val_bpb": bits_per_byte(val_loss, tokens, self.val_bytes),
+        }
 
     def checkpoint(self, step: int, train_loss: float) -> float:
         """Evaluate, save the checkpoint and the resume state; returns the validation loss."""
@@ -224,9 +243,10 @@ class Run:
         meta = {"step": step, "rung": self.cfg.rung, "variant": self.cfg.variant, "seed": r.seed}
         meta |= {"config": self.cfg.model.to_dict()}
         meta |= {"recipe_fingerprint": self.fingerprint, "val_loss": val_loss, "train_loss": train_loss}
+        meta |= self.val_units(val_loss) | ({"tokenizer": self.tokenizer} if self.tokenizer else {})
         save_checkpoint(self.run_dir, self.model, meta)
         info = {"step": step, "rung": self.cfg.rung, "variant": self.cfg.variant, "seed": r.seed}
-        info |= {"recipe_fingerprint": self.fingerprint}
+        info |= {"recipe_fingerprint": self.fingerprint} | ({"tokenizer": self.tokenizer} if self.tokenizer else {})
         save_resume(self.run_dir, self.model, self.opt, self.data_gen, info)
         for observer in self.observers:
             observer.on_checkpoint(step, val_loss)
@@ -243,18 +263,23 @@ def train_run(
     log=print,
     progress_bar: bool | None = None,
     observers: Sequence[Observer] = (),
+    tokenizer: str | None = None,
+    token_bytes: np.ndarray | None = None,
 ) -> dict:
     """Train (or resume) one run, writing checkpoints and logs into ``run_dir``.
 
     ``progress_bar``: a progress bar on stderr (None: when it is a terminal); without one, a ``log`` line
     per checkpoint. Concurrent runs pass False, so their lines interleave instead of their bars.
     ``observers``: each sees every step's weights and every checkpoint's validation loss (:class:`Observer`).
+    ``tokenizer``: the sha256 of the BPE the ids come from (None: characters), in the fingerprint and every
+    checkpoint's sidecar; ``token_bytes``: (vocab,) UTF-8 bytes per id, for the sidecars' bits per byte.
 
     Returns a summary: final val/train loss, steps run, tokens/s, status
     ('complete' or 'diverged' with the step and reason).
     """
-    run, start = setup_run(cfg, train_ids, val_ids, Path(run_dir), corpus_sha256, device, log)
+    run, start = setup_run(cfg, train_ids, val_ids, Path(run_dir), corpus_sha256, device, log, tokenizer)
     run.observers = observers
+    run.val_bytes = None if token_bytes is None else float(np.asarray(token_bytes)[run.val_y.cpu().numpy()].sum())
     with out_of_memory_named(cfg.recipe.batch_size, cfg.name, cfg.variant):
         resume_run(run, start, log)
         t0 = time.perf_counter()
@@ -272,6 +297,7 @@ def setup_run(
     corpus_sha256: str,
     device: str,
     log=print,
+    tokenizer: str | None = None,
 ) -> tuple[Run, int]:
     """The freshly initialised run and the last step already done (see topometrics.training.run_dir).
 
@@ -283,7 +309,7 @@ def setup_run(
     dev = pick_device(device)
     check_split_sizes("the prepared corpus (data.corpus)", int(train_ids.size), int(val_ids.size), cfg.model.context)
     check_step_memory(cfg.model, cfg.recipe.batch_size, cfg.name, cfg.variant, dev)
-    fingerprint = recipe_fingerprint(cfg, corpus_sha256)
+    fingerprint = recipe_fingerprint(cfg, corpus_sha256, tokenizer)
     stale = claim_run_dir(run_dir, cfg.name, fingerprint)
     start = 0 if stale else resume_step(run_dir, cfg.name, r.steps, r.ckpt_every, fingerprint, log)
     model = GPT(cfg.model)
@@ -292,7 +318,7 @@ def setup_run(
     val_x, val_y = validation_windows(val_ids, r.val_windows, cfg.model.context)
     data_gen = torch.Generator().manual_seed(r.seed + 1)
     run = Run(cfg, run_dir, fingerprint, dev, model, make_optimizer(model, r), torch.from_numpy(train_ids), data_gen,
-              val_x.to(dev), val_y.to(dev), stale=stale)  # fmt: skip
+              val_x.to(dev), val_y.to(dev), stale=stale, tokenizer=tokenizer)  # fmt: skip
     return run, start
 
 
@@ -385,9 +411,17 @@ def run_summary(run: Run, status: str, tokens: int, elapsed: float) -> dict:
 
 
 def write_checkpoint_table(run_dir: Path, path: Path) -> None:
-    """A CSV (step, val_loss, train_loss) from the sidecars, for plots and the warehouse."""
-    rows = [f"{c.step},{c.meta['val_loss']:.6f},{c.meta['train_loss']:.6f}\n" for c in list_checkpoints(run_dir)]
-    write_text(path, "step,val_loss,train_loss\n" + "".join(rows))
+    """A CSV (step, val_loss, train_loss, val_bpb) from the sidecars, for plots and the warehouse (val_bpb:
+    bits per UTF-8 byte, empty where a sidecar has none)."""
+    rows = [
+        f"{c.step},{c.meta['val_loss']:.6f},{c.meta['train_loss']:.6f},{_bpb(c.meta)}\n"
+        for c in list_checkpoints(run_dir)
+    ]
+    write_text(path, "step,val_loss,train_loss,val_bpb\n" + "".join(rows))
+
+
+def _bpb(meta: dict) -> str:
+    return f"{meta['val_bpb']:.6f}" if meta.get("val_bpb") is not None else ""
 
 
 def load_run_config(path: Path) -> RunConfig:
@@ -401,15 +435,16 @@ def load_run_config(path: Path) -> RunConfig:
         raise ParamsError(f"{path} is not a run config ({why}); regenerate it: dvc repro config") from err
 
 
-def build_run_config(params, rung: str, seed: int, variant: str = BASE_VARIANT) -> RunConfig:
+def build_run_config(params, rung: str, seed: int, variant: str = BASE_VARIANT, vocab_size: int = 128) -> RunConfig:
     """Merge ``train`` (with ``variants.<variant>``'s overrides) and ``ladder.<rung>``
-    (topometrics.params.Params) into the config of one run.
+    (topometrics.params.Params) into the config of one run; ``vocab_size`` is the prepared corpus's
+    (:func:`topometrics.models.tokens.vocab_size`: 128 for characters).
 
     ``seed`` must be one of ``train.seeds``: there is one run per rung x variant x seed.
     """
     t = params.recipe(variant)
     if seed not in t.seeds:
         raise ParamsError(f"seed {seed} is not in train.seeds={list(t.seeds)}; add it there")
-    model = GPTConfig(context=params.data.seq_len, **params.rung_shape(rung))
+    model = GPTConfig(vocab_size=vocab_size, context=params.data.seq_len, **params.rung_shape(rung))
     recipe = Recipe(**{k: getattr(t, k) for k in RECIPE_KEYS}, seed=seed, val_windows=params.data.val_windows)
     return RunConfig(rung, model, recipe, variant)

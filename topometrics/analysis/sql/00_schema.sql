@@ -13,7 +13,8 @@ CREATE TABLE settings (
     np_min_delta DOUBLE NOT NULL,      -- ... an improvement must beat the best NP by more than this
     loss_patience INTEGER NOT NULL,    -- validation-loss patience, in checkpoints
     loss_min_delta DOUBLE NOT NULL,    -- ... an improvement must lower the best val loss by more than this
-    alpha DOUBLE NOT NULL DEFAULT 0.05 -- family-wise level of Bonferroni-corrected verdicts
+    alpha DOUBLE NOT NULL DEFAULT 0.05, -- family-wise level of Bonferroni-corrected verdicts
+    loss_unit VARCHAR NOT NULL DEFAULT 'nats' -- analysis.loss_unit: final_checkpoints.loss in nats/token or bits/byte
 );
 
 -- One row per training run (rung x variant x seed): params snapshot, corpus used, code version.
@@ -64,6 +65,7 @@ CREATE TABLE steps (
 CREATE TABLE checkpoints (
     rung VARCHAR NOT NULL, variant VARCHAR NOT NULL DEFAULT 'base', seed INTEGER NOT NULL, step INTEGER NOT NULL,
     val_loss DOUBLE, train_loss DOUBLE, reason VARCHAR,
+    val_bpb DOUBLE,                    -- val_loss in bits per UTF-8 byte of the scored text (NULL: not recorded)
     PRIMARY KEY (rung, variant, seed, step)
 );
 
