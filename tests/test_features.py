@@ -15,10 +15,10 @@ from topometrics.features.checkpoint import (
     DIAGRAM_COLUMNS,
     FEATURE_COLUMNS,
     checkpoint_features,
-    distance_features,
     surface_batch,
     validation_batch,
 )
+from topometrics.features.distances import distance_features
 from topometrics.features.run_shards import read_tables, run_shards
 from topometrics.models.checkpoints import save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names
@@ -231,7 +231,7 @@ def test_batch_bpb_is_the_summed_cross_entropy_over_the_bytes_and_null_with_a_re
         nats = float(torch.nn.functional.cross_entropy(logits.reshape(-1, 128), y.reshape(-1), reduction="sum"))
     rows = {
         (r[0], r[1]): (r[2], r[3])
-        for r in checkpoint_features(model.state_dict(), CONFIG, (x, y), PARAMS, n_bytes).rows
+        for r in checkpoint_features(model.state_dict(), CONFIG, (x, y), PARAMS, n_bytes=n_bytes).rows
     }
     assert rows[("all", "batch_bpb")][0] == pytest.approx(nats / np.log(2) / n_bytes, rel=1e-5)
     rows = {(r[0], r[1]): (r[2], r[3]) for r in checkpoint_features(model.state_dict(), CONFIG, (x, y), PARAMS).rows}

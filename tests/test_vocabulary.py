@@ -11,12 +11,12 @@ import torch
 from topometrics.features.checkpoint import (
     NoForwardPass,
     checkpoint_features,
-    distance_features,
     forward_features,
     representation_features,
     validation_batch,
     weight_features,
 )
+from topometrics.features.distances import distance_features
 from topometrics.measures.layer_features import aggregate_layers
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_weights
 from topometrics.params import FeaturesParams

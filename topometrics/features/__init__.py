@@ -1,8 +1,9 @@
 """Features: one checkpoint to feature rows, one run to shards, and the same features live while training.
 
 Entry points: ``checkpoint.checkpoint_features`` (linear weights + an optional forward pass -> rows;
-the one per-checkpoint path of our runs and external series); ``run.run_shards`` (every checkpoint of
-one run directory -> shards, what the features stage runs) and ``run.read_tables`` (the shards read back);
+the one per-checkpoint path of our runs and external series); ``distances.distance_features`` (each
+diagram's distance to the previous checkpoint's); ``run_shards.run_shards`` (every checkpoint of
+one run directory -> shards, what the features stage runs) and ``run_shards.read_tables`` (the shards read back);
 ``monitor.TopologyMonitor`` / ``monitor.TopologyCallback`` (weight features every N steps of a training
 loop or a Hugging Face Trainer, written to a monitor log).
 """

@@ -45,12 +45,12 @@ from topometrics.features.checkpoint import (
     CheckpointFeatures,
     checkpoint_features,
     diagrams_frame,
-    distance_features,
     features_frame,
     surface_batch,
     switched_off,
     validation_batch,
 )
+from topometrics.features.distances import distance_features
 from topometrics.models.checkpoints import (
     Checkpoint,
     CheckpointError,
