@@ -49,7 +49,7 @@ def functional_loss(model: torch.nn.Module, loss_of_model: Callable[..., torch.T
 
 def random_direction(params: Params, generator: torch.Generator) -> Params:
     """A Gaussian direction drawn from ``generator`` in ``params``' order, filter-normalised."""
-    raw = {name: torch.randn(p.shape, generator=generator, dtype=p.dtype) for name, p in params.items()}
+    raw = {name: torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for name, p in params.items()}
     return filter_normalised(raw, params)
 
 
@@ -102,7 +102,7 @@ def flat_hvp(loss: LossOfParams, params: Params) -> tuple[Callable[[np.ndarray],
     def hvp(v: np.ndarray) -> np.ndarray:
         tangent = unflatten(v, base)
         _, product = jvp(grad(loss), (base,), (tangent,))
-        return torch.cat([product[k].reshape(-1) for k in base]).double().numpy()
+        return torch.cat([product[k].reshape(-1) for k in base]).double().cpu().numpy()
 
     return hvp, dim
 
@@ -143,7 +143,7 @@ def difference_hvp(loss: LossOfParams, params: Params) -> tuple[Callable[[np.nda
         shift = {k: t * step for k, t in unflatten(np.asarray(v, dtype=np.float64) / norm, base).items()}
         with torch.enable_grad():
             product = (gradient(shift, 1.0) - gradient(shift, -1.0)) * (norm / (2.0 * step))
-        return product.double().numpy()
+        return product.double().cpu().numpy()
 
     return hvp, dim
 
@@ -152,7 +152,7 @@ def unflatten(vector: np.ndarray, like: Params) -> Params:
     """A flat vector (C order, ``like``'s order) as tensors shaped and typed like ``like``."""
     out, start = {}, 0
     for name, p in like.items():
-        out[name] = torch.as_tensor(vector[start : start + p.numel()], dtype=p.dtype).reshape(p.shape)
+        out[name] = torch.as_tensor(vector[start : start + p.numel()], dtype=p.dtype, device=p.device).reshape(p.shape)
         start += p.numel()
     if start != len(vector):
         raise ValueError(f"a vector of {len(vector)} values for parameters of {start}")
