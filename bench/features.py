@@ -13,7 +13,8 @@ JSON line, whose ``data`` says which checkpoints were measured (``real`` or ``sy
 ``curvature``: Lanczos + Hutchinson) for xl and a Pythia-70m-shaped model (6 layers, width 512, 8 heads,
 context 128, our 128-character vocabulary) at the default ``features.*`` params, as ratios to one
 forward+backward pass of the same model on the same loss-surface batch, timed in the same run: the smaller of two
-medians of 5, one before and one after the families (a busy moment that slows one reference then inflates no ratio).
+medians of 5, one before and one after the families. On CPU every time is this process's CPU time
+(``time.process_time``, all its threads), so other work on a shared machine inflates neither side of a ratio.
 A CUDA device is used when one is present (``--device``).
 """
 
@@ -77,12 +78,17 @@ SURFACE_MODELS = {
 }
 
 
-def _median_s(fn, repeats: int = 5) -> float:
+def _clock(device: str) -> float:
+    """Seconds: this process's CPU time on CPU (other processes on a shared machine do not count), else wall time."""
+    return time.perf_counter() if device.startswith("cuda") else time.process_time()
+
+
+def _median_s(fn, device: str = "cpu", repeats: int = 5) -> float:
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = _clock(device)
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(_clock(device) - start)
     return float(np.median(times))
 
 
@@ -100,27 +106,27 @@ def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu"
         _sync(device)
 
     forward_backward()
-    reference_before = _median_s(forward_backward)
+    reference_before = _median_s(forward_backward, device)
     surface = loss_surface(model, (x, y))
     settings = SurfaceSettings(
         params.landscape_grid, params.landscape_radius, params.hessian_top, params.hessian_probes,
         params.hessian_iters, params.seed,
     )  # fmt: skip
-    start = time.perf_counter()
+    start = _clock(device)
     curvature, directions = curvature_values(surface.loss, surface.params, settings)
     _sync(device)
-    curvature_s = time.perf_counter() - start
+    curvature_s = _clock(device) - start
     gen = torch.Generator().manual_seed(params.seed)
     rand = (random_direction(surface.params, gen), random_direction(surface.params, gen))
-    start = time.perf_counter()
+    start = _clock(device)
     slice_values(surface.loss, surface.params, rand, settings)
     if not isinstance(directions, str):
         slice_values(surface.loss, surface.params, directions, settings)
     else:
         slice_values(surface.loss, surface.params, rand, settings)  # the same work, so the cost is counted
     _sync(device)
-    landscape_s = time.perf_counter() - start
-    reference = min(reference_before, _median_s(forward_backward))
+    landscape_s = _clock(device) - start
+    reference = min(reference_before, _median_s(forward_backward, device))
     return {
         "device": device,
         "forward_backward_s": round(reference, 4),
