@@ -14,7 +14,8 @@ JSON line, whose ``data`` says which checkpoints were measured (``real`` or ``sy
 context 128, our 128-character vocabulary) at the default ``features.*`` params, as ratios to one
 forward+backward pass of the same model on the same loss-surface batch, timed in the same run: the smaller of two
 medians of 5, one before and one after the families. On CPU every time is this process's CPU time
-(``time.process_time``, all its threads), so other work on a shared machine inflates neither side of a ratio.
+(``time.process_time``) on ``--threads`` (default 1) torch threads, so other work on a shared machine inflates
+neither side of a ratio (idle threads spinning under load would).
 A CUDA device is used when one is present (``--device``).
 """
 
@@ -157,10 +158,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--weights-only", action="store_true", help="skip the whole-stage measurement")
     parser.add_argument("--surface", action="store_true", help="the loss-surface families' cost per checkpoint")
     parser.add_argument("--models", nargs="+", default=list(SURFACE_MODELS), choices=list(SURFACE_MODELS))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for --surface (CPU time is per thread)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for --surface")
     args = parser.parse_args(argv)
     params = FeaturesParams(workers=args.workers)
     if args.surface:
+        torch.set_num_threads(args.threads)
         found = {}
         for name in args.models:
             found[name] = surface_costs(SURFACE_MODELS[name], params, args.device)

@@ -42,8 +42,10 @@ LANCZOS_TOL = 1e-3
 EIGEN_KEYS = ("eig1", "eig2", "eig3")
 CURVATURE_KEYS = (*EIGEN_KEYS, "trace", "eig1_over_trace")
 PAIRS = ("rand", "hess")
-# Stacked parameter values one vmapped grid call may hold (2^26 floats, 256 MiB in float32): the whole
-# 15 x 15 grid of xl (97k parameters) in one forward pass, a few points at a time for a 19M-parameter model.
+# Stacked parameter values one vmapped grid call may hold on a GPU (2^26 floats, 256 MiB in float32): the
+# whole 15 x 15 grid of xl (97k parameters) in one forward pass, a few points at a time for a 19M-parameter
+# model. On CPU the grid is a plain loop: one thread's CPU time per point was 0.42 forward+backward passes
+# looped against 1.2-1.7 vmapped on the math kernel (xl, ``python -m bench features --surface``).
 GRID_PARAMETERS = 1 << 26
 
 
@@ -56,7 +58,7 @@ class SurfaceSettings(NamedTuple):
     probes: int
     iters: int
     seed: int
-    chunk: int = 0  # grid points per vmap call; 0: as many as GRID_PARAMETERS allows (grid_chunk)
+    chunk: int = 0  # grid points per vmap call; 0: a plain loop on CPU, grid_chunk on a GPU
 
 
 class Values(NamedTuple):
@@ -121,7 +123,8 @@ def slice_values(
     loss: LossOfParams, params: Params, directions: tuple[Params, Params], settings: SurfaceSettings
 ) -> tuple[dict[str, float], str | None]:
     """The slice summary along ``directions``, or NaNs and the reason when the slice has a non-finite loss."""
-    chunk = settings.chunk or grid_chunk(params, settings.grid)
+    on_gpu = next(iter(params.values())).is_cuda
+    chunk = settings.chunk or (grid_chunk(params, settings.grid) if on_gpu else 1)
     grid = loss_grid(loss, params, *directions, settings.radius, settings.grid, chunk)
     bad = int((~np.isfinite(grid)).sum())
     if bad:
