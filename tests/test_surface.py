@@ -116,10 +116,10 @@ def test_the_grid_goes_in_as_few_vmapped_passes_as_the_parameter_budget_allows()
     assert grid_chunk({"w": torch.zeros(GRID_PARAMETERS + 1)}, 15) == 1  # a plain loop
 
 
-def test_the_batched_grid_gives_the_plain_loops_summaries():
+def test_the_grid_in_one_vmapped_pass_gives_the_plain_loops_summaries():
     loss, params = mlp_loss()
     gen = torch.Generator().manual_seed(1)
     d = (random_direction(params, gen), random_direction(params, gen))
-    batched, _ = slice_values(loss, params, d, SETTINGS)
-    looped, _ = slice_values(loss, params, d, SETTINGS._replace(chunk=1))
+    batched, _ = slice_values(loss, params, d, SETTINGS._replace(chunk=grid_chunk(params, SETTINGS.grid)))
+    looped, _ = slice_values(loss, params, d, SETTINGS)  # 0: a plain loop on CPU
     assert batched == pytest.approx(looped, rel=1e-12, abs=1e-12)
