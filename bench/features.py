@@ -12,7 +12,11 @@ JSON line, whose ``data`` says which checkpoints were measured (``real`` or ``sy
 ``--surface`` measures instead the loss-surface families of one checkpoint (``landscape``: the two slices,
 ``curvature``: Lanczos + Hutchinson) for xl and a Pythia-70m-shaped model (6 layers, width 512, 8 heads,
 context 128, our 128-character vocabulary) at the default ``features.*`` params, as ratios to one
-forward+backward pass of the same model on the same loss-surface batch, timed in the same run (median of 5).
+forward+backward pass of the same model on the same loss-surface batch, timed in the same run: the smaller of two
+medians of 5, one before and one after the families. On CPU every time is this process's CPU time
+(``time.process_time``) on ``--threads`` (default 1) torch threads, so other work on a shared machine inflates
+neither side of a ratio (idle threads spinning under load would).
+A CUDA device is used when one is present (``--device``).
 """
 
 from __future__ import annotations
@@ -75,46 +79,57 @@ SURFACE_MODELS = {
 }
 
 
-def _median_s(fn, repeats: int = 5) -> float:
+def _clock(device: str) -> float:
+    """Seconds: this process's CPU time on CPU (other processes on a shared machine do not count), else wall time."""
+    return time.perf_counter() if device.startswith("cuda") else time.process_time()
+
+
+def _median_s(fn, device: str = "cpu", repeats: int = 5) -> float:
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = _clock(device)
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(_clock(device) - start)
     return float(np.median(times))
 
 
-def surface_costs(config: GPTConfig, params: FeaturesParams) -> dict:
+def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu") -> dict:
     """Seconds of one forward+backward pass, and of each loss-surface family, on one checkpoint."""
     tokens = np.random.default_rng(0).integers(0, 128, 200_000).astype(np.uint8)
     model = GPT(config)
     model.init_weights(torch.Generator().manual_seed(0))
-    x, y = validation_batch(tokens, config.context, params.landscape_batch)
+    model.to(device)
+    x, y = (t.to(device) for t in validation_batch(tokens, config.context, params.landscape_batch))
 
     def forward_backward():
         model.zero_grad(set_to_none=True)
         model.loss(x, y).backward()
+        _sync(device)
 
     forward_backward()
-    reference = _median_s(forward_backward)
+    reference_before = _median_s(forward_backward, device)
     surface = loss_surface(model, (x, y))
     settings = SurfaceSettings(
         params.landscape_grid, params.landscape_radius, params.hessian_top, params.hessian_probes,
         params.hessian_iters, params.seed,
     )  # fmt: skip
-    start = time.perf_counter()
+    start = _clock(device)
     curvature, directions = curvature_values(surface.loss, surface.params, settings)
-    curvature_s = time.perf_counter() - start
+    _sync(device)
+    curvature_s = _clock(device) - start
     gen = torch.Generator().manual_seed(params.seed)
     rand = (random_direction(surface.params, gen), random_direction(surface.params, gen))
-    start = time.perf_counter()
+    start = _clock(device)
     slice_values(surface.loss, surface.params, rand, settings)
     if not isinstance(directions, str):
         slice_values(surface.loss, surface.params, directions, settings)
     else:
         slice_values(surface.loss, surface.params, rand, settings)  # the same work, so the cost is counted
-    landscape_s = time.perf_counter() - start
+    _sync(device)
+    landscape_s = _clock(device) - start
+    reference = min(reference_before, _median_s(forward_backward, device))
     return {
+        "device": device,
         "forward_backward_s": round(reference, 4),
         "landscape_s": round(landscape_s, 2),
         "curvature_s": round(curvature_s, 2),
@@ -123,6 +138,11 @@ def surface_costs(config: GPTConfig, params: FeaturesParams) -> dict:
         "total_fb": round((landscape_s + curvature_s) / reference, 1),
         "unconverged": sorted(curvature.reasons),
     }
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def _weights_job(job: tuple[Path, int, FeaturesParams]):
@@ -138,12 +158,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--weights-only", action="store_true", help="skip the whole-stage measurement")
     parser.add_argument("--surface", action="store_true", help="the loss-surface families' cost per checkpoint")
     parser.add_argument("--models", nargs="+", default=list(SURFACE_MODELS), choices=list(SURFACE_MODELS))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for --surface (CPU time is per thread)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for --surface")
     args = parser.parse_args(argv)
     params = FeaturesParams(workers=args.workers)
     if args.surface:
+        torch.set_num_threads(args.threads)
         found = {}
         for name in args.models:
-            found[name] = surface_costs(SURFACE_MODELS[name], params)
+            found[name] = surface_costs(SURFACE_MODELS[name], params, args.device)
             print(f"{name}: {found[name]}", flush=True)
         print(json.dumps({"threads": torch.get_num_threads(), **found}))
         return 0

@@ -1,5 +1,7 @@
 """topometrics.landscape.slice: filter normalisation, the loss grid against a plain loop and a closed
-form, scale invariance behind a LayerNorm, and Hessian-vector products against autograd's full Hessian."""
+form, scale invariance behind a LayerNorm, and Hessian-vector products (exact and by central differences)
+against autograd's full Hessian, the difference product against the exact one on a GPT, and the eigenvalues
+and trace Lanczos and the probes draw from the difference product against the full Hessian's."""
 
 import numpy as np
 import pytest
@@ -7,7 +9,16 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from topometrics.landscape.slice import filter_normalised, flat_hvp, functional_loss, loss_grid, random_direction
+from topometrics.landscape.curvature import top_eigenpairs
+from topometrics.landscape.slice import (
+    difference_hvp,
+    difference_step,
+    filter_normalised,
+    flat_hvp,
+    functional_loss,
+    loss_grid,
+    random_direction,
+)
 from topometrics.models.model import GPT, GPTConfig
 
 
@@ -99,3 +110,61 @@ def test_hessian_vector_products_equal_autograds_full_hessian():
     assert dim == 21
     for v in np.eye(dim)[:5]:
         np.testing.assert_allclose(hvp(v), full @ v, atol=1e-10)
+
+
+def tanh_network():
+    """A 3-4-1 tanh network's mean squared error (float64), its parameters and autograd's full Hessian."""
+    torch.manual_seed(2)
+    x, y = torch.randn(16, 3, dtype=torch.float64), torch.randn(16, 1, dtype=torch.float64)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+    loss = functional_loss(model, lambda call: ((call(x) - y) ** 2).mean())
+    params = params_of(model)
+    flat = torch.cat([p.reshape(-1) for p in params.values()])
+    shapes = [(k, p.shape, p.numel()) for k, p in params.items()]
+
+    def loss_of_flat(v):
+        chunks, start = {}, 0
+        for name, shape, size in shapes:
+            chunks[name] = v[start : start + size].reshape(shape)
+            start += size
+        return loss(chunks)
+
+    return loss, params, torch.autograd.functional.hessian(loss_of_flat, flat).numpy()
+
+
+def test_difference_products_equal_autograds_full_hessian_and_scale_with_the_vector():
+    loss, params, full = tanh_network()
+    hvp, dim = difference_hvp(loss, params)
+    rng = np.random.default_rng(0)
+    for v in [*np.eye(dim)[:5], rng.standard_normal(dim), 1e3 * rng.standard_normal(dim)]:
+        np.testing.assert_allclose(hvp(v), full @ v, atol=1e-8 * max(1.0, np.linalg.norm(v)))
+    assert np.array_equal(hvp(np.zeros(dim)), np.zeros(dim))
+
+
+def test_lanczos_and_the_trace_on_difference_products_equal_the_full_hessians():
+    loss, params, full = tanh_network()
+    hvp, dim = difference_hvp(loss, params)
+    found = top_eigenpairs(hvp, dim, k=3, iters=dim, seed=0, tol=1e-6)
+    np.testing.assert_allclose(found.values, np.linalg.eigvalsh(full)[::-1][:3], rtol=1e-7)
+    trace = sum(e @ hvp(e) for e in np.eye(dim))
+    assert trace == pytest.approx(np.trace(full), rel=1e-8)
+
+
+def test_a_gpts_difference_products_equal_its_exact_products():
+    model, _, _, loss = gpt_loss()
+    params = params_of(model)
+    exact, dim = flat_hvp(loss, params)
+    approx, _ = difference_hvp(loss, params)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        v = rng.standard_normal(dim)
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):  # forward mode needs it
+            expected = exact(v)
+        got = approx(v)
+        assert np.linalg.norm(got - expected) <= 1e-7 * np.linalg.norm(expected)
+
+
+def test_the_difference_step_is_the_cube_root_of_eps_scaled_by_the_weights_norm():
+    eps = np.finfo(np.float64).eps
+    assert difference_step({"w": torch.zeros(3)}) == pytest.approx(np.cbrt(eps))
+    assert difference_step({"w": torch.full((4,), 5.0), "b": torch.zeros(2)}) == pytest.approx(10 * np.cbrt(eps))

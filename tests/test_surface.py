@@ -9,7 +9,14 @@ from torch import nn
 
 from topometrics.landscape.slice import functional_loss, random_direction
 from topometrics.landscape.sublevel import SUMMARY_KEYS
-from topometrics.landscape.surface import CURVATURE_KEYS, SurfaceSettings, slice_values, surface_values
+from topometrics.landscape.surface import (
+    CURVATURE_KEYS,
+    GRID_PARAMETERS,
+    SurfaceSettings,
+    grid_chunk,
+    slice_values,
+    surface_values,
+)
 
 # dim = 3*6 + 6 + 6 + 1 = 31 <= iters: the Krylov space is exhausted, so the eigenpairs are exact
 SETTINGS = SurfaceSettings(grid=7, radius=0.5, top=3, probes=4, iters=40, seed=0)
@@ -99,3 +106,20 @@ def test_keeping_fewer_eigenvalues_says_so():
     assert np.isnan(curvature.values["eig2"]) and np.isnan(curvature.values["eig3"])
     assert curvature.reasons["eig3"] == "features.hessian_top = 1 keeps fewer eigenvalues"
     assert np.isfinite(curvature.values["eig1"])
+
+
+def test_the_grid_goes_in_as_few_vmapped_passes_as_the_parameter_budget_allows():
+    small = {"w": torch.zeros(100, 10)}
+    assert grid_chunk(small, 15) == 225  # the whole grid in one pass
+    big = {"w": torch.zeros(GRID_PARAMETERS // 3 + 1)}
+    assert grid_chunk(big, 15) == 2
+    assert grid_chunk({"w": torch.zeros(GRID_PARAMETERS + 1)}, 15) == 1  # a plain loop
+
+
+def test_the_grid_in_one_vmapped_pass_gives_the_plain_loops_summaries():
+    loss, params = mlp_loss()
+    gen = torch.Generator().manual_seed(1)
+    d = (random_direction(params, gen), random_direction(params, gen))
+    batched, _ = slice_values(loss, params, d, SETTINGS._replace(chunk=grid_chunk(params, SETTINGS.grid)))
+    looped, _ = slice_values(loss, params, d, SETTINGS)  # 0: a plain loop on CPU
+    assert batched == pytest.approx(looped, rel=1e-12, abs=1e-12)

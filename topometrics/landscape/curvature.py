@@ -45,26 +45,28 @@ def top_eigenpairs(hvp: Operator, dim: int, k: int, iters: int = 30, seed: int =
         raise ValueError(f"k = {k} eigenvalues need 1 <= k <= min(iters, dim) = {min(iters, dim)}")
     rng = np.random.default_rng(seed)
     q = rng.standard_normal(dim)
-    basis = [q / np.linalg.norm(q)]
+    steps = min(iters, dim)
+    basis = np.empty((steps, dim))  # row j: the j-th Lanczos vector, filled in place (no copy per step)
+    basis[0] = q / np.linalg.norm(q)
     alphas, betas = [], []
-    for _ in range(min(iters, dim)):
-        w = np.asarray(hvp(basis[-1]), dtype=np.float64)
-        alphas.append(float(basis[-1] @ w))
-        stacked = np.array(basis)
-        w = w - stacked.T @ (stacked @ w)  # full re-orthogonalisation, twice (floating point drifts)
-        w = w - stacked.T @ (stacked @ w)
+    for j in range(steps):
+        w = np.asarray(hvp(basis[j]), dtype=np.float64)
+        alphas.append(float(basis[j] @ w))
+        stacked = basis[: j + 1]
+        w = w - (stacked @ w) @ stacked  # full re-orthogonalisation, twice (floating point drifts)
+        w = w - (stacked @ w) @ stacked
         beta = float(np.linalg.norm(w))
         betas.append(beta)
-        if beta <= 1e-12 * max(1.0, abs(alphas[-1])) or len(basis) == dim:
+        if beta <= 1e-12 * max(1.0, abs(alphas[-1])) or j + 1 == steps:
             break
-        basis.append(w / beta)
+        basis[j + 1] = w / beta
     m = len(alphas)
     tridiagonal = np.diag(alphas) + np.diag(betas[: m - 1], 1) + np.diag(betas[: m - 1], -1)
     theta, s = np.linalg.eigh(tridiagonal)
     top = np.argsort(theta)[::-1][:k]
     if len(top) < k:
         raise ValueError(f"the Krylov space has dimension {m} < k = {k}")
-    vectors = np.array(basis[:m]).T @ s[:, top]
+    vectors = basis[:m].T @ s[:, top]
     residual = np.abs(betas[m - 1] * s[m - 1, top])
     converged = residual <= tol * np.maximum(1.0, np.abs(theta[top]))
     return Eigenpairs(theta[top], vectors / np.linalg.norm(vectors, axis=0), converged, m)

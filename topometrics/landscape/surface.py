@@ -3,8 +3,9 @@
 :func:`surface_values` runs, for a loss of parameters (:func:`topometrics.landscape.slice.functional_loss`)
 at the checkpoint's weights:
 
-1. Lanczos on Hessian-vector products (``hessian_iters`` steps, seed ``seed``) for the top
-   ``max(hessian_top, 2)`` eigenpairs, and the Hutchinson trace (``hessian_probes`` Rademacher probes);
+1. Lanczos on Hessian-vector products (central differences of float64 gradients, ``slice.difference_hvp``;
+   ``hessian_iters`` steps, seed ``seed``) for the top ``max(hessian_top, 2)`` eigenpairs, and the Hutchinson
+   trace (``hessian_probes`` Rademacher probes);
 2. two ``landscape_grid`` x ``landscape_grid`` loss slices of half-width ``landscape_radius``: ``rand``
    along two seeded Gaussian directions, ``hess`` along the top-2 eigenvectors, both filter-normalised;
 3. :func:`topometrics.landscape.sublevel.slice_summary` of each slice.
@@ -22,14 +23,13 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from topometrics.landscape.curvature import hutchinson_trace, top_eigenpairs
 from topometrics.landscape.slice import (
     LossOfParams,
     Params,
+    difference_hvp,
     filter_normalised,
-    flat_hvp,
     loss_grid,
     random_direction,
     unflatten,
@@ -42,6 +42,11 @@ LANCZOS_TOL = 1e-3
 EIGEN_KEYS = ("eig1", "eig2", "eig3")
 CURVATURE_KEYS = (*EIGEN_KEYS, "trace", "eig1_over_trace")
 PAIRS = ("rand", "hess")
+# Stacked parameter values one vmapped grid call may hold on a GPU (2^26 floats, 256 MiB in float32): the
+# whole 15 x 15 grid of xl (97k parameters) in one forward pass, a few points at a time for a 19M-parameter
+# model. On CPU the grid is a plain loop: one thread's CPU time per point was 0.42 forward+backward passes
+# looped against 1.2-1.7 vmapped on the math kernel (xl, ``python -m bench features --surface``).
+GRID_PARAMETERS = 1 << 26
 
 
 class SurfaceSettings(NamedTuple):
@@ -53,7 +58,7 @@ class SurfaceSettings(NamedTuple):
     probes: int
     iters: int
     seed: int
-    chunk: int = 0  # grid points per vmap call; 0: 32 on a GPU, a plain loop (1) on CPU
+    chunk: int = 0  # grid points per vmap call; 0: a plain loop on CPU, grid_chunk on a GPU
 
 
 class Values(NamedTuple):
@@ -82,11 +87,10 @@ def curvature_values(
     loss: LossOfParams, params: Params, settings: SurfaceSettings
 ) -> tuple[Values, tuple[Params, Params] | str]:
     """Curvature :data:`CURVATURE_KEYS`, and the filter-normalised top-2 eigenvectors (or why there are none)."""
-    hvp, dim = flat_hvp(loss, params)
-    # Attention runs on PyTorch's math kernel for the Hessian products: the fused CPU/GPU kernels of
-    # scaled_dot_product_attention have no forward-mode derivative.
-    with sdpa_kernel(SDPBackend.MATH):
-        return _curvature_values(hvp, dim, params, settings)
+    # Central differences of float64 gradients: two ordinary backward passes per product on the fused
+    # attention kernels, against 15-30 passes for the exact forward-over-reverse product (slice.py).
+    hvp, dim = difference_hvp(loss, params)
+    return _curvature_values(hvp, dim, params, settings)
 
 
 def _curvature_values(hvp, dim: int, params: Params, settings: SurfaceSettings):
@@ -119,12 +123,19 @@ def slice_values(
     loss: LossOfParams, params: Params, directions: tuple[Params, Params], settings: SurfaceSettings
 ) -> tuple[dict[str, float], str | None]:
     """The slice summary along ``directions``, or NaNs and the reason when the slice has a non-finite loss."""
-    chunk = settings.chunk or (32 if next(iter(params.values())).is_cuda else 1)
+    on_gpu = next(iter(params.values())).is_cuda
+    chunk = settings.chunk or (grid_chunk(params, settings.grid) if on_gpu else 1)
     grid = loss_grid(loss, params, *directions, settings.radius, settings.grid, chunk)
     bad = int((~np.isfinite(grid)).sum())
     if bad:
         return dict.fromkeys(SUMMARY_KEYS, np.nan), f"non-finite loss at {bad} of {grid.size} slice points"
     return slice_summary(grid), None
+
+
+def grid_chunk(params: Params, grid: int) -> int:
+    """Grid points per vmapped forward pass: all ``grid**2`` if their stacked parameters fit GRID_PARAMETERS."""
+    size = sum(p.numel() for p in params.values())
+    return max(1, min(grid * grid, GRID_PARAMETERS // max(size, 1)))
 
 
 def _finite(hvp):
