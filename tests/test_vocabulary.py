@@ -26,6 +26,7 @@ from topometrics.vocabulary import (
     FAMILIES,
     FORWARD,
     GRADIENT,
+    GRADIENT_TOPOLOGY,
     HEAVY_TAIL,
     NP,
     REPRESENTATION,
@@ -63,7 +64,7 @@ def test_every_layer_gets_exactly_the_declared_per_layer_features_in_order(two_c
     rows = cur.rows + distance_features(prev, cur, linear_layer_names(CONFIG.layers)).rows
     for layer in linear_layer_names(CONFIG.layers):
         written = [name for row_layer, name, _, _ in rows if row_layer == layer]
-        order = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, DISTANCE)
+        order = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, GRADIENT_TOPOLOGY, DISTANCE)
         assert written == [n for family in order for n in per_layer(family)]
 
 

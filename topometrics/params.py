@@ -34,7 +34,7 @@ MIN_CLOUD_POINTS = 4
 # The names of topometrics.vocabulary.FAMILIES (a test checks): params does not import the vocabulary, so
 # that training, which reads params, does not depend on it.
 FEATURE_FAMILIES = ("np", "vr", "spectral", "scale_free", "heavy_tail", "gradient", "representation")
-FEATURE_FAMILIES += ("landscape", "curvature", "distance")
+FEATURE_FAMILIES += ("landscape", "curvature", "gradient_topology", "distance")
 
 
 @dataclass(frozen=True)
@@ -164,6 +164,8 @@ class FeaturesParams:
     hessian_top: int = 3  # Hessian eigenvalues kept (hess_eig1..3); Lanczos finds at least 2 (the hess directions)
     hessian_probes: int = 8  # Rademacher probes of the Hutchinson trace
     hessian_iters: int = 20  # Lanczos steps (Hessian-vector products) before the convergence check
+    grad_batch: int = 16  # validation windows whose per-example gradients form the gradient clouds
+    grad_dim: int = 64  # JL projection dimension of the whole network's gradient cloud
 
     def check(self) -> None:
         positive(
@@ -182,6 +184,7 @@ class FeaturesParams:
                 "landscape_batch",
                 "landscape_every",
                 "hessian_probes",
+                "grad_dim",
             ),
         )
         if unknown := [name for name in self.families if name not in FEATURE_FAMILIES]:
@@ -192,7 +195,7 @@ class FeaturesParams:
         non_negative(self, "features", ("seed", "significance"))
         within(self, "features", "significance", 0.0, 1.0, "a share of the longest bar's persistence")
         loop = "fewer points cannot form a loop, so every H1 feature would be 0 whatever the weights"
-        at_least(self, "features", ("max_points", "rep_points", "unit_points"), MIN_CLOUD_POINTS, loop)
+        at_least(self, "features", ("max_points", "rep_points", "unit_points", "grad_batch"), MIN_CLOUD_POINTS, loop)
         at_least(self, "features", ("rep_dim", "betti_scales"), 2, "a loop needs a plane, a Betti curve two scales")
 
 

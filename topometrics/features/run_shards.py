@@ -51,6 +51,7 @@ from topometrics.features.checkpoint import (
     validation_batch,
 )
 from topometrics.features.distances import distance_features
+from topometrics.features.gradient_cloud import gradient_batch
 from topometrics.models.checkpoints import (
     Checkpoint,
     CheckpointError,
@@ -218,7 +219,9 @@ def _checkpoint_tables(job: CheckpointJob) -> dict:
     batch = validation_batch(job.tokens, job.ckpt.config.context, job.params.rep_batch)
     surface = surface_batch(job.tokens, job.ckpt.config.context, job.params, job.index)
     n_bytes = None if job.token_bytes is None else float(job.token_bytes[batch[1].numpy()].sum())
-    result = checkpoint_features(load_state(job.ckpt.path), job.ckpt.config, batch, job.params, surface, n_bytes)
+    gradients = gradient_batch(job.tokens, job.ckpt.config.context, job.params)
+    state = load_state(job.ckpt.path)
+    result = checkpoint_features(state, job.ckpt.config, batch, job.params, surface, n_bytes, gradients)
     return frames(result, job.key, {})
 
 
