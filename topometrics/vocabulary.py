@@ -22,7 +22,7 @@ the loss curve and the weight norm, never a topological row; ``other`` features 
 ``input`` is what a feature is computed from, and so which features are NULL together when that
 input is unusable (:func:`computed_from`): ``weights`` (the linear layers), ``forward`` (the fixed
 batch's forward and backward pass: gradients, loss), ``states`` (its hidden states), ``previous``
-(the previous checkpoint's diagrams).
+(the run's earlier checkpoints: the previous one's diagrams, the iterates of a trailing window).
 
 ``verdict`` names the family of inputs a family's features join in the between-run verdict
 (:mod:`topometrics.analysis.verdict`, :func:`verdict_families`); ``None`` leaves them out, and so does a
@@ -102,7 +102,8 @@ LANDSCAPE = Family("landscape", "topological", "ls_", FORWARD, verdict="landscap
 CURVATURE = Family("curvature", "geometric", "hess_", FORWARD, verdict="curvature")
 GRADIENT_TOPOLOGY = Family("gradient_topology", "topological", "gt_", FORWARD, verdict="gradient_topology")
 FAMILIES = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, REPRESENTATION, LANDSCAPE, CURVATURE)
-FAMILIES += (GRADIENT_TOPOLOGY, DISTANCE)
+TRAJECTORY = Family("trajectory", "topological", "traj_", PREVIOUS, verdict="trajectory")
+FAMILIES += (GRADIENT_TOPOLOGY, DISTANCE, TRAJECTORY)
 _VR_SUMMARY = (
     ("tp0", "sum", "total persistence of the finite H0 bars"),
     ("tp1", "sum", "total persistence of the H1 bars"),
@@ -254,6 +255,10 @@ FEATURES = (
     Feature("vr_bneck_prev", DISTANCE, "sum", "bottleneck distance of the layer's diagram to the previous one"),
     Feature("rep_w1_prev", DISTANCE, MODEL, "1-Wasserstein distance of the representation diagram to the previous"),
     Feature("rep_bneck_prev", DISTANCE, MODEL, "bottleneck distance of the representation diagram to the previous"),
+    Feature("traj_phdim", TRAJECTORY, MODEL, "PH0 dimension of the run's sketched iterates in the trailing window"),
+    Feature(
+        "traj_ckpt_phdim", TRAJECTORY, MODEL, "PH0 dimension of the checkpoints (as iterates) in the trailing window"
+    ),
 )
 
 _DECLARED = {feature.name: feature for feature in FEATURES}
