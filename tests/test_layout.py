@@ -23,7 +23,7 @@ MAY_IMPORT = {  # folder -> the folders it may import (besides SHARED); lower fl
     "training": {"models", "execution"},
     "features": {"models", "measures", "landscape", "execution", "training", "dynamics"},  # training: log, sketch
     "series": {"models", "measures", "landscape", "execution", "training", "features"},
-    "analysis": {"models", "execution"},
+    "analysis": {"models", "execution", "dynamics"},  # dynamics: the changepoints of a run's series
     "report": {"analysis"},
 }
 

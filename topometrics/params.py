@@ -208,6 +208,7 @@ class AnalysisParams:
     seed: int = 0  # bootstrap generator seed
     alpha: float = 0.05  # family-wise level of the Bonferroni flags
     phase_threshold: float = 0.1  # diminishing returns: |dNP| below this share of its peak (Table 6)
+    changepoint_penalty: float = 5.0  # PELT's cost per changepoint, in log(n) noise variances (dynamics.changepoints)
     np_patience: int = 5  # Rieck et al. NP early stopping: checkpoints without improvement
     np_min_delta: float = 0.001  # ... minimum NP increase that counts as an improvement
     loss_patience: int = 5  # validation-loss early stopping, in checkpoints
@@ -225,7 +226,11 @@ class AnalysisParams:
     loss_unit: str = "nats"  # nats (per token) | bpb (bits per UTF-8 byte): the unit final losses are compared in
 
     def check(self) -> None:
-        positive(self, "analysis", ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold"))
+        positive(
+            self,
+            "analysis",
+            ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold", "changepoint_penalty"),
+        )
         non_negative(self, "analysis", ("seed", "np_min_delta", "loss_min_delta", "min_effect", "permutations"))
         within(self, "analysis", "equivalence_margin", 0.0, 1.0, "a share of the baseline MAE")
         within(self, "analysis", "alpha", 0.0, 1.0, "a significance level")
