@@ -300,3 +300,26 @@ def test_loss_rank_ranks_the_last_observed_loss_across_runs_per_fraction(con):
     for _, g in inputs.groupby("fraction"):
         np.testing.assert_array_equal(g["loss_rank"], scipy.stats.rankdata(g["anchor"], method="average"))
         assert g.loc[g["anchor"].idxmin(), "loss_rank"] == 1
+
+
+def test_changepoints_view_has_every_run_series_and_the_loss_breaks_of_the_pelt_function(con):
+    from topometrics.dynamics.changepoints import series_changepoints
+
+    view = con.execute("SELECT * FROM changepoints ORDER BY ALL").df()
+    runs = con.execute("SELECT DISTINCT rung, seed FROM checkpoints").df()
+    headline = AnalysisParams().headline_features
+    present = set(con.execute("SELECT DISTINCT feature FROM features WHERE layer = 'all'").df()["feature"])
+    for rung, seed in runs.itertuples(index=False):
+        rows = view[(view["rung"] == rung) & (view["seed"] == seed)].set_index("series")
+        assert set(rows.index) == {"val_loss", "lr", *(f for f in headline if f in present)}, rung
+        loss = con.execute(
+            "SELECT step, val_loss FROM checkpoints WHERE rung = ? AND seed = ? ORDER BY step", [rung, seed]
+        ).df()
+        expected = series_changepoints(loss["step"].to_numpy(), loss["val_loss"].to_numpy())
+        got = rows.loc["val_loss"]
+        assert (got["first_step"] == expected.first_step) or (
+            np.isnan(expected.first_step) and pd.isna(got["first_step"])
+        )
+        assert pd.isna(got["lag_vs_val_loss"]) and pd.isna(got["lag_vs_lr"])  # the reference has no lag
+        for feature in set(rows.index) - {"val_loss", "lr"}:  # a NULL lag says why
+            assert pd.notna(rows.loc[feature, "lag_vs_val_loss"]) or rows.loc[feature, "lag_vs_val_loss_reason"]

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import ruptures
 
-from topometrics.dynamics.changepoints import MIN_LENGTH, changepoint_lags, changepoints, series_changepoints
+from topometrics.dynamics.changepoints import (
+    MIN_LENGTH,
+    changepoint_lags,
+    changepoints,
+    run_changepoint_rows,
+    series_changepoints,
+)
 from topometrics.models.lr_schedule import Schedule
 
 T = np.arange(51.0)  # 51 checkpoints: a 5000-step run with a checkpoint every 100 steps
@@ -103,3 +109,22 @@ def test_bad_arguments_raise():
         changepoints(np.zeros(10), model="clinear")
     with pytest.raises(ValueError, match="penalty"):
         changepoints(np.zeros(10), penalty=0.0)
+
+
+def test_run_rows_give_first_steps_counts_and_lags_in_checkpoints():
+    rng = np.random.default_rng(0)
+    steps = np.arange(40) * 10
+    val = np.where(steps < 200, 3.0, 1.0) + rng.normal(0, 0.05, 40)  # break at checkpoint 20
+    feature = np.where(steps < 150, 0.0, 2.0) + rng.normal(0, 0.05, 40)  # break at checkpoint 15
+    feature[3] = np.nan  # left out of the feature's series (its steps keep their places)
+    lr = np.minimum(steps / 100, 1.0)  # warm-up ends at checkpoint 10
+    rows = run_changepoint_rows({"val_loss": (steps, val), "f": (steps, feature)}, "val_loss", (steps, lr))
+    first = {r["feature"]: (r["estimate"], r["n"]) for r in rows if r["kind"] == "changepoint"}
+    assert first == {"val_loss": (200.0, 1), "f": (150.0, 1), "lr": (100.0, 1)}
+    lags = {r["other"]: (r["estimate"], r["n"]) for r in rows if r["kind"] == "changepoint_lag"}
+    assert lags == {"val_loss": (-5.0, 40), "lr": (5.0, 40)}  # among the loss's 40 checkpoints: 15 - 20, 15 - 10
+    no_lr = run_changepoint_rows({"val_loss": (steps, val), "f": (steps, feature)}, "val_loss", "no lr log")
+    reasons = [r["reason"] for r in no_lr if "lr" in (r["feature"], r.get("other"))]
+    assert reasons == ["no lr log", "lr: no lr log"]
+    flat = run_changepoint_rows({"val_loss": (steps, np.ones(40))}, "val_loss", "x")[0]
+    assert flat["n"] == 0 and np.isnan(flat["estimate"]) and flat["reason"] == "no changepoint"

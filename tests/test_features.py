@@ -160,7 +160,9 @@ def test_diverged_checkpoint_gives_null_with_reason_and_a_warning(run):
     values = np.array([row[2] for row in result.rows])
     assert np.isnan(values).all() and all(row[3].startswith("diverged") for row in result.rows)
     healthy, _ = run
-    expected = healthy[(healthy.step == 0) & ~healthy.feature.str.endswith("_prev")]
+    expected = healthy[
+        (healthy.step == 0) & ~healthy.feature.str.endswith("_prev") & ~healthy.feature.str.startswith("traj_")
+    ]
     assert {(r[0], r[1]) for r in result.rows} == set(zip(expected.layer, expected.feature, strict=True))
     dist = distance_features(
         checkpoint_features(tiny_model(2).state_dict(), CONFIG, batch(), PARAMS), result, linear_layer_names(2)

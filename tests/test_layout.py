@@ -21,9 +21,9 @@ MAY_IMPORT = {  # folder -> the folders it may import (besides SHARED); lower fl
     "execution": set(),
     "dynamics": {"measures"},  # the trajectory's dimension: H0 persistence of its iterates
     "training": {"models", "execution"},
-    "features": {"models", "measures", "landscape", "execution", "training"},  # training: the monitor log's format
+    "features": {"models", "measures", "landscape", "execution", "training", "dynamics"},  # training: log, sketch
     "series": {"models", "measures", "landscape", "execution", "training", "features"},
-    "analysis": {"models", "execution"},
+    "analysis": {"models", "execution", "dynamics"},  # dynamics: the changepoints of a run's series
     "report": {"analysis"},
 }
 

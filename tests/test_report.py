@@ -392,3 +392,11 @@ def test_dvc_repro_of_a_diverging_recipe_records_the_run_as_diverged_through_to_
     metrics = json.loads((reproduced / "reports/metrics.json").read_text())
     assert metrics["diverged_runs"] == 1 and metrics["final_val_loss"] == {}  # named in the report
     assert "1 DIVERGED (left out of fits and predictions)" in (reproduced / "reports/report.html").read_text()
+
+
+def test_the_changepoints_table_sits_beside_the_threshold_rule(full):
+    _, frames, built = full
+    table = next(t for title, t in built.tables.items() if title.startswith("Changepoints (PELT)"))
+    assert not isinstance(table, report_frames.Missing) and len(table) == len(frames["changepoints"]) > 0
+    assert {"val_loss", "lr"} <= set(table["series"]) and "np_threshold_step" in table
+    assert (table["first_step"].notna() | table["reason"].notna()).all()  # a NULL says why

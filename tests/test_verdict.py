@@ -17,6 +17,8 @@ from topometrics.vocabulary import verdict_families
 
 FRACTIONS = (0.1, 0.3, 0.5)
 
+GT_KEYS = ("tp0", "tp1", "entropy0", "entropy1", "count1", "maxpers1")  # the gt_ names, noise scale and cosine out
+
 
 def synthetic_runs(signal: str, seed: int = 0) -> pd.DataFrame:
     """36 runs (3 rungs x 4 seeds x 3 variants) x 3 fractions of model inputs with a known final loss.
@@ -82,6 +84,12 @@ def test_the_verdict_families_declared_in_the_vocabulary_in_report_order():
         ("representation", ("rep_tp0", "rep_tp1", "rep_entropy0", "rep_entropy1", "rep_count1", "rep_maxpers1")),
         ("landscape", tuple(f"ls_{pair}_{key}" for pair in ("rand", "hess") for key in SUMMARY_KEYS)),
         ("curvature", ("hess_eig1", "hess_eig2", "hess_eig3", "hess_trace", "hess_eig1_over_trace")),
+        (
+            "gradient_topology",
+            tuple(f"gt_{unit}{key}" for unit in ("", "unit_") for key in GT_KEYS)
+            + tuple(f"gt_net_{unit}{key}" for unit in ("", "unit_") for key in GT_KEYS),
+        ),
+        ("trajectory", ("traj_phdim", "traj_ckpt_phdim")),
     ]  # fmt: skip
     topological = [f for f in verdict_families() if f not in ("heavy_tail", "curvature")]
     # the geometric family (curvature) is a context row and, with the norm, every topological family's second baseline

@@ -17,6 +17,7 @@ from topometrics.features.checkpoint import (
     weight_features,
 )
 from topometrics.features.distances import distance_features
+from topometrics.features.trajectory import trajectory_values
 from topometrics.measures.layer_features import aggregate_layers
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_weights
 from topometrics.params import FeaturesParams
@@ -26,6 +27,7 @@ from topometrics.vocabulary import (
     FAMILIES,
     FORWARD,
     GRADIENT,
+    GRADIENT_TOPOLOGY,
     HEAVY_TAIL,
     NP,
     REPRESENTATION,
@@ -63,13 +65,16 @@ def test_every_layer_gets_exactly_the_declared_per_layer_features_in_order(two_c
     rows = cur.rows + distance_features(prev, cur, linear_layer_names(CONFIG.layers)).rows
     for layer in linear_layer_names(CONFIG.layers):
         written = [name for row_layer, name, _, _ in rows if row_layer == layer]
-        order = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, DISTANCE)
+        order = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, GRADIENT_TOPOLOGY, DISTANCE)
         assert written == [n for family in order for n in per_layer(family)]
 
 
 def test_layer_all_gets_exactly_the_declared_model_level_features(two_checkpoints):
     prev, cur = two_checkpoints
     rows = cur.rows + distance_features(prev, cur, linear_layer_names(CONFIG.layers)).rows
+    rows += [
+        (layer, n, v, why) for layer, values, why in trajectory_values("a", "b", 0, PARAMS) for n, v in values.items()
+    ]
     written = sorted(name for layer, name, _, _ in rows if layer == ALL)
     declared = sorted(n for family in FAMILIES for n in model_level(family, PARAMS.betti_scales))
     assert written == declared

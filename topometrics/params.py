@@ -34,7 +34,7 @@ MIN_CLOUD_POINTS = 4
 # The names of topometrics.vocabulary.FAMILIES (a test checks): params does not import the vocabulary, so
 # that training, which reads params, does not depend on it.
 FEATURE_FAMILIES = ("np", "vr", "spectral", "scale_free", "heavy_tail", "gradient", "representation")
-FEATURE_FAMILIES += ("landscape", "curvature", "distance")
+FEATURE_FAMILIES += ("landscape", "curvature", "gradient_topology", "distance", "trajectory")
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,10 @@ class Variant:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
+STRICTLY_POSITIVE_FEATURES = """max_points rep_points rep_dim rep_batch betti_scales workers null_draws unit_points
+    landscape_radius landscape_batch landscape_every hessian_probes grad_dim phdim_window phdim_alpha"""
+
+
 @dataclass(frozen=True)
 class FeaturesParams:
     max_points: int = 200  # weight rows per layer for Vietoris-Rips (seeded subsample)
@@ -164,35 +168,25 @@ class FeaturesParams:
     hessian_top: int = 3  # Hessian eigenvalues kept (hess_eig1..3); Lanczos finds at least 2 (the hess directions)
     hessian_probes: int = 8  # Rademacher probes of the Hutchinson trace
     hessian_iters: int = 20  # Lanczos steps (Hessian-vector products) before the convergence check
+    grad_batch: int = 16  # validation windows whose per-example gradients form the gradient clouds
+    grad_dim: int = 64  # JL projection dimension of the whole network's gradient cloud
+    phdim_window: int = 1000  # training steps of the trailing window whose iterates give traj_phdim
+    phdim_sizes: tuple[int, ...] = (10, 20, 40, 80)  # subsample sizes of the PH0-dimension fit
+    phdim_alpha: float = 1.0  # exponent of the H0 lifetimes; must lie below the trajectory's dimension
 
     def check(self) -> None:
-        positive(
-            self,
-            "features",
-            (
-                "max_points",
-                "rep_points",
-                "rep_dim",
-                "rep_batch",
-                "betti_scales",
-                "workers",
-                "null_draws",
-                "unit_points",
-                "landscape_radius",
-                "landscape_batch",
-                "landscape_every",
-                "hessian_probes",
-            ),
-        )
+        positive(self, "features", tuple(STRICTLY_POSITIVE_FEATURES.split()))
         if unknown := [name for name in self.families if name not in FEATURE_FAMILIES]:
             raise ParamsError(f"features.families: unknown {unknown}; choose from {list(FEATURE_FAMILIES)}")
         within(self, "features", "hessian_top", 1, 3, "the vocabulary keeps hess_eig1..3")
+        if len({s for s in self.phdim_sizes if s >= 8}) < 3:  # topometrics.dynamics.phdim: MIN_SIZES, MIN_SIZE
+            raise ParamsError(f"features.phdim_sizes needs 3 distinct sizes >= 8, got {list(self.phdim_sizes)}")
         at_least(self, "features", ("landscape_grid",), 3, "a local minimum needs neighbours on both sides")
         at_least(self, "features", ("hessian_iters",), 3, "Lanczos needs more steps than the eigenvalues it keeps")
         non_negative(self, "features", ("seed", "significance"))
         within(self, "features", "significance", 0.0, 1.0, "a share of the longest bar's persistence")
         loop = "fewer points cannot form a loop, so every H1 feature would be 0 whatever the weights"
-        at_least(self, "features", ("max_points", "rep_points", "unit_points"), MIN_CLOUD_POINTS, loop)
+        at_least(self, "features", ("max_points", "rep_points", "unit_points", "grad_batch"), MIN_CLOUD_POINTS, loop)
         at_least(self, "features", ("rep_dim", "betti_scales"), 2, "a loop needs a plane, a Betti curve two scales")
 
 
@@ -214,6 +208,7 @@ class AnalysisParams:
     seed: int = 0  # bootstrap generator seed
     alpha: float = 0.05  # family-wise level of the Bonferroni flags
     phase_threshold: float = 0.1  # diminishing returns: |dNP| below this share of its peak (Table 6)
+    changepoint_penalty: float = 5.0  # PELT's cost per changepoint, in log(n) noise variances (dynamics.changepoints)
     np_patience: int = 5  # Rieck et al. NP early stopping: checkpoints without improvement
     np_min_delta: float = 0.001  # ... minimum NP increase that counts as an improvement
     loss_patience: int = 5  # validation-loss early stopping, in checkpoints
@@ -231,7 +226,11 @@ class AnalysisParams:
     loss_unit: str = "nats"  # nats (per token) | bpb (bits per UTF-8 byte): the unit final losses are compared in
 
     def check(self) -> None:
-        positive(self, "analysis", ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold"))
+        positive(
+            self,
+            "analysis",
+            ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold", "changepoint_penalty"),
+        )
         non_negative(self, "analysis", ("seed", "np_min_delta", "loss_min_delta", "min_effect", "permutations"))
         within(self, "analysis", "equivalence_margin", 0.0, 1.0, "a share of the baseline MAE")
         within(self, "analysis", "alpha", 0.0, 1.0, "a significance level")

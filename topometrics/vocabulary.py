@@ -22,7 +22,7 @@ the loss curve and the weight norm, never a topological row; ``other`` features 
 ``input`` is what a feature is computed from, and so which features are NULL together when that
 input is unusable (:func:`computed_from`): ``weights`` (the linear layers), ``forward`` (the fixed
 batch's forward and backward pass: gradients, loss), ``states`` (its hidden states), ``previous``
-(the previous checkpoint's diagrams).
+(the run's earlier checkpoints: the previous one's diagrams, the iterates of a trailing window).
 
 ``verdict`` names the family of inputs a family's features join in the between-run verdict
 (:mod:`topometrics.analysis.verdict`, :func:`verdict_families`); ``None`` leaves them out, and so does a
@@ -100,7 +100,10 @@ SCALE_FREE = Family("scale_free", "topological", "", WEIGHTS, verdict="scale_fre
 HEAVY_TAIL = Family("heavy_tail", "spectral", "", WEIGHTS, verdict="heavy_tail")
 LANDSCAPE = Family("landscape", "topological", "ls_", FORWARD, verdict="landscape")
 CURVATURE = Family("curvature", "geometric", "hess_", FORWARD, verdict="curvature")
-FAMILIES = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, REPRESENTATION, LANDSCAPE, CURVATURE, DISTANCE)
+GRADIENT_TOPOLOGY = Family("gradient_topology", "topological", "gt_", FORWARD, verdict="gradient_topology")
+FAMILIES = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, REPRESENTATION, LANDSCAPE, CURVATURE)
+TRAJECTORY = Family("trajectory", "topological", "traj_", PREVIOUS, verdict="trajectory")
+FAMILIES += (GRADIENT_TOPOLOGY, DISTANCE, TRAJECTORY)
 _VR_SUMMARY = (
     ("tp0", "sum", "total persistence of the finite H0 bars"),
     ("tp1", "sum", "total persistence of the H1 bars"),
@@ -222,10 +225,40 @@ FEATURES = (
     ),
     Feature("hess_trace", CURVATURE, MODEL, "trace of the Hessian of the fixed-batch loss (Hutchinson, Rademacher)"),
     Feature("hess_eig1_over_trace", CURVATURE, MODEL, "hess_eig1 / hess_trace: the top direction's share"),
+    *(
+        Feature(f"gt_{unit}{key}", GRADIENT_TOPOLOGY, agg, f"{text} of the layer's per-example weight gradients{what}")
+        for unit, what in (("", ""), ("unit_", " scaled to unit norm"))
+        for key, agg, text in _VR_SUMMARY
+    ),
+    *(
+        Feature(f"gt_net_{unit}{key}", GRADIENT_TOPOLOGY, MODEL, f"{text} of the whole network's projected{what} cloud")
+        for unit, what in (("", ""), ("unit_", " unit-norm"))
+        for key, _agg, text in _VR_SUMMARY
+    ),
+    Feature(
+        "gt_noise_scale",
+        GRADIENT_TOPOLOGY,
+        MODEL,
+        "gradient-noise scale tr(Sigma) / |g_mean|^2 of the per-example gradients (baseline, not topology)",
+        kind="other",
+        in_verdict=False,
+    ),
+    Feature(
+        "gt_mean_cosine",
+        GRADIENT_TOPOLOGY,
+        MODEL,
+        "mean pairwise cosine of the per-example gradients (baseline, not topology)",
+        kind="other",
+        in_verdict=False,
+    ),
     Feature("vr_w1_prev", DISTANCE, "sum", "1-Wasserstein distance of the layer's diagram to the previous one"),
     Feature("vr_bneck_prev", DISTANCE, "sum", "bottleneck distance of the layer's diagram to the previous one"),
     Feature("rep_w1_prev", DISTANCE, MODEL, "1-Wasserstein distance of the representation diagram to the previous"),
     Feature("rep_bneck_prev", DISTANCE, MODEL, "bottleneck distance of the representation diagram to the previous"),
+    Feature("traj_phdim", TRAJECTORY, MODEL, "PH0 dimension of the run's sketched iterates in the trailing window"),
+    Feature(
+        "traj_ckpt_phdim", TRAJECTORY, MODEL, "PH0 dimension of the checkpoints (as iterates) in the trailing window"
+    ),
 )
 
 _DECLARED = {feature.name: feature for feature in FEATURES}

@@ -16,6 +16,7 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from topometrics.analysis import partial, predict, stats, verdict
+from topometrics.dynamics import changepoints
 from topometrics.models.lr_schedule import Schedule
 from topometrics.params import AnalysisParams, ParamsError
 from topometrics.vocabulary import kind, lookup, verdict_families
@@ -41,6 +42,7 @@ def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
     predictions, curve_fits = prediction_table(con, params)
     tests = [spearman_tests(con, params), topo_vs_spectral_tests(con, params), across_seed_tests(con, predictions)]
     tests.append(_with_bonferroni(partial_tests(con, params), params.alpha))
+    tests.append(changepoint_tests(con, params))
     tests = pd.concat([t for t in tests if len(t)], ignore_index=True).reindex(columns=_TEST_COLUMNS)
     fits = pd.concat([scaling_fits(con), curve_fits], ignore_index=True)
     tables = {"predictions": predictions, "fits": fits, "tests": tests}
@@ -65,6 +67,30 @@ def partial_tests(con, params: AnalysisParams) -> pd.DataFrame:
            WHERE f.layer = 'all' ORDER BY ALL"""
     ).df()
     return partial.partial_spearman_tests(frame, params.bootstrap, params.seed).reindex(columns=_TEST_COLUMNS)
+
+
+def changepoint_tests(con, params: AnalysisParams) -> pd.DataFrame:
+    """Per run: the first changepoint step and the count of the validation loss (``analysis.loss_unit``), each
+    ``analysis.headline_features`` series (layer 'all') and the learning rate at the checkpoints; and each
+    feature's first-changepoint lag (checkpoints) from the loss's and the learning rate's
+    (:func:`topometrics.dynamics.changepoints.run_changepoint_rows`, penalty ``analysis.changepoint_penalty``)."""
+    names = ", ".join(f"'{f}'" for f in params.headline_features) or "NULL"
+    frame = con.execute(
+        f"""SELECT rung, variant, seed, step, 'val_loss' AS name, {CHOSEN_LOSS} AS value FROM checkpoints
+            UNION ALL SELECT rung, variant, seed, step, feature, value FROM features
+            WHERE layer = 'all' AND feature IN ({names})
+            UNION ALL SELECT s.rung, s.variant, s.seed, s.step, 'lr', s.lr FROM steps AS s
+            JOIN checkpoints AS c USING (rung, variant, seed, step) ORDER BY ALL"""
+    ).df()
+    rows = []
+    for (rung, _variant, seed), run in frame.groupby(["rung", "variant", "seed"], sort=True):
+        series = {n: (g["step"].to_numpy(), g["value"].to_numpy(float)) for n, g in run.groupby("name", sort=False)}
+        lr = series.pop("lr", "no learning-rate log (an external series)")
+        if "val_loss" not in series:
+            continue
+        found = changepoints.run_changepoint_rows(series, "val_loss", lr, params.changepoint_penalty)
+        rows += [{"rung": rung, "seed": seed, "layer": "all"} | r for r in found]
+    return pd.DataFrame(rows, columns=_TEST_COLUMNS)
 
 
 def check_feature_names(params: AnalysisParams) -> None:

@@ -143,3 +143,44 @@ def changepoint_lags(
         ]
         out[f"{key}_reason"] = "; ".join(missing) or None
     return out
+
+
+def run_changepoint_rows(
+    series: dict[str, tuple[np.ndarray, np.ndarray]],
+    reference: str,
+    lr: tuple[np.ndarray, np.ndarray] | str,
+    penalty: float = 5.0,
+) -> list[dict]:
+    """One run's changepoint rows: for each series (name -> (steps (n,), values (n,)); the validation loss
+    ``reference`` among them) and the learning rate (or the reason it is missing), ``kind = 'changepoint'``
+    with ``estimate`` the first changepoint's step and ``n`` the count (:func:`series_changepoints` of the
+    series' finite values; the learning rate with the ``"slope"`` model); for every other series,
+    ``kind = 'changepoint_lag'`` with ``other`` the reference or ``'lr'`` and ``estimate`` the lag in
+    checkpoints of the reference's steps (positions of the two first changepoints among them; negative: the
+    series breaks first). A NaN estimate carries its ``reason``."""
+    found = {}
+    for name, pair in [*series.items(), ("lr", lr)]:
+        if isinstance(pair, str):
+            found[name] = SeriesChangepoints((), np.nan, None, pair)
+            continue
+        steps, values = (np.asarray(a) for a in pair)
+        keep = np.isfinite(values)
+        found[name] = series_changepoints(steps[keep], values[keep], penalty, "slope" if name == "lr" else "l2")
+    rows = [
+        {"kind": "changepoint", "feature": name, "estimate": f.first_step, "n": f.count}
+        | {"reason": f.reason or (None if f.count else "no changepoint")}
+        for name, f in found.items()
+    ]
+    grid = np.sort(np.asarray(series[reference][0]))
+    for name in series:
+        if name == reference:
+            continue
+        for other in (reference, "lr"):
+            a, b = found[name], found[other]
+            missing = [f"{n}: {f.reason or 'no changepoint'}" for n, f in ((name, a), (other, b)) if not f.count]
+            lag = (
+                np.nan if missing else float(np.searchsorted(grid, a.first_step) - np.searchsorted(grid, b.first_step))
+            )
+            rows.append({"kind": "changepoint_lag", "feature": name, "other": other, "estimate": lag} | {
+                "n": int(grid.size), "reason": "; ".join(missing) or None})  # fmt: skip
+    return rows

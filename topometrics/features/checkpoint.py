@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from topometrics.features.gradient_cloud import GradientCloud, gradient_cloud, gradient_rows, weight_names
 from topometrics.landscape.slice import LossOfParams, Params, functional_loss
 from topometrics.landscape.surface import SurfaceSettings, surface_values
 from topometrics.measures.heavy_tail import covariance_alpha
@@ -96,6 +97,7 @@ class ForwardPass(NamedTuple):
     loss: float  # mean next-token cross-entropy on the batch (nats)
     surface: LossSurface | str = "no loss-surface batch"  # or why this checkpoint has none
     bpb: float = math.nan  # the same loss in bits per UTF-8 byte of the targets' text (NaN: bytes unknown)
+    gradients: GradientCloud | str = "no gradient batch"  # per-example gradients' batch, or why there is none
 
 
 class NoForwardPass(Exception):
@@ -193,6 +195,8 @@ def forward_features(
     else:  # not computed (switched_off writes the reason)
         out.add(ALL, dict.fromkeys(computed_from(STATES, scales=params.betti_scales).model_level, np.nan), "off")
     out.extend(surface_features(result.surface, params))
+    for layer, values, reason in gradient_rows(result.gradients, layers, params):
+        out.add(layer, values, reason)
     return out
 
 
@@ -330,10 +334,12 @@ def model_on_batch(
     y: torch.Tensor,
     surface: tuple[torch.Tensor, torch.Tensor] | str = "no batch",
     n_bytes: float | None = None,
+    gradients: tuple[torch.Tensor, torch.Tensor] | str = "no gradient batch",
 ) -> ForwardPass:
     """Hidden states after the last block, per-layer weight-gradient norms and the batch loss (also in bits per
-    byte when ``n_bytes``, the UTF-8 bytes the targets ``y`` stand for, is given); and the loss of the
-    parameters on the loss-surface batch ``surface`` (or the reason it is one)."""
+    byte when ``n_bytes``, the UTF-8 bytes the targets ``y`` stand for, is given); the loss of the
+    parameters on the loss-surface batch ``surface`` and the per-example gradients' batch ``gradients``
+    (:func:`topometrics.features.gradient_cloud.gradient_batch`), or the reasons they are ones."""
     model.zero_grad(set_to_none=True)
     loss = model.loss(x, y)
     loss.backward()
@@ -343,7 +349,8 @@ def model_on_batch(
     model.zero_grad(set_to_none=True)
     flat = states.reshape(-1, states.shape[-1]).double().numpy()
     bpb = bits_per_byte(loss.item(), y.numel(), n_bytes)
-    return ForwardPass(flat, grads, loss.item(), surface=loss_surface(model, surface), bpb=bpb)
+    cloud = gradient_cloud(model, weight_names(model, linear_modules(model)), gradients)
+    return ForwardPass(flat, grads, loss.item(), surface=loss_surface(model, surface), bpb=bpb, gradients=cloud)
 
 
 def bits_per_byte(nats: float, tokens: int, n_bytes: float | None) -> float:
@@ -358,9 +365,11 @@ def checkpoint_features(
     params: FeaturesParams,
     surface: tuple[torch.Tensor, torch.Tensor] | str = "no loss-surface batch given",
     n_bytes: float | None = None,
+    gradients: tuple[torch.Tensor, torch.Tensor] | str = "no gradient batch given",
 ) -> CheckpointFeatures:
     """All features of one of our checkpoints except the distances to the previous one; ``surface``
-    is the loss-surface batch (:func:`surface_batch`) or the reason there is none.
+    is the loss-surface batch (:func:`surface_batch`) and ``gradients`` the per-example gradients' batch
+    (:func:`topometrics.features.gradient_cloud.gradient_batch`), or the reasons there are none.
 
     A diverged checkpoint (NaN/Inf in any tensor) gives NULL for every feature with the reason,
     and a ``RuntimeWarning``; it never raises.
@@ -374,7 +383,7 @@ def checkpoint_features(
     model.load_state_dict(state)
     loaders, global_max = in_memory(linear_weights(state, config.layers))
     return linear_and_forward_features(
-        loaders, global_max, lambda: model_on_batch(model, *batch, surface, n_bytes), params
+        loaders, global_max, lambda: model_on_batch(model, *batch, surface, n_bytes, gradients), params
     )
 
 

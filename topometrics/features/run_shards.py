@@ -51,6 +51,8 @@ from topometrics.features.checkpoint import (
     validation_batch,
 )
 from topometrics.features.distances import distance_features
+from topometrics.features.gradient_cloud import gradient_batch
+from topometrics.features.trajectory import NO_SKETCH, Iterates, checkpoint_iterates, trajectory_values, window
 from topometrics.models.checkpoints import (
     Checkpoint,
     CheckpointError,
@@ -59,10 +61,11 @@ from topometrics.models.checkpoints import (
     load_state,
     safetensors_problem,
 )
-from topometrics.models.model import linear_layer_names
+from topometrics.models.model import linear_layer_names, linear_weights
 from topometrics.models.tokens import load_tokens, read_record, token_bytes
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams
+from topometrics.training.sketch import read_sketch
 
 TABLES = ("features", "diagrams")
 
@@ -89,6 +92,7 @@ class DistanceJob:
     key: ShardKey
     extra: dict  # the series/revision columns of its feature shard ({} for our runs)
     params: FeaturesParams | None = None  # features.families: distances switched off are NULL with the reason
+    iterates: tuple[Iterates | str, Iterates | str] = (NO_SKETCH, "no checkpoint iterates given")  # trajectory
 
 
 def run_shards(
@@ -129,7 +133,9 @@ def run_shards(
     todo = [t for t in tasks if t.key not in changed.failed]
     own = changed.merge(compute_shards(out, todo, _checkpoint_tables, mapper(params, compute, "features"), TABLES))
     layers = linear_layer_names(ckpts[0].config.layers)
-    run = own.merge(distance_shards(out, [t for t in tasks if t.key not in own.failed], layers, params, compute))
+    iterates = run_iterates(Path(run_dir), [c for c in ckpts if c.step not in damaged], params)
+    fine = [t for t in tasks if t.key not in own.failed]
+    run = own.merge(distance_shards(out, fine, layers, params, compute, iterates))
     prune(out, [t.key for t in tasks if t.key not in run.failed])
     keys, computed = {t.key for t in tasks}, set(own.computed)  # renewed distances alone are not a computed checkpoint
     progress(
@@ -167,25 +173,48 @@ def verified_weights(ckpts: list[Checkpoint], label: str, progress: Callable[[st
     return weights, changed
 
 
-def distance_shards(
-    root: Path, tasks: list[Task], layers: list[str], params: FeaturesParams, compute: ComputeParams | None
-) -> ShardRun:
-    """``distances`` shards: each checkpoint's ``*_prev`` rows against the one before it in ``tasks``.
+def run_iterates(
+    run_dir: Path, ckpts: list[Checkpoint], params: FeaturesParams
+) -> tuple[Iterates | str, Iterates | str]:
+    """A run's two trajectories (``topometrics.features.trajectory``): its sketch and its checkpoints as
+    iterates (read only when the ``trajectory`` family is on), or the reasons there are none."""
+    if "trajectory" not in params.families:
+        return "off", "off"  # switched_off writes the reason
+    steps, points = read_sketch(run_dir)
+    sketch = Iterates(steps, points) if steps.size else NO_SKETCH
+    layers = (linear_weights(load_state(c.path), c.config.layers).values() for c in ckpts)
+    return sketch, checkpoint_iterates([c.step for c in ckpts], layers, params.seed)
 
-    The fingerprint chains the two checkpoints' fingerprints, so a recomputed checkpoint also
-    renews its successor's distances. Jobs carry the two diagram tables (read here).
+
+def distance_shards(
+    root: Path,
+    tasks: list[Task],
+    layers: list[str],
+    params: FeaturesParams,
+    compute: ComputeParams | None,
+    iterates: tuple[Iterates | str, Iterates | str] = (NO_SKETCH, "checkpoints as iterates: not computed for series"),
+) -> ShardRun:
+    """``distances`` shards: each checkpoint's ``*_prev`` rows against the one before it in ``tasks``, and its
+    ``trajectory`` rows from ``iterates`` (the run's sketch, its checkpoints as iterates, or the reasons).
+
+    The fingerprint chains the two checkpoints' fingerprints and the digest of the trailing window's iterates,
+    so a recomputed checkpoint also renews its successor's distances. Jobs carry the two diagram tables (read
+    here) and the window's iterates.
     """
     jobs, prev = [], None
     for task in tasks:
         before = prev.fingerprint.digest if prev else "none"
+        windows = tuple(window(it, task.key.step, params) for it in iterates)
         fingerprint = Fingerprint(
-            f"{before} -> {task.fingerprint.digest}", task.fingerprint.params, task.fingerprint.code
+            f"{before} -> {task.fingerprint.digest} iterates {_digest(windows)}",
+            task.fingerprint.params,
+            task.fingerprint.code,
         )
         job = None
         if not is_current(root, task.key, fingerprint, ("distances",)):
             previous = None if prev is None else read_table(root, prev.key, "diagrams")
             current = read_table(root, task.key, "diagrams")
-            job = DistanceJob(previous, current, layers, task.key, _extra(root, task.key), params)
+            job = DistanceJob(previous, current, layers, task.key, _extra(root, task.key), params, windows)
         jobs.append(Task(task.key, fingerprint, job))
         prev = task
     return compute_shards(root, jobs, _distance_tables, mapper(params, compute, "distances"), ("distances",))
@@ -218,13 +247,18 @@ def _checkpoint_tables(job: CheckpointJob) -> dict:
     batch = validation_batch(job.tokens, job.ckpt.config.context, job.params.rep_batch)
     surface = surface_batch(job.tokens, job.ckpt.config.context, job.params, job.index)
     n_bytes = None if job.token_bytes is None else float(job.token_bytes[batch[1].numpy()].sum())
-    result = checkpoint_features(load_state(job.ckpt.path), job.ckpt.config, batch, job.params, surface, n_bytes)
+    gradients = gradient_batch(job.tokens, job.ckpt.config.context, job.params)
+    state = load_state(job.ckpt.path)
+    result = checkpoint_features(state, job.ckpt.config, batch, job.params, surface, n_bytes, gradients)
     return frames(result, job.key, {})
 
 
 def _distance_tables(job: DistanceJob) -> dict:
     prev = None if job.previous is None else _diagrams(job.previous)
     result = distance_features(prev, _diagrams(job.current), job.layers)
+    if job.params is not None:
+        for layer, values, reason in trajectory_values(*job.iterates, job.key.step, job.params):
+            result.add(layer, values, reason)
     result = result if job.params is None else switched_off(result, job.params)
     return {"distances": features_frame(result, job.key.rung, job.key.seed, job.key.step).assign(**job.extra)}
 
@@ -243,6 +277,14 @@ def frames(result: CheckpointFeatures, key: ShardKey, extra: dict) -> dict:
 
 def mapper(params: FeaturesParams, compute: ComputeParams | None, label: str):
     return functools.partial(each_result, workers=params.workers, label=label, compute=compute)
+
+
+def _digest(windows: tuple[Iterates | str, ...]) -> str:
+    """A short sha256 of the iterates (or reasons) a checkpoint's trajectory rows are computed from."""
+    h = hashlib.sha256()
+    for it in windows:
+        h.update(it.encode() if isinstance(it, str) else it.steps.tobytes() + np.ascontiguousarray(it.points).tobytes())
+    return h.hexdigest()[:16]
 
 
 def _diagrams(frame: pd.DataFrame) -> CheckpointFeatures:

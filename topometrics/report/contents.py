@@ -81,6 +81,9 @@ def build(frames: dict[str, pd.DataFrame | Missing], series_status: dict | None 
         ),
         "Table 5 — final-loss prediction MAE": table5(available["mae"]),
         "Table 6 — phases of neural persistence": table6(available["phases"]),
+        "Changepoints (PELT) beside the threshold rule — first step, count, lag in checkpoints": ordered(
+            available["changepoints"], ["series"]
+        ),
         "Early stopping — NP patience vs validation-loss patience": ordered(available["early_stopping"]),
         "Table 7 — power-law scaling with model size": table7(available["scaling_fits"]),
         "Table 8 — checkpoint-series validation": table8(available["np"], available["features"], series_status),

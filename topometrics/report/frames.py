@@ -40,6 +40,8 @@ QUERIES = {
     "mae": "SELECT * FROM prediction_mae",
     "predictions": "SELECT status, reason FROM predictions",
     "phases": f"SELECT * FROM phases WHERE {ANALYSED}",
+    "changepoints": f"""SELECT rung, seed, series, first_step, count, np_threshold_step, lag_vs_val_loss, lag_vs_lr,
+                       reason FROM changepoints WHERE {ANALYSED}""",
     "early_stopping": f"SELECT * FROM early_stopping WHERE {ANALYSED}",
     "scaling": f"SELECT * FROM scaling WHERE kind = 'ladder' AND layer IN ('all', 'checkpoint') AND {ANALYSED}",
     "scaling_fits": "SELECT * FROM fits WHERE kind = 'scaling'",
@@ -85,6 +87,7 @@ FILLED_BY = {
     "mae": "the analysis stage has not filled `predictions`",
     "scaling_fits": "the analysis stage has not filled `fits`",
     "phases": "no neural-persistence features yet",
+    "changepoints": "the analysis stage has not filled the changepoint tests",
     "verdict": "the analysis stage has not filled `incremental_validity`: too few runs, or an old warehouse",
     "partial": "the analysis stage has not filled the partial Spearman tests",
 }

@@ -55,6 +55,7 @@ from topometrics.features.checkpoint import (
     surface_batch,
     validation_batch,
 )
+from topometrics.features.gradient_cloud import gradient_batch, gradient_cloud
 from topometrics.models.architectures import (
     LinearLayer,
     block_path,
@@ -149,7 +150,11 @@ def validation_tokens(tokenizer, text: str, needed: int) -> np.ndarray:
 
 
 def causal_lm_on_batch(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, surface: tuple[torch.Tensor, torch.Tensor] | str = "none"
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    surface: tuple[torch.Tensor, torch.Tensor] | str = "none",
+    gradients: tuple[torch.Tensor, torch.Tensor] | str = "no gradient batch",
 ) -> ForwardPass:
     """As :func:`topometrics.features.checkpoint.model_on_batch`, for a ``transformers`` causal LM of any family.
 
@@ -175,7 +180,8 @@ def causal_lm_on_batch(
     model.zero_grad(set_to_none=True)
     states = captured[0]
     flat = states.reshape(-1, states.shape[-1]).double().numpy()
-    return ForwardPass(flat, grads, float(loss.detach()), loss_surface(model, surface, lambda out: out.logits))
+    surface = loss_surface(model, surface, lambda out: out.logits)
+    return ForwardPass(flat, grads, float(loss.detach()), surface, gradients=gradient_cloud(model, layers, gradients))
 
 
 def causal_lm_forward(
@@ -195,7 +201,8 @@ def causal_lm_forward(
         if ckpt.tokenizer_dir is None:
             raise OSError("no tokenizer files (tokenizer.json, tokenizer_config.json) beside the weights")
         tokenizer = AutoTokenizer.from_pretrained(ckpt.tokenizer_dir)
-        ids = validation_tokens(tokenizer, text, max(params.rep_batch, params.landscape_batch) * seq_len + 1)
+        windows = max(params.rep_batch, params.landscape_batch, params.grad_batch)
+        ids = validation_tokens(tokenizer, text, windows * seq_len + 1)
         x, y = validation_batch(ids, seq_len, params.rep_batch)
         targets = tokenizer.decode(
             y.reshape(-1).tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False
@@ -203,7 +210,8 @@ def causal_lm_forward(
     except (OSError, ValueError, RuntimeError) as err:
         raise NoForwardPass(f"model not loadable by transformers: {err}".splitlines()[0]) from err
     # bits per byte of the targets' text under the model's own tokenizer
-    result = causal_lm_on_batch(model, x, y, surface_batch(ids, seq_len, params, index))
+    grads = gradient_batch(ids, seq_len, params)
+    result = causal_lm_on_batch(model, x, y, surface_batch(ids, seq_len, params, index), grads)
     return result._replace(bpb=bits_per_byte(result.loss, y.numel(), len(targets.encode("utf-8"))))
 
 

@@ -1,0 +1,99 @@
+"""The ``gradient_topology`` rows of one checkpoint: per-example gradients on a fixed batch as point clouds.
+
+The computation is :func:`topometrics.landscape.gradients.gradient_topology` (one layer's per-example
+weight gradients at a time, the whole network through a seeded JL projection); this module fixes its
+batch (the first ``features.grad_batch`` validation windows, the same for every checkpoint of a run or
+series), names its values in the vocabulary's ``gt_`` names and turns every way it cannot run into NULL
+rows with the reason. Both forward passes (``topometrics.features.checkpoint.model_on_batch`` and
+``topometrics.series.checkpoint.causal_lm_on_batch``) hand it a :class:`GradientCloud`.
+
+Rows: per linear layer ``gt_<summary>`` and ``gt_unit_<summary>`` (their ``layer='all'`` rows by the
+declared aggregation); for ``layer='all'`` also ``gt_net_*`` (the whole network's projected cloud) and the
+family's non-topological baseline ``gt_noise_scale``, ``gt_mean_cosine`` (exact, over all linear layers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from topometrics.landscape.gradients import ExampleLoss, Params, example_loss, gradient_topology
+from topometrics.measures.layer_features import aggregate_layers
+from topometrics.params import FeaturesParams
+from topometrics.vocabulary import ALL, GRADIENT_TOPOLOGY, model_only, per_layer
+
+Row = tuple[str, dict[str, float], str | None]  # layer, {feature: value}, reason
+_BASELINE = ("noise_scale", "mean_cosine")
+
+
+class GradientCloud(NamedTuple):
+    """What :func:`gradient_rows` needs of a model: one example's loss of the parameters, the parameters, the
+    linear layers (name -> the name of their weight in ``params``, network order) and the batch (B, t)."""
+
+    loss: ExampleLoss
+    params: Params
+    layers: Mapping[str, str]
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def gradient_batch(tokens: np.ndarray, context: int, params: FeaturesParams) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """The first ``features.grad_batch`` validation windows of ``context`` tokens (inputs, next-token targets,
+    (B, context) int64), or why there are none (the split is too short)."""
+    needed = params.grad_batch * context + 1
+    tokens = np.asarray(tokens)
+    if tokens.size < needed:
+        return (
+            f"features.grad_batch = {params.grad_batch} windows of {context} need {needed} validation tokens, "
+            f"the split has {tokens.size}"
+        )
+    flat = torch.from_numpy(np.asarray(tokens[:needed], dtype=np.int64))
+    return flat[:-1].view(params.grad_batch, context), flat[1:].view(params.grad_batch, context)
+
+
+def gradient_cloud(
+    model: torch.nn.Module, layers: Mapping[str, str], batch: tuple[torch.Tensor, torch.Tensor] | str
+) -> GradientCloud | str:
+    """``model``'s :class:`GradientCloud` on ``batch`` (or the reason ``batch`` is); ``layers``: linear layer
+    name -> its weight's name among ``model.named_parameters()``."""
+    if isinstance(batch, str):
+        return batch
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    return GradientCloud(example_loss(model), params, dict(layers), *batch)
+
+
+def weight_names(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> dict[str, str]:
+    """Layer name -> the parameter name of its module's ``weight`` (``modules``: layer name -> linear module)."""
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    return {layer: name_of[id(module.weight)] for layer, module in modules.items()}
+
+
+def gradient_rows(cloud: GradientCloud | str, layers: list[str], params: FeaturesParams) -> list[Row]:
+    """The family's rows for linear layers ``layers`` and ``'all'``; all NULL with the reason when ``cloud`` is
+    one, when the family is switched off, or when the model has no batched gradient rule."""
+    if GRADIENT_TOPOLOGY.name not in params.families:
+        cloud = "off"  # switched_off writes the reason
+    if not isinstance(cloud, str):
+        try:
+            found = gradient_topology(
+                cloud.loss, cloud.params, cloud.layers, cloud.x, cloud.y, params.grad_dim, params.seed
+            )
+        except RuntimeError as err:
+            cloud = f"per-example gradients not computable on this model: {err}".splitlines()[0]
+    if isinstance(cloud, str):
+        rows: list[Row] = [(layer, dict.fromkeys(per_layer(GRADIENT_TOPOLOGY), np.nan), cloud) for layer in layers]
+        names = per_layer(GRADIENT_TOPOLOGY) + model_only(GRADIENT_TOPOLOGY)
+        return [*rows, (ALL, dict.fromkeys(names, np.nan), cloud)]
+    values = {layer: _named(found[layer], "gt_") for layer in cloud.layers}
+    rows = [(layer, v, None) for layer, v in values.items()]
+    whole = found[ALL]
+    model_rows = _named(whole, "gt_net_") | {f"gt_{key}": whole[key] for key in _BASELINE}
+    return [*rows, (ALL, aggregate_layers(values) | model_rows, None)]
+
+
+def _named(values: dict[str, float], prefix: str) -> dict[str, float]:
+    """A cloud's topological summaries (its baseline left out) under ``prefix``."""
+    return {prefix + key: value for key, value in values.items() if key not in _BASELINE}
