@@ -72,6 +72,19 @@ def test_a_computed_verdict_reads_as_quotable_sentences():
     assert families.startswith("Single families (leave-one-seed-out): ") and "scale-free adds at" in families
 
 
+def test_the_lead_sentence_names_the_strongest_baseline_the_topology_rows_were_tested_against():
+    frame = view(synthetic_runs("topology"))
+    assert "to its loss curve and weight norm predicts" in answer(frame, meta()).sentences[0]
+    topology = frame[frame["role"] == "topology"]
+    stronger = pd.concat([frame, topology.assign(baseline="norm+curvature")], ignore_index=True)
+    assert (
+        "to its loss curve and weight norm and, the strongest baseline, to its loss curve, weight norm and "
+        "curvature predicts" in answer(stronger, meta()).sentences[0]
+    )
+    skipped = topology.assign(baseline="norm+curvature", verdict="skipped: family curvature has no usable values")
+    assert "the strongest baseline" not in answer(pd.concat([frame, skipped]), meta()).sentences[0]
+
+
 def test_without_the_all_families_row_the_families_that_ran_lead():
     frame = view(synthetic_runs("topology"))
     frame = frame[frame["family"] != verdict.HEADLINE_FAMILY]

@@ -22,9 +22,10 @@ from topometrics.report.verdict import CV_WORDS, FAMILY_WORDS, sentence
 from topometrics.vocabulary import verdict_families
 
 QUESTION = (
-    "Tested: whether adding the topology of a run's weights and representations ({families}) to its loss curve "
-    "and weight norm predicts the run's final validation loss better, between runs"
+    "Tested: whether adding the topology of a run's weights and representations ({families}) to {baseline} "
+    "predicts the run's final validation loss better, between runs"
 )
+NORM_BASELINE_WORDS = "its loss curve and weight norm"
 SCHEME_GROUPS = {"seed": "seeds", "variant": "recipe variants", "rung": "rungs"}
 
 
@@ -104,7 +105,21 @@ def _command(settings: list[tuple[str, str]]) -> tuple[str | None, str | None]:
 def _question(verdict: pd.DataFrame) -> str:
     families = [f for f in verdict_families() if f in set(verdict["family"])]  # in the vocabulary's order
     words = [FAMILY_WORDS.get(f, f.replace("_", "-")) for f in families]
-    return QUESTION.format(families=", ".join(words) + (" families" if words else "no families"))
+    named = ", ".join(words) + (" families" if words else "no families")
+    return QUESTION.format(families=named, baseline=_baselines(verdict))
+
+
+def _baselines(verdict: pd.DataFrame) -> str:
+    """The baselines the topology rows were compared with, the strongest named as such: the loss curve and
+    weight norm, and that plus each geometric family (``norm+curvature``) where such a row was computed."""
+    if "baseline" not in verdict or "role" not in verdict:
+        return NORM_BASELINE_WORDS
+    ran = verdict[(verdict["role"] != "context") & ~verdict["verdict"].astype(str).str.startswith("skipped")]
+    extra = sorted({str(b).split("+", 1)[1] for b in ran["baseline"] if str(b).startswith("norm+")})
+    if not extra:
+        return NORM_BASELINE_WORDS
+    words = " and ".join(FAMILY_WORDS.get(e, e.replace("_", "-")) for e in extra)
+    return f"{NORM_BASELINE_WORDS} and, the strongest baseline, to its loss curve, weight norm and {words}"
 
 
 def _families(verdict: pd.DataFrame, scheme: str) -> str:
