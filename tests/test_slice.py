@@ -90,23 +90,8 @@ def test_a_slice_behind_a_layernorm_does_not_depend_on_the_weights_scale():
 
 
 def test_hessian_vector_products_equal_autograds_full_hessian():
-    torch.manual_seed(2)
-    x, y = torch.randn(16, 3, dtype=torch.float64), torch.randn(16, 1, dtype=torch.float64)
-    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)).double()
-    loss = functional_loss(model, lambda call: ((call(x) - y) ** 2).mean())
-    params = params_of(model)
+    loss, params, full = tanh_network()
     hvp, dim = flat_hvp(loss, params)
-    flat = torch.cat([p.reshape(-1) for p in params.values()])
-    shapes = [(k, p.shape, p.numel()) for k, p in params.items()]
-
-    def loss_of_flat(v):
-        chunks, start = {}, 0
-        for name, shape, size in shapes:
-            chunks[name] = v[start : start + size].reshape(shape)
-            start += size
-        return loss(chunks)
-
-    full = torch.autograd.functional.hessian(loss_of_flat, flat).numpy()
     assert dim == 21
     for v in np.eye(dim)[:5]:
         np.testing.assert_allclose(hvp(v), full @ v, atol=1e-10)
