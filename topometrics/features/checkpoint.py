@@ -41,6 +41,7 @@ from topometrics.measures.persistence import (
 from topometrics.measures.representation import representation_topology
 from topometrics.measures.spectral import covariance_spectrum
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights
+from topometrics.models.tokens import bits_per_byte
 from topometrics.params import FeaturesParams
 from topometrics.vocabulary import (
     ALL,
@@ -351,11 +352,6 @@ def model_on_batch(
     bpb = bits_per_byte(loss.item(), y.numel(), n_bytes)
     cloud = gradient_cloud(model, weight_names(model, linear_modules(model)), gradients)
     return ForwardPass(flat, grads, loss.item(), surface=loss_surface(model, surface), bpb=bpb, gradients=cloud)
-
-
-def bits_per_byte(nats: float, tokens: int, n_bytes: float | None) -> float:
-    """Mean nats per token over ``tokens`` tokens -> bits per UTF-8 byte of their ``n_bytes`` (NaN: unknown)."""
-    return nats * tokens / n_bytes / math.log(2) if n_bytes else math.nan
 
 
 def checkpoint_features(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,12 @@ def token_problem(ids: np.ndarray, split: str, record: dict) -> str | None:
 def tokenizer_sha256(record: dict) -> str | None:
     """The sha256 of a BPE corpus's ``tokenizer.json`` (its identity), None for characters."""
     return (record.get("tokenizer") or {}).get("sha256")
+
+
+def bits_per_byte(nats: float, tokens: int, n_bytes: float | None) -> float:
+    """Mean nats per token over ``tokens`` tokens -> bits per UTF-8 byte of the ``n_bytes`` they stand for
+    (NaN when the bytes are unknown)."""
+    return nats * tokens / n_bytes / math.log(2) if n_bytes else math.nan
 
 
 def token_bytes(corpus_dir: Path, record: dict, val_ids: np.ndarray) -> np.ndarray | None:

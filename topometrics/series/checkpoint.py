@@ -48,7 +48,6 @@ from topometrics.features.checkpoint import (
     CheckpointFeatures,
     ForwardPass,
     NoForwardPass,
-    bits_per_byte,
     linear_and_forward_features,
     loss_surface,
     null_features,
@@ -64,6 +63,7 @@ from topometrics.models.architectures import (
     oriented,
 )
 from topometrics.models.checkpoints import CheckpointError
+from topometrics.models.tokens import bits_per_byte
 from topometrics.params import FeaturesParams
 from topometrics.series.hub import SeriesCheckpoint
 from topometrics.series.safetensors_reader import SafetensorsFile

@@ -36,6 +36,7 @@ from topometrics.atomic import write_text
 from topometrics.models.checkpoints import list_checkpoints, save_checkpoint
 from topometrics.models.lr_schedule import DEFAULT_DECAY_FRACTION, DEFAULT_SHAPE, Schedule
 from topometrics.models.model import GPT, GPTConfig, count_parameters
+from topometrics.models.tokens import bits_per_byte
 from topometrics.params import BASE_VARIANT, RECIPE_KEYS, ParamsError, run_name
 from topometrics.training.corpus import CorpusError, check_split_sizes
 from topometrics.training.memory import check_step_memory, out_of_memory_named
@@ -115,11 +116,6 @@ def recipe_fingerprint(cfg: RunConfig, corpus_sha256: str, tokenizer: str | None
     body = {"model": cfg.model.to_dict(), "recipe": cfg.recipe.to_dict(), "corpus": corpus_sha256}
     body |= {"tokenizer": tokenizer} if tokenizer else {}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def bits_per_byte(val_loss: float, tokens: int, n_bytes: float) -> float:
-    """Mean nats per token over ``tokens`` scored tokens -> bits per UTF-8 byte of the text they stand for."""
-    return val_loss * tokens / n_bytes / math.log(2)
 
 
 def pick_device(requested: str) -> torch.device:
