@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.train import synchronize
 from topometrics.execution.compute import map_jobs
 from topometrics.features.checkpoint import loss_surface, validation_batch, weight_features
 from topometrics.features.run_shards import read_tables, run_shards
@@ -104,7 +105,7 @@ def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu"
     def forward_backward():
         model.zero_grad(set_to_none=True)
         model.loss(x, y).backward()
-        _sync(device)
+        synchronize(torch.device(device))
 
     forward_backward()
     reference_before = _median_s(forward_backward, device)
@@ -115,7 +116,7 @@ def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu"
     )  # fmt: skip
     start = _clock(device)
     curvature, directions = curvature_values(surface.loss, surface.params, settings)
-    _sync(device)
+    synchronize(torch.device(device))
     curvature_s = _clock(device) - start
     gen = torch.Generator().manual_seed(params.seed)
     rand = (random_direction(surface.params, gen), random_direction(surface.params, gen))
@@ -125,7 +126,7 @@ def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu"
         slice_values(surface.loss, surface.params, directions, settings)
     else:
         slice_values(surface.loss, surface.params, rand, settings)  # the same work, so the cost is counted
-    _sync(device)
+    synchronize(torch.device(device))
     landscape_s = _clock(device) - start
     reference = min(reference_before, _median_s(forward_backward, device))
     return {
@@ -138,11 +139,6 @@ def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu"
         "total_fb": round((landscape_s + curvature_s) / reference, 1),
         "unconverged": sorted(curvature.reasons),
     }
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def _weights_job(job: tuple[Path, int, FeaturesParams]):

@@ -101,7 +101,7 @@ def _tokens(n: int, seed: int, vocab: int = 128) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab - 1, n, dtype=np.uint8 if vocab <= 256 else np.uint16)
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     """Wait for the device's queued kernels (CUDA runs them asynchronously; a CPU step is done when it returns)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -130,7 +130,7 @@ def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int, device: torch.
             torch.nn.utils.clip_grad_norm_(model.parameters(), r.grad_clip).item()
             loss.item()
             opt.step()
-            _synchronize(device)
+            synchronize(device)
     else:
         opt = make_optimizer(model, r)
         if mode.startswith("compile"):
@@ -142,7 +142,7 @@ def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int, device: torch.
             x, y = (t.to(device) for t in sample_batch(data, r.batch_size, seq_len, gen))
             forward_backward(model, opt, x, y, r.grad_clip)
             opt.step()
-            _synchronize(device)
+            synchronize(device)
 
     t0 = time.perf_counter()
     for s in range(1, warmup + 1):
