@@ -237,6 +237,8 @@ class AnalysisParams:
         within(self, "analysis", "phase_threshold", 0.0, 1.0, "a share of the NP change's peak")
         if not self.fractions or not all(0.0 < f < 1.0 for f in self.fractions):
             raise ParamsError(f"analysis.fractions must be shares in (0, 1), got {list(self.fractions)}")
+        if self.loss_unit not in ("nats", "bpb"):
+            raise ParamsError(f"analysis.loss_unit must be nats or bpb (bits per byte), got {self.loss_unit!r}")
 
     def settings(self) -> ViewSettings:
         """The subset the SQL views read from the warehouse's ``settings`` table."""
@@ -363,8 +365,6 @@ def parse_params(raw: dict) -> Params:
             f"use one of {[BASE_VARIANT, *params.variants]}"
         )
     _check_primary(params)
-    if params.analysis.loss_unit not in ("nats", "bpb"):
-        raise ParamsError(f"analysis.loss_unit must be nats or bpb (bits per byte), got {params.analysis.loss_unit!r}")
     names = params.run_names()
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
