@@ -288,3 +288,12 @@ def test_a_primary_endpoint_of_up_to_three_declared_features_loads():
     assert (primary.family, primary.features, primary.fraction, primary.cv, primary.baseline) == (
         "weights_vr", ("vr_tp0",), 0.3, "rung", "norm"
     )  # fmt: skip
+
+
+def test_a_loss_unit_other_than_nats_or_bpb_is_one_params_error_naming_the_key():
+    raw = default_raw()
+    raw["analysis"] = (raw.get("analysis") or {}) | {"loss_unit": "bits"}
+    with pytest.raises(ParamsError, match=r"^analysis\.loss_unit must be nats or bpb \(bits per byte\), got 'bits'$"):
+        parse_params(raw)
+    raw["analysis"]["loss_unit"] = "bpb"
+    assert parse_params(raw).analysis.loss_unit == "bpb"
