@@ -1,12 +1,19 @@
 """Tests of topometrics.analysis.decisions against brute force, scipy and numpy."""
 
+import dataclasses
 import itertools
 
+import duckdb
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.stats
+from sklearn.metrics import roc_auc_score
 
+from topometrics.analysis import decisions, warehouse
 from topometrics.analysis.decisions import noise_ceiling, outlier_runs, pair_order_accuracy, robust_z
+from topometrics.params import AnalysisParams
+from topometrics.report import verdict as report_verdict
 
 
 def brute_force_accuracy(predicted, final, within=None) -> float:
@@ -100,3 +107,152 @@ def test_too_few_or_identical_others_flag_nothing():
     assert not outlier_runs([1.0, 1.0, 1.0, 9.0], ["a"] * 4).any()  # others without spread: no scale
     with pytest.raises(ValueError, match="positive"):
         outlier_runs([1.0], ["a"], k=0)
+
+
+# --- the outlier row --------------------------------------------------------------------------------
+
+PLANTED = {("a", "w", 0), ("b", "x", 1), ("a", "y", 2), ("b", "z", 3)}  # (rung, variant, seed): runs that end far worse
+FAMILIES = {"weights_vr": ("vr_tp0",), "weights_np": ("np_norm",)}
+PARAMS = AnalysisParams(permutations=499)  # a Monte Carlo p near its floor (4 outliers: 1 / 8^4), not 1 / 160
+
+
+def outlier_sweep(seed: int = 2, planted: bool = True, fractions=(0.3, 0.8)) -> pd.DataFrame:
+    """64 runs (2 rungs x 4 recipes x 8 seeds) x fractions of verdict inputs with 4 planted outlier runs.
+
+    An outlier's final loss is 0.3 nats (about 15 seed SDs) above its cell's. At fraction 0.3 its loss
+    curve still looks good (its last observed loss is below its cell-mates') while ``vr_tp0_level`` already
+    marks it (when ``planted``); at 0.8 the loss curve shows it too. ``np_norm`` is noise throughout.
+    At the default seed exactly the planted runs are outliers (at others, a Gaussian seed may be one too).
+    """
+    rng = np.random.default_rng(seed)
+    rows = []
+    for (ri, rung), (vi, variant), s in itertools.product(enumerate("ab"), enumerate("wxyz"), range(8)):
+        bad = (rung, variant, s) in PLANTED
+        cell, law, final_noise = 2.0 - 0.2 * ri + 0.05 * vi, -0.3 + rng.normal(0, 0.01), rng.normal(0, 0.02)
+        for fraction in fractions:
+            seen = 0.3 if bad and fraction >= 0.5 else (-0.05 if bad else rng.normal(0, 0.01))
+            anchor = cell - law * (1 - fraction) + seen  # the last observed loss
+            row = {"rung": rung, "variant": variant, "seed": s, "fraction": fraction, "n_seen": 10}
+            row |= {"actual": cell + law + final_noise + (0.3 if bad else 0.0), "anchor": anchor}
+            drop = law * (1 - fraction)  # what the loss curve extrapolates: the normal remaining drop
+            row |= {c: drop + rng.normal(0, 0.005) for c in ("loss_drop", "mpl_drop", "tissue_drop")}
+            row |= {"weight_norm_level": rng.normal(), "weight_norm_rate": rng.normal()}
+            row |= {"vr_tp0_level": float(bad and planted) + rng.normal(0, 0.1), "vr_tp0_rate": rng.normal()}
+            row |= {"np_norm_level": rng.normal(), "np_norm_rate": rng.normal()}
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_within_cell_auroc_is_sklearns_auroc_in_one_cell_and_the_pair_weighted_mean_over_cells():
+    rng = np.random.default_rng(3)
+    score = np.round(rng.normal(size=30), 1)  # rounded: ties, which count one half in both
+    outlier = np.zeros(30, bool)
+    outlier[[0, 1, 12, 20, 21, 22]] = True
+    cells = np.repeat(["p", "q", "r"], 10)
+    one = cells == "p"
+    assert decisions.within_cell_auroc(score[one], outlier[one], cells[one]) == pytest.approx(
+        roc_auc_score(outlier[one], score[one])
+    )
+    u = scipy.stats.mannwhitneyu(score[one & outlier], score[one & ~outlier]).statistic
+    assert decisions.within_cell_auroc(score[one], outlier[one], cells[one]) == pytest.approx(u / (2 * 8))
+    weights = {c: (outlier & (cells == c)).sum() * (~outlier & (cells == c)).sum() for c in "pqr"}
+    expected = sum(weights[c] * roc_auc_score(outlier[cells == c], score[cells == c]) for c in "pqr")
+    assert decisions.within_cell_auroc(score, outlier, cells) == pytest.approx(expected / sum(weights.values()))
+    shifted = score + np.where(cells == "q", 100.0, 0.0)  # only pairs within a cell count
+    assert decisions.within_cell_auroc(shifted, outlier, cells) == decisions.within_cell_auroc(score, outlier, cells)
+    assert np.isnan(decisions.within_cell_auroc(score, np.zeros(30, bool), cells))  # no outlier: no pair
+
+
+def test_auroc_bounds_are_the_cells_bootstrap_and_need_two_cells():
+    outlier, cells = np.array([1, 0, 0, 1, 0, 0], bool), np.repeat(["p", "q"], 3)
+    same = np.arange(6.0)
+    assert decisions.auroc_bounds(same, same, outlier, cells) == (0.0, 0.0)  # the same score: no gain anywhere
+    flipped = np.where(outlier, 10.0, 0.0)
+    low, high = decisions.auroc_bounds(-flipped, flipped, outlier, cells)
+    assert low == high == 1.0  # every cell goes from AUROC 0 to 1
+    assert all(np.isnan(decisions.auroc_bounds(same[:3], same[:3], outlier[:3], cells[:3])))
+
+
+def test_the_shuffle_floor_is_the_brute_force_chance_that_each_cells_outliers_keep_their_rows():
+    outlier = np.array([1, 1, 0, 0, 1, 0, 0, 0, 0], bool)
+    cells = np.array(["p"] * 4 + ["q"] * 3 + ["r"] * 2)
+    kept = 0
+    perms = list(itertools.product(itertools.permutations(range(4)), itertools.permutations(range(4, 7))))
+    for first, second in perms:
+        index = np.array([*first, *second, 7, 8])
+        kept += set(index[outlier]) == set(np.flatnonzero(outlier))
+    assert decisions.shuffle_floor(outlier, cells) == pytest.approx(kept / len(perms)) == pytest.approx(1 / 18)
+    rng = np.random.default_rng(0)
+    index = decisions.within_cell_permutation(cells, rng)
+    assert (cells[index] == cells).all() and sorted(index) == list(range(9))  # rows move only within their cell
+
+
+def test_a_gaussian_cell_flags_few_runs_at_the_default_threshold():
+    rng = np.random.default_rng(0)
+    loss, cells = rng.normal(size=8 * 400), np.repeat(np.arange(400), 8)  # the sweep's 8 seeds per cell
+    share = outlier_runs(loss, cells, AnalysisParams().outlier_sd).mean()
+    assert 0.005 < share < 0.025  # about 1.6 %; the leave-one-out MAD of 7 runs has heavy tails (3 SDs: 4.9 %)
+
+
+def test_a_family_that_marks_the_outlier_runs_early_is_flagged_before_the_loss_curve_catches_up():
+    rows = decisions.outlier_verdict(outlier_sweep(), PARAMS, FAMILIES).set_index(["fraction", "family"])
+    early, late = rows.loc[(0.3, "weights_vr")], rows.loc[(0.8, "weights_vr")]
+    assert early["n_outliers"] == 4 and early["n"] == 64 and early["role"] == "outlier" and early["cv"] == "seed"
+    assert early["auroc_without"] < 0.2 and early["auroc_with"] == 1.0 and early["verdict"] == "adds"
+    assert early["auroc_low"] > 0 and early["statistic"] == early["auroc_with"] - early["auroc_without"]
+    assert late["auroc_without"] == 1.0 and late["verdict"] == "no evidence"  # the loss curve sees them by now
+    assert rows.loc[(0.3, "weights_np"), "verdict"] == "no evidence"
+    ok = rows[rows["status"] == "ok"]
+    holm = decisions.verdict.holm(ok["p_value"].to_numpy())
+    np.testing.assert_allclose(ok["p_adjusted"].to_numpy(), holm)  # Holm over the outlier rows only
+
+
+def test_a_noise_family_is_not_flagged_beyond_its_nominal_rate():
+    params = AnalysisParams()
+    p = [
+        decisions.outlier_verdict(outlier_sweep(seed, fractions=(0.3,)), params, {"weights_np": ("np_norm",)})
+        for seed in range(10, 16)
+    ]
+    p_values = np.array([float(r["p_value"].iloc[0]) for r in p])
+    assert np.isfinite(p_values).all()
+    assert (p_values < params.alpha).sum() <= 1  # nominal 5 %: at most one of 6 (binomial P(> 1) = 3 %)
+    assert not any((r["verdict"] == "adds").any() for r in p)
+
+
+def test_identical_losses_have_no_outlier_and_too_few_outliers_is_one_reason_in_words():
+    sweep = outlier_sweep(fractions=(0.3,))
+    flat = sweep.assign(actual=1.5)
+    row = decisions.outlier_verdict(flat, AnalysisParams(), FAMILIES).iloc[0]
+    assert row["status"] == "skipped" and row["n_outliers"] == 0
+    assert (
+        row["verdict"]
+        == "skipped: no outlier runs (final loss > 5 robust SDs above its cell's others) among 64; need 2"
+    )
+    assert not outlier_runs(flat["actual"], decisions._cell_labels(flat)).any()
+    keys = zip(sweep["rung"], sweep["variant"], sweep["seed"], strict=True)
+    one = sweep[[k not in PLANTED - {("b", "x", 1)} for k in keys]]  # three of the four planted runs gone
+    row = decisions.outlier_verdict(one, AnalysisParams(), FAMILIES).iloc[0]
+    assert row["verdict"].startswith("skipped: 1 outlier run (") and row["n_outliers"] == 1
+
+
+def test_the_outlier_rows_reach_the_topology_verdict_view_and_the_report_table():
+    rows = decisions.outlier_verdict(outlier_sweep(fractions=(0.3,)), AnalysisParams(), FAMILIES)
+    con = duckdb.connect()
+    schema, *views = warehouse.sql_files()
+    con.execute(schema.read_text())
+    settings = list(dataclasses.asdict(AnalysisParams().settings()).values())
+    con.execute(f"INSERT INTO settings VALUES ({', '.join('?' * len(settings))})", settings)
+    con.register("frame", rows)
+    con.execute("INSERT INTO incremental_validity BY NAME SELECT * FROM frame")
+    for view in views:
+        con.execute(view.read_text())
+    view = con.execute("SELECT * FROM topology_verdict WHERE role = 'outlier' ORDER BY family").df()
+    assert list(view["family"]) == ["weights_np", "weights_vr"] and view["mae_without"].isna().all()
+    assert list(view["verdict"]) == list(rows.sort_values("family")["verdict"])
+    table = report_verdict.verdict_table(view)
+    reads = dict(zip(table["family"], table["reads as"], strict=True))
+    assert reads["weights_vr"].startswith(
+        "At 30% of training, the within-cell AUROC of the predicted final loss for the outlier runs is "
+    )
+    assert "4 outlier runs among n=64 in 8 cells, leave-one-seed-out" in reads["weights_vr"]
+    assert reads["weights_vr"].endswith(f": {view['verdict'].iloc[1]}.") and table["auroc_with"].notna().all()

@@ -224,15 +224,15 @@ class AnalysisParams:
     equivalence_margin: float = 0.05  # 'ruled out' when the 95% bound on the gain is within this share
     primary: PrimaryParams | None = None  # the pre-registered endpoint (None: every row exploratory)
     loss_unit: str = "nats"  # nats (per token) | bpb (bits per UTF-8 byte): the unit final losses are compared in
+    outlier_sd: float = 5.0  # an outlier run: final loss > this many robust SDs above its cell's other seeds
+    outlier_min_gain: float = 0.05  # the outlier row's 'adds' needs an AUROC gain of at least this
 
     def check(self) -> None:
-        positive(
-            self,
-            "analysis",
-            ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold", "changepoint_penalty"),
-        )
+        names = ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold", "changepoint_penalty")
+        positive(self, "analysis", (*names, "outlier_sd"))
         non_negative(self, "analysis", ("seed", "np_min_delta", "loss_min_delta", "min_effect", "permutations"))
         within(self, "analysis", "equivalence_margin", 0.0, 1.0, "a share of the baseline MAE")
+        within(self, "analysis", "outlier_min_gain", 0.0, 1.0, "an AUROC gain")
         within(self, "analysis", "alpha", 0.0, 1.0, "a significance level")
         within(self, "analysis", "phase_threshold", 0.0, 1.0, "a share of the NP change's peak")
         if not self.fractions or not all(0.0 < f < 1.0 for f in self.fractions):

@@ -62,8 +62,8 @@ NORM_BASELINE = "norm"  # the baseline "loss curve + weight norm"; others are "n
 VERDICT_COLUMNS = [
     "cv", "fraction", "family", "comparison", "role", "baseline", "n", "n_cells", "n_groups", "mae_without",
     "mae_with", "delta_mae", "ci_low", "ci_high", "gain_share", "bound_share", "seed_sd", "decision_without",
-    "decision_with", "decision_current", "statistic", "p_value", "p_adjusted", "min_p", "verdict", "status",
-    "reason", "inputs",
+    "decision_with", "decision_current", "n_outliers", "auroc_without", "auroc_with", "auroc_low", "auroc_high",
+    "statistic", "p_value", "p_adjusted", "min_p", "verdict", "status", "reason", "inputs",
 ]  # fmt: skip
 ERROR_COLUMNS = [
     "cv", "fraction", "family", "comparison", "rung", "seed", "variant", "actual", "predicted_without",

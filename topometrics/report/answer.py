@@ -45,6 +45,7 @@ def answer(verdict, meta) -> Answer:
     params = _params(meta)
     if isinstance(verdict, Missing):
         return Answer((f"No verdict yet: {verdict.reason}.",), "dvc repro", "runs the analysis and the warehouse")
+    verdict = verdict[verdict["role"] != "outlier"] if "role" in verdict else verdict  # the report's table has them
     scheme = analysis_verdict.headline_scheme(verdict)
     if scheme is None:
         return _not_computable(verdict, params)

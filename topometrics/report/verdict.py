@@ -23,9 +23,13 @@ FAMILY_WORDS = {"weights_vr": "weights-VR", "weights_np": "weights-NP", "scale_f
 CV_WORDS = {"seed": "leave-one-seed-out", "variant": "leave-one-variant-out", "rung": "leave-one-rung-out"}
 TABLE_COLUMNS = [
     "role", "cv", "fraction", "family", "baseline", "n", "n_cells", "mae_without", "delta_mae", "ci_low", "ci_high",
-    "bound_share", "mae_without_sd", "decision_with", "decision_current", "p_adjusted", "verdict",
+    "bound_share", "mae_without_sd", "decision_with", "decision_current", "n_outliers", "auroc_without", "auroc_with",
+    "p_adjusted", "verdict",
 ]  # fmt: skip
-ROLE_WORDS = {"primary": "pre-registered", "topology": "exploratory, Holm-corrected", "context": "context"}
+ROLE_WORDS = {
+    "primary": "pre-registered", "topology": "exploratory, Holm-corrected", "context": "context",
+    "outlier": "exploratory, Holm-corrected over the outlier rows",
+}  # fmt: skip
 
 
 def _baseline(name) -> str:
@@ -52,6 +56,8 @@ def sentence(row) -> str:
     cv = CV_WORDS.get(row["cv"], f"leave-one-{row['cv']}-out")
     what = f"adding {_added(row['family'])} to {_baseline(row.get('baseline'))}"
     role = ROLE_WORDS.get(row.get("role"), "exploratory")
+    if row.get("role") == "outlier":
+        return _outlier_sentence(row, when, cv, role)
     delta = row.get("delta_mae")
     if delta is None or pd.isna(delta):
         return f"{when}, {what} was not tested ({cv}, {role}): {row['verdict']}."
@@ -62,6 +68,23 @@ def sentence(row) -> str:
     share = f"{_num(100 * row.get('gain_share', float('nan')), 2)}% of the baseline MAE {_num(row.get('mae_without'))}"
     n = f"n={int(row['n'])} runs in {int(row.get('n_cells') or 0)} cells"
     return f"{when}, {what} changes MAE by {numbers}, {share} ({n}, {cv}, {role}, {p_text}): {row['verdict']}."
+
+
+def _outlier_sentence(row, when: str, cv: str, role: str) -> str:
+    """The sentence of an outlier row: how well each model ranks the outlier runs above their cell-mates."""
+    what = f"{_added(row['family'])} over {_baseline(row.get('baseline'))}"
+    if row.get("status", "ok") != "ok" or pd.isna(row.get("auroc_with")):
+        return f"{when}, {what} was not tested on the outlier runs ({cv}, {role}): {row['verdict']}."
+    p = row.get("p_adjusted")
+    p_text = "no p-value" if p is None or pd.isna(p) else f"one-sided Holm p={_num(p, 2)}"
+    gain = row["auroc_with"] - row["auroc_without"]
+    bounds = f"95% bounds {_num(row.get('auroc_low'))}, {_num(row.get('auroc_high'))}; cells as units"
+    n = f"{int(row['n_outliers'])} outlier runs among n={int(row['n'])} in {int(row.get('n_cells') or 0)} cells"
+    return (
+        f"{when}, the within-cell AUROC of the predicted final loss for the outlier runs is "
+        f"{_num(row['auroc_without'])} from {_baseline(row.get('baseline'))} and {_num(row['auroc_with'])} with "
+        f"{_added(row['family'])} (gain {_num(gain)} [{bounds}]; {n}, {cv}, {role}, {p_text}): {row['verdict']}."
+    )
 
 
 def verdict_table(verdict) -> pd.DataFrame | Missing:

@@ -124,8 +124,10 @@ CREATE TABLE incremental_validity (
     cv VARCHAR NOT NULL,               -- leave-one-<cv>-out: seed, variant or rung
     fraction DOUBLE NOT NULL,
     family VARCHAR NOT NULL,           -- weight_norm, a verdict family, everything
-    comparison VARCHAR NOT NULL,       -- 'primary', '(2) vs (1)', '(3) vs <baseline>', '(4) vs (2)'
-    role VARCHAR,                      -- 'primary', 'topology' (exploratory, Holm), 'context' (uncorrected)
+    comparison VARCHAR NOT NULL,       -- 'primary', '(2) vs (1)', '(3) vs <baseline>', '(4) vs (2)',
+                                       -- 'outliers (AUROC)'
+    role VARCHAR,                      -- 'primary', 'topology' (exploratory, Holm), 'outlier' (exploratory,
+                                       -- Holm among themselves), 'context' (uncorrected)
     baseline VARCHAR,                  -- the smaller model: 'loss', 'norm' (loss curve + weight norm), 'norm+<family>'
     n INTEGER,                         -- runs predicted by both models (the pairs)
     n_cells INTEGER,                   -- rung x recipe cells among them (the units of the bounds)
@@ -137,9 +139,14 @@ CREATE TABLE incremental_validity (
     bound_share DOUBLE,                -- -ci_low / mae_without: the largest gain the data allow
     seed_sd DOUBLE,                    -- pooled within-cell SD of the final loss (nats): the noise ceiling
     decision_without DOUBLE, decision_with DOUBLE, decision_current DOUBLE,  -- share of run pairs ordered right
-    statistic DOUBLE,                  -- Clark-West mean 2 e_without (pred_with - pred_without), nats^2
+    n_outliers INTEGER,                -- role 'outlier' (topometrics.analysis.decisions): outlier runs among n
+    auroc_without DOUBLE, auroc_with DOUBLE,  -- ... within-cell AUROC of the predicted final loss for them
+    auroc_low DOUBLE, auroc_high DOUBLE,      -- ... one-sided 95% bounds of auroc_with - auroc_without (cells)
+    statistic DOUBLE,                  -- Clark-West mean 2 e_without (pred_with - pred_without), nats^2;
+                                       -- role 'outlier': auroc_with - auroc_without
     p_value DOUBLE,                    -- one-sided, from cell-block permutation refits
-    p_adjusted DOUBLE,                 -- Holm over the scheme's topology rows; = p_value for the others
+    p_adjusted DOUBLE,                 -- Holm over the scheme's topology rows, or over the outlier rows;
+                                       -- = p_value for the others
     min_p DOUBLE,                      -- the smallest p the permutations can give
     verdict VARCHAR,                   -- the word (see the topology_verdict view)
     status VARCHAR NOT NULL,           -- 'ok' or 'skipped'
