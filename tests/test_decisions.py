@@ -221,14 +221,21 @@ def test_a_noise_family_is_not_flagged_beyond_its_nominal_rate():
 
 def test_identical_losses_have_no_outlier_and_too_few_outliers_is_one_reason_in_words():
     sweep = outlier_sweep(fractions=(0.3,))
-    flat = sweep.assign(actual=1.5)
+    flat = sweep.assign(actual=1.5)  # every cell's losses identical: no spread to measure an outlier by
+    assert not outlier_runs(flat["actual"], decisions._cell_labels(flat)).any()
     row = decisions.outlier_verdict(flat, AnalysisParams(), FAMILIES).iloc[0]
     assert row["status"] == "skipped" and row["n_outliers"] == 0
+    no_spread = "skipped: no cell has 4 runs whose final losses spread (a run's robust z needs 3 other seeds)"
+    assert row["verdict"] == no_spread
+    assert (
+        decisions.outlier_verdict(sweep[sweep["seed"] < 3], AnalysisParams(), FAMILIES).iloc[0]["verdict"] == no_spread
+    )
+    even = sweep.assign(actual=1.5 + 0.01 * sweep["seed"])  # evenly spread seeds: the worst is 1.35 robust SDs out
+    row = decisions.outlier_verdict(even, AnalysisParams(), FAMILIES).iloc[0]
     assert (
         row["verdict"]
         == "skipped: no outlier runs (final loss > 5 robust SDs above its cell's others) among 64; need 2"
     )
-    assert not outlier_runs(flat["actual"], decisions._cell_labels(flat)).any()
     keys = zip(sweep["rung"], sweep["variant"], sweep["seed"], strict=True)
     one = sweep[[k not in PLANTED - {("b", "x", 1)} for k in keys]]  # three of the four planted runs gone
     row = decisions.outlier_verdict(one, AnalysisParams(), FAMILIES).iloc[0]

@@ -318,6 +318,7 @@ def outlier_verdict(
     for fraction, g in inputs.groupby("fraction", sort=True):
         g = g.reset_index(drop=True)
         flagged = outlier_runs(g["actual"].to_numpy(float), _cell_labels(g), params.outlier_sd)
+        g["_scored"] = np.isfinite(robust_z(g["actual"].to_numpy(float), _cell_labels(g)))
         for name in topological:
             row = {"cv": OUTLIER_SCHEME, "fraction": float(fraction), "family": name, "role": OUTLIER_ROLE}
             row |= {"comparison": "outliers (AUROC)", "baseline": verdict.NORM_BASELINE}
@@ -345,6 +346,9 @@ def _outlier_row(g, flagged, base, extra, params: AnalysisParams, n_perm: int) -
     cells = _cell_labels(sub)
     out = {"n": len(sub), "n_cells": len(np.unique(cells)), "n_groups": sub[OUTLIER_SCHEME].nunique()}
     out |= {"n_outliers": int(flagged.sum()), "inputs": ",".join(base_cols + extra_cols)}
+    if not sub["_scored"].any():
+        why = "no cell has 4 runs whose final losses spread (a run's robust z needs 3 other seeds)"
+        return out | {"status": "skipped", "reason": why}
     if flagged.sum() < MIN_OUTLIERS:
         k = params.outlier_sd
         found = "no outlier runs" if not flagged.any() else f"{int(flagged.sum())} outlier run"
