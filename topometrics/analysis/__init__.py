@@ -6,6 +6,7 @@ Entry points: ``warehouse.build_warehouse`` / ``populate`` (the DuckDB store, wi
 Clark-West statistic, cell-block permutation p, cell bounds); ``remedy`` (what makes the verdict
 computable); ``predict`` (final-loss predictors); ``partial``
 (partial Spearman within runs); ``decisions`` (pair-order accuracy, the seed-to-seed noise ceiling,
-outlier runs); ``stats`` (p-values, bootstrap CIs, robust fits);
+outlier runs and ``outlier_verdict``, the verdict's rows on whether topology flags them);
+``stats`` (p-values, bootstrap CIs, robust fits);
 ``metrics_file.build_metrics`` (the summary ``dvc metrics diff`` compares).
 """

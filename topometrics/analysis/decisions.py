@@ -328,14 +328,12 @@ def outlier_verdict(
 
 def _outlier_row(g, flagged, base, extra, params: AnalysisParams, n_perm: int) -> dict:
     """The numbers of one outlier row, or ``status='skipped'`` with its one reason."""
-    if OUTLIER_SCHEME not in g:
-        return {"n": 0, "status": "skipped", "reason": f"runs have no {OUTLIER_SCHEME} column"}
+    why = _layout_problem(g)
+    if why is not None:
+        return {"n": 0, "status": "skipped", "reason": why}
     keep = (g["n_seen"] >= verdict.MIN_CHECKPOINTS).to_numpy()
-    if not keep.any():
-        return {"n": 0, "status": "skipped", "reason": f"no run has {verdict.MIN_CHECKPOINTS} checkpoints observed"}
     g, flagged = g[keep].reset_index(drop=True), flagged[keep]
-    base_cols, _ = verdict.usable_columns(g, base)
-    extra_cols, _ = verdict.usable_columns(g, extra)
+    base_cols, extra_cols = verdict.usable_columns(g, base)[0], verdict.usable_columns(g, extra)[0]
     if not base_cols or not extra_cols:
         return {"n": 0, "status": "skipped", "reason": "no usable inputs of the family or of the baseline"}
     more = [c for c in ("loss_rank", *verdict.GRAD_INPUTS) if c in g and c not in base_cols]
@@ -346,16 +344,9 @@ def _outlier_row(g, flagged, base, extra, params: AnalysisParams, n_perm: int) -
     cells = _cell_labels(sub)
     out = {"n": len(sub), "n_cells": len(np.unique(cells)), "n_groups": sub[OUTLIER_SCHEME].nunique()}
     out |= {"n_outliers": int(flagged.sum()), "inputs": ",".join(base_cols + extra_cols)}
-    if not sub["_scored"].any():
-        why = "no cell has 4 runs whose final losses spread (a run's robust z needs 3 other seeds)"
+    why = _label_problem(sub, flagged, params.outlier_sd)
+    if why is not None:
         return out | {"status": "skipped", "reason": why}
-    if flagged.sum() < MIN_OUTLIERS:
-        k = params.outlier_sd
-        found = "no outlier runs" if not flagged.any() else f"{int(flagged.sum())} outlier run"
-        why = f"{found} (final loss > {k:g} robust SDs above its cell's others) among {len(sub)}; need {MIN_OUTLIERS}"
-        return out | {"status": "skipped", "reason": why}
-    if out["n_groups"] < verdict.MIN_GROUPS:
-        return out | {"status": "skipped", "reason": f"{out['n_groups']} seeds; need {verdict.MIN_GROUPS}"}
     test = outlier_test(
         sub[base_cols].to_numpy(float), sub[extra_cols].to_numpy(float), target[usable], sub["anchor"].to_numpy(),
         flagged, sub[OUTLIER_SCHEME].to_numpy(), cells, n_perm, params.seed, verdict.base_candidates(base_cols),
@@ -364,6 +355,32 @@ def _outlier_row(g, flagged, base, extra, params: AnalysisParams, n_perm: int) -
     out |= {"auroc_without": test.auroc_without, "auroc_with": test.auroc_with, "auroc_low": test.low}
     out |= {"auroc_high": test.high, "statistic": test.auroc_with - test.auroc_without, "p_value": test.p_value}
     return out | {"min_p": test.min_p, "seed_sd": verdict.seed_sd(sub), "status": "ok"}
+
+
+def _layout_problem(g: pd.DataFrame) -> str | None:
+    """Why leave-one-seed-out cannot run at this fraction, in the verdict's own words (None when it can)."""
+    if OUTLIER_SCHEME not in g:
+        return f"runs have no {OUTLIER_SCHEME} column"
+    keep = g["n_seen"] >= verdict.MIN_CHECKPOINTS
+    if not keep.any():
+        most, fraction = int(g["n_seen"].max()), g["fraction"].iloc[0]
+        return f"fraction {fraction:g} observes at most {most} checkpoints per run; need {verdict.MIN_CHECKPOINTS}"
+    seeds = g.loc[keep, OUTLIER_SCHEME].nunique()
+    if seeds < verdict.MIN_GROUPS:
+        return f"leave-one-{OUTLIER_SCHEME}-out needs at least {verdict.MIN_GROUPS} {OUTLIER_SCHEME}s, got {seeds}"
+    return None
+
+
+def _label_problem(sub: pd.DataFrame, flagged: np.ndarray, k: float) -> str | None:
+    """Why the scored runs hold too few outliers to test (None when they hold :data:`MIN_OUTLIERS`)."""
+    if not sub["_scored"].any():
+        return "no cell has 4 runs whose final losses spread (a run's robust z needs 3 other seeds)"
+    if flagged.sum() < MIN_OUTLIERS:
+        found = "no outlier runs" if not flagged.any() else f"{int(flagged.sum())} outlier run"
+        return f"{found} (final loss > {k:g} robust SDs above its cell's others) among {len(sub)}; need {MIN_OUTLIERS}"
+    if sub[OUTLIER_SCHEME].nunique() < verdict.MIN_GROUPS:
+        return f"runs with every input span {sub[OUTLIER_SCHEME].nunique()} seeds; need {verdict.MIN_GROUPS}"
+    return None
 
 
 def judge_outliers(rows: pd.DataFrame, params: AnalysisParams) -> pd.DataFrame:
