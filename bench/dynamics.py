@@ -7,9 +7,9 @@ smaller of two medians of 5, one before and one after the families (the method o
 
 ``gradient_topology``  :func:`topometrics.features.gradient_cloud.gradient_rows` (per-example gradients per
                        layer, the clouds' persistence, the whole network's projection, the baseline);
-``trajectory``         one checkpoint's iterate (:func:`topometrics.features.checkpoint.checkpoint_iterate`, done
-                       once per checkpoint) and its two trailing-window dimensions (a window of
-                       ``phdim_window / sketch_every`` sketched iterates and of 11 checkpoints);
+``trajectory``         one checkpoint's iterate (:class:`topometrics.features.trajectory.CheckpointIterate`, done
+                       once per checkpoint and kept with its shard) and its two trailing-window dimensions (a
+                       window of ``phdim_window / sketch_every`` sketched iterates and one of 11 checkpoints);
 ``changepoints``       one run's changepoint rows (51 checkpoints, 10 series) over its 51 checkpoints.
 
 Every time on CPU is this process's CPU time (``time.process_time``) on ``--threads`` torch threads.
