@@ -17,7 +17,9 @@ Every time on CPU is this process's CPU time (``time.process_time``) on ``--thre
 **Memory** (CPU): in a fresh process per model, the peak resident memory (``ru_maxrss``) after the model and a
 forward+backward pass of the batch, then after the gradient family: the difference is what the family needs
 above a forward+backward pass; set against ``grad_batch`` x the largest linear layer (float32), the memory of
-one layer's per-example gradients. Per layer, the growth of that peak while the layer's gradients exist.
+one layer's per-example gradients. Twice: with glibc's default allocator (``memory``), and with a fixed mmap
+threshold (``memory_freed_blocks_returned``: every freed large block goes back to the system, so the peak is
+the family's live allocations rather than the heap the default allocator keeps).
 """
 
 from __future__ import annotations
@@ -156,18 +158,25 @@ def _child(task: str, config: GPTConfig, params: FeaturesParams, threads: int, d
         queue.put(dynamics_costs(config, params, TrainParams(), device))
 
 
-def in_fresh_process(task: str, config: GPTConfig, params: FeaturesParams, threads: int, device: str) -> dict:
+def in_fresh_process(
+    task: str, config: GPTConfig, params: FeaturesParams, threads: int, device: str, env: dict | None = None
+) -> dict:
     """``task`` ('costs' or 'memory') in a fresh process whose BLAS and OpenMP pools have ``threads`` threads
     (numpy's BLAS sizes its pool when loaded; idle pool threads spinning would count as this process's CPU time),
-    so a peak resident size is its own."""
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(threads)
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_child, args=(task, config, params, threads, device, queue))
-    child.start()
-    found = queue.get()
-    child.join()
+    so a peak resident size is its own; ``env``: more variables for it (e.g. glibc's malloc settings)."""
+    saved = dict(os.environ)
+    os.environ.update({var: str(threads) for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+    os.environ.update(env or {})
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_child, args=(task, config, params, threads, device, queue))
+        child.start()
+        found = queue.get()
+        child.join()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return found
 
 
@@ -179,7 +188,13 @@ def dynamics_main(models: list[str], params: FeaturesParams, threads: int, devic
     for name in models:
         found[name] = in_fresh_process("costs", SURFACE_MODELS[name], params, threads, device)
         if device == "cpu":
-            found[name]["memory"] = in_fresh_process("memory", SURFACE_MODELS[name], params, threads, device)
+            config = SURFACE_MODELS[name]
+            found[name]["memory"] = in_fresh_process("memory", config, params, threads, device)
+            # glibc's default raises its mmap threshold as large blocks are freed, so later ones come from the
+            # heap and may stay resident after they are freed; a fixed threshold returns every freed block,
+            # so the peak is the family's own live allocations
+            returned = in_fresh_process("memory", config, params, threads, device, {"MALLOC_MMAP_THRESHOLD_": "131072"})
+            found[name]["memory_freed_blocks_returned"] = returned
         print(f"{name}: {found[name]}", flush=True)
     print(json.dumps({"threads": threads, **found}))
     return 0

@@ -52,13 +52,18 @@ def test_vmap_gradients_equal_single_example_backward_passes():
             np.testing.assert_allclose(got[i], expected, atol=1e-6, rtol=0)
 
 
-def test_one_batched_pass_gives_every_linear_layers_per_example_gradients_as_vmap_does():
+@pytest.mark.parametrize("chunk", [1 << 20, 5 * 16 * 3])  # one chunk a layer; 3 output rows a chunk
+def test_one_batched_pass_gives_every_linear_layers_per_example_gradients_as_vmap_does(monkeypatch, chunk):
+    import topometrics.landscape.gradients as G
+
+    monkeypatch.setattr(G, "CHUNK_VALUES", chunk)
     model, (x, y) = tiny_model(), batch(5)
     params, layers = dict(model.named_parameters()), layer_map(model)
     hooked = hookable_layers(model, layers)
     assert set(hooked) == set(layers)  # our GPT's linear layers are all nn.Linear, none tied
     got = {}
-    linear_example_gradients(model, hooked, x, y, lambda layer, g: got.__setitem__(layer, g.copy()))
+    linear_example_gradients(model, hooked, x, y, lambda layer, chunks: got.__setitem__(layer, [*chunks()]))
+    got = {layer: np.concatenate(parts, axis=1) for layer, parts in got.items()}
     assert list(got) == list(reversed(layers))  # the backward pass reaches the last layer first
     for layer, name in layers.items():
         np.testing.assert_allclose(got[layer], layer_gradients(example_loss(model), params, name, x, y), atol=1e-6)

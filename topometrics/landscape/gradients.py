@@ -8,12 +8,14 @@ left out, as the weight features leave them out (the linear layers are the netwo
 
 **Cost and memory.** An ``nn.Linear`` layer's per-example gradients come from one forward and backward
 pass of the whole batch (:func:`linear_example_gradients`: example ``i``'s gradient is its output
-gradients times its inputs, summed over its tokens), computed and summarised layer by layer as the
-backward pass reaches each, so at most ``B x`` the largest layer's gradient exists at once, plus a
-``(chunk, k)`` slice of the projection. Any other layer (GPT-2's ``Conv1D``, a weight tied to another
-name) goes through ``torch.func.vmap(grad)`` one layer at a time, differentiating only that layer's
-weight (the rest held as constants): the same bound, at one forward and backward pass per layer.
-Per-example gradients of a whole model at once would need ``B x`` the model.
+gradients times its inputs, summed over its tokens). Each layer is summarised as the backward pass
+reaches it, from chunks of its per-example gradients computed as they are read (:func:`linear_chunks`,
+twice: the unit cloud needs the norms first), so no layer's ``B x numel`` gradients exist whole: the
+family holds a few chunks of :data:`CHUNK_VALUES` float64 values and a ``(chunk, k)`` slice of the
+projection. Any other layer (GPT-2's ``Conv1D``, a weight tied to another name) goes through
+``torch.func.vmap(grad)`` one layer at a time, differentiating only that layer's weight (the rest held
+as constants): ``B x`` that layer at a time, at one forward and backward pass per layer. Per-example
+gradients of a whole model at once would need ``B x`` the model.
 
 **Summaries.** Vietoris-Rips H0/H1 of each cloud (:mod:`topometrics.measures.persistence`), on the raw
 gradients and on the gradients scaled to unit norm (directions only). The non-topological baseline:
@@ -26,7 +28,7 @@ Gram matrix are sums over layers, accumulated in float64 (the projection is only
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -110,27 +112,16 @@ def jl_tolerance(n_points: int, k: int, failure: float = 0.05) -> float:
     return float(ok[0]) if ok.size else float("inf")
 
 
-CHUNK_VALUES = 1 << 21  # float64 values converted from a (B, d) float32 cloud at a time (16 MB)
+CHUNK_VALUES = 1 << 18  # float64 values of a (B, d) cloud converted or computed at a time (2 MB)
+Chunks = Callable[[], Iterator[np.ndarray]]  # a cloud (B, d) as float64 (B, c) column slices, in order
 
 
-def column_chunks(points: np.ndarray):
+def column_chunks(points: np.ndarray) -> Iterator[np.ndarray]:
     """The columns of ``points`` (B, d) as float64 ``(B, c)`` slices of at most :data:`CHUNK_VALUES` values: no
     float64 copy of a whole layer's per-example gradients ever exists."""
     step = max(1, CHUNK_VALUES // max(1, points.shape[0]))
     for start in range(0, points.shape[1], step):
         yield np.asarray(points[:, start : start + step], dtype=np.float64)
-
-
-class GradientMoments:
-    """Sums over layers of what the noise scale and the cosine need: the (B, B) Gram matrix of the
-    per-example gradients, in float64 (its diagonal the squared norms, its mean ``|g_mean|^2``)."""
-
-    def __init__(self, batch: int) -> None:
-        self.gram = np.zeros((batch, batch))
-
-    def add(self, grads: np.ndarray) -> None:
-        for part in column_chunks(grads):
-            self.gram += part @ part.T
 
 
 def noise_scale(gram: np.ndarray) -> float:
@@ -155,36 +146,47 @@ def mean_cosine(gram: np.ndarray) -> float:
     return float(cos[upper].mean())
 
 
-def cloud_distances(points: np.ndarray, norms: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Euclidean distances (B, B) float64 between the rows of ``points`` (B, d) and between their unit rows (zero
-    rows dropped: (m, m)), summed over float64 column chunks (:func:`column_chunks`) of squared differences, so
-    equal rows are exactly 0 apart (no ``|a|^2 + |b|^2 - 2 a.b`` cancellation). ``norms`` (B,): the rows' norms
-    when known (the Gram diagonal's roots)."""
-    if norms is None:
-        norms = np.sqrt(sum((part * part).sum(axis=1) for part in column_chunks(points)))
-    keep = norms > 0
-    raw, unit = np.zeros((points.shape[0],) * 2), np.zeros((int(keep.sum()),) * 2)
-    for part in column_chunks(points):
+def cloud_geometry(
+    chunks: Chunks, batch: int, project: Callable[[np.ndarray], object] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Gram matrix (B, B), the Euclidean distances (B, B) between the points of a cloud given as column
+    chunks (``chunks()`` yields them; called twice), and the distances between its unit rows (zero rows
+    dropped: (m, m)), all float64 sums over the chunks: squared differences, so equal rows are exactly 0 apart
+    (no ``|a|^2 + |b|^2 - 2 a.b`` cancellation). ``project(chunk)`` sees every chunk of the first pass."""
+    gram, raw = np.zeros((batch, batch)), np.zeros((batch, batch))
+    for part in chunks():
+        gram += part @ part.T
         raw += cdist(part, part, "sqeuclidean")
+        if project is not None:
+            project(part)
+    norms = np.sqrt(np.diag(gram))
+    keep = norms > 0
+    unit = np.zeros((int(keep.sum()),) * 2)
+    for part in chunks():
         scaled = part[keep] / norms[keep, None]
         unit += cdist(scaled, scaled, "sqeuclidean")
     for dist in (raw, unit):
         np.fill_diagonal(dist, 0.0)
-    return np.sqrt(raw), np.sqrt(unit)
+    return gram, np.sqrt(raw), np.sqrt(unit)
 
 
-def cloud_summary(points: np.ndarray, norms: np.ndarray | None = None) -> dict[str, float]:
-    """Vietoris-Rips summaries of a gradient cloud (B, d), raw and unit-normalised: the keys of
-    :func:`topometrics.measures.persistence.diagram_summary`, the unit ones prefixed ``unit_`` (NaN when
-    fewer than 2 gradients are non-zero, the unit sphere then having no pairs). ``norms``: as
-    :func:`cloud_distances`."""
-    raw_dist, unit_dist = cloud_distances(points, norms)
-    raw = diagram_summary(rips_diagrams(raw_dist))
-    if unit_dist.shape[0] >= 2:
-        unit_summary = diagram_summary(rips_diagrams(unit_dist))
-    else:
-        unit_summary = dict.fromkeys(raw, float("nan"))
-    return raw | {f"unit_{key}": value for key, value in unit_summary.items()}
+def cloud_distances(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`cloud_geometry`'s distances of an array ``points`` (B, d), raw and between unit rows."""
+    return cloud_geometry(lambda: column_chunks(points), points.shape[0])[1:]
+
+
+def distance_summary(raw: np.ndarray, unit: np.ndarray) -> dict[str, float]:
+    """Vietoris-Rips summaries of a gradient cloud from its distances, raw and between unit rows: the keys of
+    :func:`topometrics.measures.persistence.diagram_summary`, the unit ones prefixed ``unit_`` (NaN when fewer
+    than 2 gradients are non-zero, the unit sphere then having no pairs)."""
+    summary = diagram_summary(rips_diagrams(raw))
+    unit_summary = diagram_summary(rips_diagrams(unit)) if unit.shape[0] >= 2 else dict.fromkeys(summary, np.nan)
+    return summary | {f"unit_{key}": value for key, value in unit_summary.items()}
+
+
+def cloud_summary(points: np.ndarray) -> dict[str, float]:
+    """:func:`distance_summary` of a cloud ``points`` (B, d)."""
+    return distance_summary(*cloud_distances(points))
 
 
 def linear_example_gradients(
@@ -192,7 +194,7 @@ def linear_example_gradients(
     modules: Mapping[str, torch.nn.Linear],
     x: torch.Tensor,
     y: torch.Tensor,
-    each: Callable[[str, np.ndarray], None],
+    each: Callable[[str, Chunks], None],
 ) -> None:
     """Per-example weight gradients of the ``nn.Linear`` layers ``modules`` (layer name -> module of ``model``)
     from ONE forward and backward pass of the batch ``x``, ``y`` (B, t).
@@ -200,9 +202,10 @@ def linear_example_gradients(
     Each example's loss (mean next-token cross-entropy over its ``t`` tokens, as :func:`example_loss`) depends
     on its own row of every activation only, so the backward pass of their sum hands each linear layer its
     output gradients ``G`` (B, t, out) per example, and example ``i``'s weight gradient is ``G_i^T A_i``
-    (``A`` the layer's input, (B, t, in), which autograd keeps for the pass anyway). ``each(layer, grads)``
-    gets ``grads`` (B, out * in) float32 as the backward pass reaches the layer (reverse network order),
-    and the layer's per-example gradients are freed when it returns: one layer's exist at a time.
+    (``A`` the layer's input, (B, t, in), which autograd keeps for the pass anyway). ``each(layer, chunks)``
+    is called as the backward pass reaches the layer (reverse network order): ``chunks()`` yields the
+    per-example gradients (B, out * in) as column chunks (:func:`linear_chunks`), computed as they are
+    read, so not even one layer's per-example gradients exist whole.
     """
     handles = []
 
@@ -211,8 +214,7 @@ def linear_example_gradients(
             a = inputs[0].detach()
 
             def on_grad(g: torch.Tensor) -> None:
-                per_example = torch.einsum("b...o,b...i->boi", g.detach(), a)
-                each(layer, per_example.reshape(per_example.shape[0], -1).to("cpu", torch.float32).numpy())
+                each(layer, linear_chunks(g.detach(), a))
 
             output.register_hook(on_grad)
 
@@ -231,6 +233,22 @@ def linear_example_gradients(
         for handle in handles:
             handle.remove()
         model.zero_grad(set_to_none=True)
+
+
+def linear_chunks(g: torch.Tensor, a: torch.Tensor) -> Chunks:
+    """Per-example weight gradients of an ``nn.Linear`` from its output gradients ``g`` (B, ..., out) and inputs
+    ``a`` (B, ..., in): example ``i``'s flattened ``(out, in)`` gradient ``sum_t g_it a_it^T``, as float64 column
+    chunks of whole output rows (each computed in float32 when read, about :data:`CHUNK_VALUES` values)."""
+    batch, out, inputs = g.shape[0], g.shape[-1], a.shape[-1]
+    g, a = g.reshape(batch, -1, out), a.reshape(batch, -1, inputs)
+    rows = max(1, CHUNK_VALUES // (batch * inputs))
+
+    def chunks() -> Iterator[np.ndarray]:
+        for start in range(0, out, rows):
+            part = torch.einsum("bto,bti->boi", g[:, :, start : start + rows], a)
+            yield part.reshape(batch, -1).to("cpu", torch.float64).numpy()
+
+    return chunks
 
 
 def hookable_layers(model: torch.nn.Module | None, layers: Mapping[str, str]) -> dict[str, torch.nn.Linear]:
@@ -257,17 +275,19 @@ class _Clouds:
     def __init__(self, layers: Mapping[str, str], batch: int, k: int, seed: int) -> None:
         self.index = {layer: i for i, layer in enumerate(layers)}
         self.k, self.seed = k, seed
-        self.whole, self.total = np.zeros((batch, k)), GradientMoments(batch)
+        self.whole, self.gram = np.zeros((batch, k)), np.zeros((batch, batch))
         self.out: dict[str, dict[str, float]] = {}
 
-    def add(self, layer: str, g: np.ndarray) -> None:
-        moments = GradientMoments(g.shape[0])
-        moments.add(g)
-        self.total.gram += moments.gram
+    def add(self, layer: str, chunks: Chunks) -> None:
+        """Layer ``layer``'s per-example gradients (B, numel), as column chunks."""
         # each layer's rows of the whole network's projection from its own seeded generator: the matrix is
         # the same whatever order the layers arrive in (a Gaussian matrix, block by block)
-        project_block(g, np.random.default_rng((self.seed, self.index[layer])), self.k, self.whole)
-        self.out[layer] = cloud_summary(g, np.sqrt(np.diag(moments.gram))) | _baseline(moments.gram)
+        rng = np.random.default_rng((self.seed, self.index[layer]))
+        gram, raw, unit = cloud_geometry(
+            chunks, self.whole.shape[0], lambda p: project_block(p, rng, self.k, self.whole)
+        )
+        self.gram += gram
+        self.out[layer] = distance_summary(raw, unit) | _baseline(gram)
 
 
 def gradient_topology(
@@ -318,9 +338,11 @@ def gradient_topology(
         linear_example_gradients(model, hooked, x, y, clouds.add)
     for layer, name in layers.items():
         if layer not in hooked:
-            clouds.add(layer, layer_gradients(loss, params, name, x, y))
+            g = layer_gradients(loss, params, name, x, y)
+            clouds.add(layer, lambda g=g: column_chunks(g))
+            del g  # one layer's (B, numel) at a time
     out = {layer: clouds.out[layer] for layer in layers}
-    out["all"] = cloud_summary(clouds.whole) | _baseline(clouds.total.gram)
+    out["all"] = cloud_summary(clouds.whole) | _baseline(clouds.gram)
     return out
 
 
