@@ -12,6 +12,9 @@ smaller of two medians of 5, one before and one after the families (the method o
                        window of ``phdim_window / sketch_every`` sketched iterates and one of 11 checkpoints);
 ``changepoints``       one run's changepoint rows (51 checkpoints, 10 series) over its 51 checkpoints.
 
+And what a features run spends on a run's checkpoint iterates (51 xl checkpoints): reloading and projecting
+every checkpoint, as each run did before, against reading each one's iterate from its shard (now).
+
 Every time on CPU is this process's CPU time (``time.process_time``) on ``--threads`` torch threads.
 
 **Memory** (CPU): in a fresh process per model, the peak resident memory (``ru_maxrss``) after the model and a
@@ -28,15 +31,21 @@ import json
 import multiprocessing
 import os
 import resource
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 from bench.train import synchronize
 from topometrics.dynamics.changepoints import run_changepoint_rows
+from topometrics.execution.shards import Fingerprint, ShardKey, Task, write_shard
 from topometrics.features.gradient_cloud import gradient_batch, gradient_cloud, gradient_rows, weight_names
+from topometrics.features.run_shards import shard_iterates
 from topometrics.features.trajectory import Iterates, checkpoint_iterates, trajectory_values
+from topometrics.models.checkpoints import list_checkpoints, load_state, save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights
 from topometrics.params import FeaturesParams, TrainParams
 
@@ -129,6 +138,34 @@ def dynamics_costs(config: GPTConfig, params: FeaturesParams, train: TrainParams
     }
 
 
+def iterate_reads(config: GPTConfig, params: FeaturesParams, root: Path, n: int = CHECKPOINTS) -> dict:
+    """CPU seconds a features run spends on a run's checkpoint iterates: reloading and projecting ``n`` saved
+    checkpoints of ``config`` (what every run did before), against reading them back from ``n`` shards'
+    metadata (``run_shards.shard_iterates``, now); both give the same iterates (checked)."""
+    ckpts, tasks = [], []
+    (root / "run").mkdir(parents=True)
+    for step in range(n):
+        model = GPT(config)
+        model.init_weights(torch.Generator().manual_seed(step))
+        meta = {"step": step, "rung": "xl", "seed": 42, "config": config.to_dict(), "recipe_fingerprint": "bench"}
+        save_checkpoint(root / "run", model, meta | {"val_loss": float("nan"), "train_loss": float("nan")})
+    ckpts = list_checkpoints(root / "run")
+    start = time.process_time()
+    layers = (linear_weights(load_state(c.path), c.config.layers).values() for c in ckpts)
+    before = checkpoint_iterates([c.step for c in ckpts], layers, params.seed)
+    reload_s = time.process_time() - start
+    frame = pd.DataFrame({"step": [0], "value": [0.0]})
+    for step, point in zip(before.steps, before.points, strict=True):
+        key = ShardKey("xl", "base", 42, int(step))
+        write_shard(root / "shards", key, Fingerprint("-", "-", "-"), {"features": frame}, {"iterate": list(point)})
+        tasks.append(Task(key, Fingerprint("-", "-", "-"), None))
+    start = time.process_time()
+    after = shard_iterates(root / "shards", tasks)
+    read_s = time.process_time() - start
+    assert np.array_equal(after.points, before.points), "the shards' iterates differ from the checkpoints'"
+    return {"checkpoints": n, "reload_and_project_s": round(reload_s, 3), "from_shards_s": round(read_s, 4)}
+
+
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
 
@@ -196,5 +233,8 @@ def dynamics_main(models: list[str], params: FeaturesParams, threads: int, devic
             returned = in_fresh_process("memory", config, params, threads, device, {"MALLOC_MMAP_THRESHOLD_": "131072"})
             found[name]["memory_freed_blocks_returned"] = returned
         print(f"{name}: {found[name]}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        found["iterates_per_features_run"] = iterate_reads(SURFACE_MODELS["xl"], params, Path(tmp))
+    print(f"iterates: {found['iterates_per_features_run']}")
     print(json.dumps({"threads": threads, **found}))
     return 0

@@ -276,6 +276,7 @@ def _records(root: Path, run: shards.ShardRun, tasks: list[shards.Task], revisio
             records.append(skip_record(revision, task.key.step, run.failed[task.key]))
             continue
         info = shards.stored_info(task.key.folder(root) / "features.parquet") or {}
+        info.pop("iterate", None)  # the trajectory's iterate: data for the distances, not status
         blob = info.get("weights_sha256")
         status = "reused" if task.key in run.reused else "computed"
         records.append({"revision": revision, "step": task.key.step, "status": status, "reason": None, **info,
