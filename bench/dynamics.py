@@ -191,6 +191,9 @@ def _child(task: str, config: GPTConfig, params: FeaturesParams, threads: int, d
     torch.set_num_threads(threads)
     if task == "memory":
         queue.put(_memory(config, params))
+    elif task == "iterates":
+        with tempfile.TemporaryDirectory() as tmp:
+            queue.put(iterate_reads(config, params, Path(tmp)))
     else:
         queue.put(dynamics_costs(config, params, TrainParams(), device))
 
@@ -233,8 +236,7 @@ def dynamics_main(models: list[str], params: FeaturesParams, threads: int, devic
             returned = in_fresh_process("memory", config, params, threads, device, {"MALLOC_MMAP_THRESHOLD_": "131072"})
             found[name]["memory_freed_blocks_returned"] = returned
         print(f"{name}: {found[name]}", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        found["iterates_per_features_run"] = iterate_reads(SURFACE_MODELS["xl"], params, Path(tmp))
+    found["iterates_per_features_run"] = in_fresh_process("iterates", SURFACE_MODELS["xl"], params, threads, "cpu")
     print(f"iterates: {found['iterates_per_features_run']}")
     print(json.dumps({"threads": threads, **found}))
     return 0
