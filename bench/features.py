@@ -17,6 +17,10 @@ medians of 5, one before and one after the families. On CPU every time is this p
 (``time.process_time``) on ``--threads`` (default 1) torch threads, so other work on a shared machine inflates
 neither side of a ratio (idle threads spinning under load would).
 A CUDA device is used when one is present (``--device``).
+
+``--dynamics`` measures instead the training-dynamics families (``gradient_topology``, ``trajectory``,
+``changepoints``) for the same two models, by the same method, and the gradient family's memory
+(:mod:`bench.dynamics`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.dynamics import dynamics_main
 from bench.train import synchronize
 from topometrics.execution.compute import map_jobs
 from topometrics.features.checkpoint import loss_surface, validation_batch, weight_features
@@ -153,11 +158,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--weights-only", action="store_true", help="skip the whole-stage measurement")
     parser.add_argument("--surface", action="store_true", help="the loss-surface families' cost per checkpoint")
+    parser.add_argument("--dynamics", action="store_true", help="the training-dynamics families' cost (bench.dynamics)")
     parser.add_argument("--models", nargs="+", default=list(SURFACE_MODELS), choices=list(SURFACE_MODELS))
     parser.add_argument("--threads", type=int, default=1, help="torch threads for --surface (CPU time is per thread)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for --surface")
     args = parser.parse_args(argv)
     params = FeaturesParams(workers=args.workers)
+    if args.dynamics:
+        return dynamics_main(args.models, params, args.threads, args.device)
     if args.surface:
         torch.set_num_threads(args.threads)
         found = {}

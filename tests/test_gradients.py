@@ -10,11 +10,14 @@ from scipy.spatial.distance import pdist, squareform
 
 from topometrics.landscape.gradients import (
     PROJECTION_CHUNK,
+    cloud_distances,
     example_loss,
     gradient_topology,
+    hookable_layers,
     jl_project,
     jl_tolerance,
     layer_gradients,
+    linear_example_gradients,
     mean_cosine,
     noise_scale,
 )
@@ -47,6 +50,60 @@ def test_vmap_gradients_equal_single_example_backward_passes():
             model.loss(x[i : i + 1], y[i : i + 1]).backward()
             expected = model.get_parameter(name).grad.reshape(-1).numpy()
             np.testing.assert_allclose(got[i], expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 5 * 16 * 3])  # one chunk a layer; 3 output rows a chunk
+def test_one_batched_pass_gives_every_linear_layers_per_example_gradients_as_vmap_does(monkeypatch, chunk):
+    import topometrics.landscape.gradients as G
+
+    monkeypatch.setattr(G, "CHUNK_VALUES", chunk)
+    model, (x, y) = tiny_model(), batch(5)
+    params, layers = dict(model.named_parameters()), layer_map(model)
+    hooked = hookable_layers(model, layers)
+    assert set(hooked) == set(layers)  # our GPT's linear layers are all nn.Linear, none tied
+    got = {}
+    linear_example_gradients(model, hooked, x, y, lambda layer, chunks: got.__setitem__(layer, [*chunks()]))
+    got = {layer: np.concatenate(parts, axis=1) for layer, parts in got.items()}
+    assert list(got) == list(reversed(layers))  # the backward pass reaches the last layer first
+    for layer, name in layers.items():
+        np.testing.assert_allclose(got[layer], layer_gradients(example_loss(model), params, name, x, y), atol=1e-6)
+    assert all(p.grad is None for p in model.parameters())  # nothing left behind on the model
+
+
+def test_the_features_are_the_same_through_the_batched_pass_and_through_vmap():
+    model, (x, y) = tiny_model(), batch(6)
+    params, layers = dict(model.named_parameters()), layer_map(model)
+    batched = gradient_topology(example_loss(model), params, layers, x, y, 8, 0, model)
+    looped = gradient_topology(example_loss(model), params, layers, x, y, 8, 0)
+    assert list(batched) == list(looped) == [*layers, "all"]
+    for layer in looped:
+        for key, value in looped[layer].items():
+            assert batched[layer][key] == pytest.approx(value, rel=1e-4, abs=1e-7), (layer, key)
+
+
+def test_a_weight_tied_to_another_name_is_not_served_by_the_batched_pass():
+    model = tiny_model()
+    layers = layer_map(model)
+    first = next(iter(layers))
+    module = model.get_submodule(layers[first].rpartition(".")[0])
+    model.tied = torch.nn.Linear(module.in_features, module.out_features)
+    model.tied.weight = module.weight  # one tensor under two names: its gradient has two uses
+    assert first not in hookable_layers(model, layers) and len(hookable_layers(model, layers)) == len(layers) - 1
+    assert hookable_layers(None, layers) == {}
+
+
+def test_cloud_distances_in_column_chunks_equal_pdist_raw_and_unit(monkeypatch):
+    import topometrics.landscape.gradients as G
+
+    monkeypatch.setattr(G, "CHUNK_VALUES", 6 * 7)  # 7 columns a chunk: 100 columns in 15 chunks
+    points = np.random.default_rng(3).normal(size=(6, 100)).astype(np.float32)
+    points[4] = points[1]  # equal rows: exactly 0 apart
+    points[5] = 0.0  # a zero row: no direction, dropped from the unit cloud
+    raw, unit = cloud_distances(points)
+    np.testing.assert_allclose(raw, squareform(pdist(points.astype(np.float64))), rtol=1e-12, atol=0)
+    assert raw[1, 4] == 0.0 and raw[4, 1] == 0.0
+    directions = points[:5].astype(np.float64) / np.linalg.norm(points[:5].astype(np.float64), axis=1)[:, None]
+    np.testing.assert_allclose(unit, squareform(pdist(directions)), rtol=1e-12, atol=1e-15)
 
 
 def test_jl_projection_keeps_pairwise_distances_within_its_stated_tolerance():

@@ -61,6 +61,30 @@ def test_window_summary_needs_three_points():
     assert np.isnan(predict.window_summary([0, 100, 900], [1, 2, 3], cutoff=200)).all()
 
 
+def test_value_at_is_the_last_observed_checkpoints_value():
+    t, v = [0, 50, 100, 150, 200], [np.nan, np.nan, np.nan, 1.4, 1.5]
+    assert predict.value_at(t, v, cutoff=200) == 1.5 and predict.value_at(t, v, cutoff=199) == 1.4
+    assert np.isnan(predict.value_at(t, v, cutoff=100)) and np.isnan(predict.value_at(t, v, cutoff=-1))
+
+
+def test_a_trajectory_dimension_is_an_input_at_a_fraction_where_only_its_last_window_has_one():
+    from collections import namedtuple
+
+    from topometrics.analysis import tables
+
+    run = namedtuple("Run", "rung variant seed actual")("tiny", "base", 1, 2.0)
+    t = np.arange(0, 1001, 50.0)
+    dims = np.where(t >= 300, 1.2 + t / 1000, np.nan)  # a window of enough iterates from step 300 on
+    series = {("tiny", "base", 1): {"val_loss": (t, 4.0 - t / 1000), "traj_phdim": (t, dims), "np": (t, t / 100)}}
+    _, _, at_30 = tables._curve_predictions(run, Schedule(1000, 100), 0.3, series)
+    assert at_30["traj_phdim_level"] == pytest.approx(1.5) and np.isnan(at_30["traj_phdim_rate"])
+    _, _, at_50 = tables._curve_predictions(run, Schedule(1000, 100), 0.5, series)
+    assert at_50["traj_phdim_level"] == pytest.approx(1.7) and np.isfinite(at_50["traj_phdim_rate"])
+    assert at_50["np_level"] == pytest.approx(np.mean([4.5, 5.0]))  # other series: the last quarter's mean
+    _, _, at_20 = tables._curve_predictions(run, Schedule(1000, 100), 0.2, series)
+    assert np.isnan(at_20["traj_phdim_level"])  # no window with enough iterates yet: NULL, never a guess
+
+
 # --- leave-one-group-out -------------------------------------------------------------------------
 
 

@@ -579,3 +579,34 @@ def test_one_hostile_source_never_stops_the_others_and_each_bad_file_is_a_skip_w
                                        "row of the losses file")  # fmt: skip
     (log_skip,) = by_name["log"]["checkpoints"]
     assert log_skip["status"] == "skipped" and log_skip["reason"].startswith(f"{tmp_path / 'log'}: ")
+
+
+def test_a_series_trajectory_dimension_is_from_its_checkpoints_through_the_per_checkpoint_path(local_series, tmp_path):
+    from topometrics.dynamics.phdim import trailing_dimension
+    from topometrics.features.trajectory import SERIES_SKETCH, checkpoint_iterates
+
+    root, _ = local_series
+    start, end = tiny_neox(100), tiny_neox(101)
+    models = {10 * i: tiny_neox(100) for i in range(10)}  # ten checkpoints on a segment: sizes 8, 9, 10 fit
+    with torch.no_grad():
+        for i, model in enumerate(models.values()):
+            for p, a, b in zip(model.parameters(), start.parameters(), end.parameters(), strict=True):
+                p.copy_(a + (b - a) * (i / 9) ** 2)  # unevenly spaced, so subsamples differ
+    for step, model in models.items():
+        model.save_pretrained(tmp_path / "run" / f"checkpoint-{step}", safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(root / name, tmp_path / "run")
+    params = replace(PARAMS, families=("np", "trajectory"), phdim_window=1000, phdim_sizes=(8, 9, 10))
+    series = SeriesParams(sources={"tiny": SeriesSource(path=str(tmp_path / "run"))}, seq_len=SEQ_LEN)
+    series_shards(series, params, TEXT, tmp_path / "shards")
+    features, _ = read_tables(tmp_path / "shards")
+    rows = features[features["feature"].str.startswith("traj_")].set_index(["step", "feature"])
+    assert len(rows) == 20 and (rows.loc[(90, "traj_phdim"), "reason"] == SERIES_SKETCH)
+    # independently: every checkpoint's linear weights from the in-memory models, projected and fitted
+    expected = checkpoint_iterates(models, [in_memory_weights(m).values() for m in models.values()], params.seed)
+    est = trailing_dimension(expected.steps, expected.points, 90, 1000, (8, 9, 10), 1.0, params.seed)
+    got = rows.loc[(90, "traj_ckpt_phdim")]
+    assert est.dimension == pytest.approx(1.0, abs=0.3) and pd.isna(got["reason"])  # a segment: about 1
+    assert got["value"] == pytest.approx(est.dimension, rel=1e-9)
+    early = rows.loc[(50, "traj_ckpt_phdim")]  # six checkpoints in (-950, 50]: too few, NULL with the reason
+    assert np.isnan(early["value"]) and "6 points allow" in early["reason"]

@@ -241,6 +241,15 @@ def window_summary(t, values, cutoff: float) -> tuple[float, float]:
     return level, float(slope / abs(level)) if level != 0 else np.nan
 
 
+def value_at(t, values, cutoff: float) -> float:
+    """The value at the last observed checkpoint ``t <= cutoff`` (NaN when none is observed, or its value is
+    NaN): the level of a series that is already a trailing-window summary (the trajectory's dimension over
+    the steps before each checkpoint), which is then known at the fraction itself, not only once 3 are."""
+    t, v = np.asarray(t, float), np.asarray(values, float)
+    seen = observed(t, cutoff)
+    return float(v[seen][np.argmax(t[seen])]) if seen.any() else np.nan
+
+
 def gradnorm_window(t, grad_norm, cutoff: float) -> tuple[float, float]:
     """Mean and spread of the logged gradient norm over the observed window ``1 <= t <= cutoff``.
 

@@ -360,7 +360,15 @@ def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict):
     for name, (steps, values) in run_values.items():
         if name != "val_loss":
             features[f"{name}_level"], features[f"{name}_rate"] = predict.window_summary(steps, values, cutoff)
+            if _trailing_window(name):  # its value at the last checkpoint is the window ending there
+                features[f"{name}_level"] = predict.value_at(steps, values, cutoff)
     return rows, fits, features
+
+
+def _trailing_window(name: str) -> bool:
+    """Whether a feature is already a summary of the run's trailing window (the ``trajectory`` family)."""
+    feature = lookup(name)
+    return feature is not None and feature.family.name == "trajectory"
 
 
 def _learned_methods(params: AnalysisParams) -> dict[str, tuple[str, ...]]:

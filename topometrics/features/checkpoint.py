@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 
 from topometrics.features.gradient_cloud import GradientCloud, gradient_cloud, gradient_rows, weight_names
+from topometrics.features.trajectory import CheckpointIterate
 from topometrics.landscape.slice import LossOfParams, Params, functional_loss
 from topometrics.landscape.surface import SurfaceSettings, surface_values
 from topometrics.measures.heavy_tail import covariance_alpha
@@ -69,6 +70,7 @@ class CheckpointFeatures:
 
     rows: list[tuple[str, str, float, str | None]] = field(default_factory=list)  # layer, feature, value, reason
     diagrams: dict[tuple[str, str], list[np.ndarray]] = field(default_factory=dict)  # (source, layer) -> [H0, H1]
+    iterate: np.ndarray | None = None  # (64,) the checkpoint as a trajectory iterate (features.trajectory); None: off
 
     def add(self, layer: str, values: dict[str, float], reason: str | None = None) -> None:
         for name, value in values.items():
@@ -139,8 +141,12 @@ def linear_and_forward_features(
     """
     out = CheckpointFeatures()
     per_layer_values, alpha_reasons = {}, []
+    iterate = CheckpointIterate(params.seed) if "trajectory" in params.families else None
     for i, (name, load) in enumerate(weights.items()):
-        values, out.diagrams[("weights", name)], alpha = layer_features(load(), global_max, params, i, overwrite=True)
+        w = load()
+        if iterate is not None:  # before layer_features overwrites w
+            iterate.add(w)
+        values, out.diagrams[("weights", name)], alpha = layer_features(w, global_max, params, i, overwrite=True)
         per_layer_values[name] = values | {"w_alpha": alpha.alpha}
         out.add(name, values)
         out.add(name, {"w_alpha": alpha.alpha}, alpha.reason)  # NULL with its own reason on narrow layers
@@ -151,6 +157,7 @@ def linear_and_forward_features(
     out.add(ALL, {"w_alpha": alpha}, None if np.isfinite(alpha) else f"no layer fitted: {alpha_reasons[0]}")
     if forward is not None:
         out.extend(forward_features(forward, list(weights), params))
+    out.iterate = None if iterate is None else iterate.point()
     return switched_off(out, params)
 
 
@@ -161,7 +168,7 @@ def switched_off(result: CheckpointFeatures, params: FeaturesParams) -> Checkpoi
     if not off:
         return result
     reason = "family switched off (features.families)"
-    out = CheckpointFeatures(diagrams=dict(result.diagrams))
+    out = CheckpointFeatures(diagrams=dict(result.diagrams), iterate=result.iterate)
     for layer, name, value, why in result.rows:
         feature = lookup(name)
         out.rows.append(

@@ -31,13 +31,15 @@ _BASELINE = ("noise_scale", "mean_cosine")
 
 class GradientCloud(NamedTuple):
     """What :func:`gradient_rows` needs of a model: one example's loss of the parameters, the parameters, the
-    linear layers (name -> the name of their weight in ``params``, network order) and the batch (B, t)."""
+    linear layers (name -> the name of their weight in ``params``, network order), the batch (B, t) and the
+    model itself (its ``nn.Linear`` layers' gradients then come from one batched pass)."""
 
     loss: ExampleLoss
     params: Params
     layers: Mapping[str, str]
     x: torch.Tensor
     y: torch.Tensor
+    model: torch.nn.Module | None = None
 
 
 def gradient_batch(tokens: np.ndarray, context: int, params: FeaturesParams) -> tuple[torch.Tensor, torch.Tensor] | str:
@@ -62,7 +64,7 @@ def gradient_cloud(
     if isinstance(batch, str):
         return batch
     params = {name: p.detach() for name, p in model.named_parameters()}
-    return GradientCloud(example_loss(model), params, dict(layers), *batch)
+    return GradientCloud(example_loss(model), params, dict(layers), *batch, model)
 
 
 def weight_names(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> dict[str, str]:
@@ -79,7 +81,7 @@ def gradient_rows(cloud: GradientCloud | str, layers: list[str], params: Feature
     if not isinstance(cloud, str):
         try:
             found = gradient_topology(
-                cloud.loss, cloud.params, cloud.layers, cloud.x, cloud.y, params.grad_dim, params.seed
+                cloud.loss, cloud.params, cloud.layers, cloud.x, cloud.y, params.grad_dim, params.seed, cloud.model
             )
         except RuntimeError as err:
             cloud = f"per-example gradients not computable on this model: {err}".splitlines()[0]

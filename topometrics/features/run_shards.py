@@ -38,6 +38,7 @@ from topometrics.execution.shards import (
     module_source_hash,
     params_digest,
     prune,
+    stored_info,
 )
 from topometrics.features.checkpoint import (
     DIAGRAM_COLUMNS,
@@ -52,7 +53,7 @@ from topometrics.features.checkpoint import (
 )
 from topometrics.features.distances import distance_features
 from topometrics.features.gradient_cloud import gradient_batch
-from topometrics.features.trajectory import NO_SKETCH, Iterates, checkpoint_iterates, trajectory_values, window
+from topometrics.features.trajectory import NO_SKETCH, Iterates, trajectory_values, window
 from topometrics.models.checkpoints import (
     Checkpoint,
     CheckpointError,
@@ -61,7 +62,7 @@ from topometrics.models.checkpoints import (
     load_state,
     safetensors_problem,
 )
-from topometrics.models.model import linear_layer_names, linear_weights
+from topometrics.models.model import linear_layer_names
 from topometrics.models.tokens import load_tokens, read_record, token_bytes
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams
@@ -133,8 +134,8 @@ def run_shards(
     todo = [t for t in tasks if t.key not in changed.failed]
     own = changed.merge(compute_shards(out, todo, _checkpoint_tables, mapper(params, compute, "features"), TABLES))
     layers = linear_layer_names(ckpts[0].config.layers)
-    iterates = run_iterates(Path(run_dir), [c for c in ckpts if c.step not in damaged], params)
     fine = [t for t in tasks if t.key not in own.failed]
+    iterates = run_iterates(Path(run_dir), out, fine, params)
     run = own.merge(distance_shards(out, fine, layers, params, compute, iterates))
     prune(out, [t.key for t in tasks if t.key not in run.failed])
     keys, computed = {t.key for t in tasks}, set(own.computed)  # renewed distances alone are not a computed checkpoint
@@ -174,16 +175,31 @@ def verified_weights(ckpts: list[Checkpoint], label: str, progress: Callable[[st
 
 
 def run_iterates(
-    run_dir: Path, ckpts: list[Checkpoint], params: FeaturesParams
+    run_dir: Path, root: Path, tasks: list[Task], params: FeaturesParams
 ) -> tuple[Iterates | str, Iterates | str]:
     """A run's two trajectories (``topometrics.features.trajectory``): its sketch and its checkpoints as
-    iterates (read only when the ``trajectory`` family is on), or the reasons there are none."""
+    iterates (:func:`shard_iterates` of ``tasks``' shards under ``root``), read only when the ``trajectory``
+    family is on; or the reasons there are none."""
     if "trajectory" not in params.families:
         return "off", "off"  # switched_off writes the reason
     steps, points = read_sketch(run_dir)
     sketch = Iterates(steps, points) if steps.size else NO_SKETCH
-    layers = (linear_weights(load_state(c.path), c.config.layers).values() for c in ckpts)
-    return sketch, checkpoint_iterates([c.step for c in ckpts], layers, params.seed)
+    return sketch, shard_iterates(root, tasks)
+
+
+def shard_iterates(root: Path, tasks: list[Task]) -> Iterates | str:
+    """The checkpoints of ``tasks`` as trajectory iterates: each one's iterate as its shard under ``root`` keeps
+    it (projected once, by the per-checkpoint path, when the shard was computed: no checkpoint is read again),
+    in step order; the reason when no shard has one (the ``trajectory`` family was off when they were made)."""
+    steps, points = [], []
+    for task in sorted(tasks, key=lambda t: t.key.step):
+        info = stored_info(task.key.folder(root) / "features.parquet") or {}
+        if info.get("iterate") is not None:
+            steps.append(task.key.step)
+            points.append(info["iterate"])
+    if not steps:
+        return "no checkpoint iterates in the shards (computed with the trajectory family off)"
+    return Iterates(np.asarray(steps, dtype=np.int64), np.asarray(points, dtype=np.float64))
 
 
 def distance_shards(
@@ -192,7 +208,7 @@ def distance_shards(
     layers: list[str],
     params: FeaturesParams,
     compute: ComputeParams | None,
-    iterates: tuple[Iterates | str, Iterates | str] = (NO_SKETCH, "checkpoints as iterates: not computed for series"),
+    iterates: tuple[Iterates | str, Iterates | str] = (NO_SKETCH, "no checkpoint iterates given"),
 ) -> ShardRun:
     """``distances`` shards: each checkpoint's ``*_prev`` rows against the one before it in ``tasks``, and its
     ``trajectory`` rows from ``iterates`` (the run's sketch, its checkpoints as iterates, or the reasons).
@@ -264,10 +280,14 @@ def _distance_tables(job: DistanceJob) -> dict:
 
 
 def frames(result: CheckpointFeatures, key: ShardKey, extra: dict) -> dict:
-    return {
+    """A checkpoint's shard tables, and its ``info``: the checkpoint's trajectory iterate, when computed."""
+    out = {
         "features": features_frame(result, key.rung, key.seed, key.step).assign(**extra),
         "diagrams": diagrams_frame(result, key.rung, key.seed, key.step).assign(**extra),
     }
+    if result.iterate is not None:  # JSON keeps a float64 exactly (shortest repr)
+        out["info"] = {"iterate": [float(v) for v in result.iterate]}
+    return out
 
 
 # ---------------------------------------------------------------------------

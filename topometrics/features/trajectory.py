@@ -5,10 +5,14 @@ checkpoint (``topometrics.features.run_shards``, its ``distances`` table). Two s
 
 ``traj_phdim``       the run's trajectory sketch (``topometrics.training.sketch``: a JL projection of all the
                      parameters every ``train.sketch_every`` steps), NULL with the reason for a run trained
-                     without it and for an external series (which keeps only its checkpoints);
+                     without it (:data:`NO_SKETCH`) and for an external series, which keeps only its
+                     checkpoints (:data:`SERIES_SKETCH`);
 ``traj_ckpt_phdim``  the checkpoints themselves as the iterates (their linear weights through a seeded JL
-                     projection, :func:`checkpoint_iterates`): fewer points, so mostly NULL unless a run keeps
-                     many checkpoints per window.
+                     projection, :class:`CheckpointIterate`): fewer points, so mostly NULL unless a run keeps
+                     many checkpoints per window. The only one an external series (a run folder, hub
+                     revisions) has. Each checkpoint's iterate is projected once, by the per-checkpoint path
+                     ours and series share (``topometrics.features.checkpoint.linear_and_forward_features``,
+                     as it reads the layers), and kept with its shard (``run_shards.shard_iterates``).
 
 Both are :func:`topometrics.dynamics.phdim.trailing_dimension` at the checkpoint's step over the window
 ``(step - features.phdim_window, step]`` with ``features.phdim_sizes`` and ``features.phdim_alpha``; too few
@@ -23,12 +27,13 @@ from typing import NamedTuple
 import numpy as np
 
 from topometrics.dynamics.phdim import trailing_dimension
-from topometrics.landscape.gradients import jl_project
+from topometrics.landscape.gradients import project_block
 from topometrics.params import FeaturesParams
 from topometrics.vocabulary import ALL
 
 ITERATE_DIM = 64  # JL dimension of a checkpoint as an iterate (the sketch's default, train.sketch_dim)
-NO_SKETCH = "no trajectory sketch in the run directory (trained with train.sketch_every = 0, or an external series)"
+NO_SKETCH = "no trajectory sketch in the run directory (trained with train.sketch_every = 0)"
+SERIES_SKETCH = "an external series keeps only its checkpoints: no trajectory sketch (traj_ckpt_phdim is from them)"
 
 
 class Iterates(NamedTuple):
@@ -46,14 +51,36 @@ def window(iterates: Iterates | str, step: int, params: FeaturesParams) -> Itera
     return Iterates(iterates.steps[inside], iterates.points[inside])
 
 
+class CheckpointIterate:
+    """A checkpoint as an iterate, built as its linear layers are read (in network order, one at a time):
+    their weights flattened, concatenated and projected to :data:`ITERATE_DIM` dimensions by the Gaussian
+    JL matrix of ``default_rng(seed)`` (:func:`topometrics.landscape.gradients.jl_project`), the same matrix
+    for every checkpoint of a shape, so distances between checkpoints are kept."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng, self.projected = np.random.default_rng(seed), None
+
+    def add(self, weights: np.ndarray) -> None:
+        """The next layer's weights (any shape; read before anything overwrites them)."""
+        row = np.asarray(weights, dtype=np.float32).reshape(1, -1)
+        self.projected = project_block(row, self.rng, ITERATE_DIM, self.projected)
+
+    def point(self) -> np.ndarray:
+        """The iterate, (ITERATE_DIM,) float64."""
+        if self.projected is None:
+            raise ValueError("no layers added")
+        return self.projected[0]
+
+
 def checkpoint_iterates(steps: Iterable[int], weights: Iterable[Iterable[np.ndarray]], seed: int) -> Iterates:
-    """Checkpoints as iterates: each checkpoint's linear weights (arrays in network order), flattened,
-    concatenated and projected to :data:`ITERATE_DIM` dimensions by the same seeded Gaussian matrix
-    (:func:`topometrics.landscape.gradients.jl_project`), so distances between checkpoints are kept."""
-    rows = [
-        jl_project((np.asarray(w, np.float32).reshape(1, -1) for w in layers), ITERATE_DIM, seed)[0]
-        for layers in weights
-    ]
+    """Checkpoints as iterates (:class:`CheckpointIterate`): ``weights`` holds each checkpoint's linear weights
+    (arrays in network order)."""
+    rows = []
+    for layers in weights:
+        iterate = CheckpointIterate(seed)
+        for w in layers:
+            iterate.add(w)
+        rows.append(iterate.point())
     return Iterates(np.asarray(list(steps), dtype=np.int64), np.asarray(rows).reshape(len(rows), ITERATE_DIM))
 
 

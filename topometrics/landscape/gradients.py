@@ -6,10 +6,16 @@ point for the whole network (every linear layer's weight gradient, concatenated 
 seeded Johnson-Lindenstrauss projection to ``k`` dimensions). Embeddings, biases and LayerNorm gains are
 left out, as the weight features leave them out (the linear layers are the network's graph).
 
-**Memory.** ``torch.func.vmap(grad)`` runs one layer at a time, differentiating only that layer's
-weight (the rest held as constants), so at most ``B x`` the largest layer's gradient exists at once,
-plus a ``(chunk, k)`` slice of the projection; per-example gradients of a whole model at once would
-need ``B x`` the model. The price: one forward and backward pass of the batch per layer.
+**Cost and memory.** An ``nn.Linear`` layer's per-example gradients come from one forward and backward
+pass of the whole batch (:func:`linear_example_gradients`: example ``i``'s gradient is its output
+gradients times its inputs, summed over its tokens). Each layer is summarised as the backward pass
+reaches it, from chunks of its per-example gradients computed as they are read (:func:`linear_chunks`,
+twice: the unit cloud needs the norms first), so no layer's ``B x numel`` gradients exist whole: the
+family holds a few chunks of :data:`CHUNK_VALUES` float64 values and a ``(chunk, k)`` slice of the
+projection. Any other layer (GPT-2's ``Conv1D``, a weight tied to another name) goes through
+``torch.func.vmap(grad)`` one layer at a time, differentiating only that layer's weight (the rest held
+as constants): ``B x`` that layer at a time, at one forward and backward pass per layer. Per-example
+gradients of a whole model at once would need ``B x`` the model.
 
 **Summaries.** Vietoris-Rips H0/H1 of each cloud (:mod:`topometrics.measures.persistence`), on the raw
 gradients and on the gradients scaled to unit norm (directions only). The non-topological baseline:
@@ -22,13 +28,14 @@ Gram matrix are sums over layers, accumulated in float64 (the projection is only
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
+from scipy.spatial.distance import cdist
 from torch.func import functional_call, grad, vmap
 
-from topometrics.measures.persistence import diagram_summary, vietoris_rips_diagrams
+from topometrics.measures.persistence import diagram_summary, rips_diagrams
 
 Params = dict[str, torch.Tensor]
 ExampleLoss = Callable[[Params, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -77,13 +84,15 @@ def jl_project(blocks: Iterable[np.ndarray], k: int, seed: int) -> np.ndarray:
     and only a ``(PROJECTION_CHUNK, k)`` slice of ``R`` exists at a time."""
     rng, out = np.random.default_rng(seed), None
     for block in blocks:
-        out = _project_block(np.asarray(block, dtype=np.float32), rng, k, out)
+        out = project_block(np.asarray(block, dtype=np.float32), rng, k, out)
     if out is None:
         raise ValueError("no blocks to project")
     return out
 
 
-def _project_block(block: np.ndarray, rng: np.random.Generator, k: int, out: np.ndarray | None) -> np.ndarray:
+def project_block(block: np.ndarray, rng: np.random.Generator, k: int, out: np.ndarray | None) -> np.ndarray:
+    """``out + block @ R_next`` (B, k) float64, ``R_next`` the next ``block.shape[1]`` rows of the JL matrix drawn
+    from ``rng`` (:func:`jl_projection_rows`); ``out`` is added to in place (None: zeros)."""
     out = np.zeros((block.shape[0], k)) if out is None else out
     for start in range(0, block.shape[1], PROJECTION_CHUNK):
         part = block[:, start : start + PROJECTION_CHUNK]
@@ -103,16 +112,16 @@ def jl_tolerance(n_points: int, k: int, failure: float = 0.05) -> float:
     return float(ok[0]) if ok.size else float("inf")
 
 
-class GradientMoments:
-    """Sums over layers of what the noise scale and the cosine need: the (B, B) Gram matrix of the
-    per-example gradients, in float64 (its diagonal the squared norms, its mean ``|g_mean|^2``)."""
+CHUNK_VALUES = 1 << 18  # float64 values of a (B, d) cloud converted or computed at a time (2 MB)
+Chunks = Callable[[], Iterator[np.ndarray]]  # a cloud (B, d) as float64 (B, c) column slices, in order
 
-    def __init__(self, batch: int) -> None:
-        self.gram = np.zeros((batch, batch))
 
-    def add(self, grads: np.ndarray) -> None:
-        g = np.asarray(grads, dtype=np.float64)
-        self.gram += g @ g.T
+def column_chunks(points: np.ndarray) -> Iterator[np.ndarray]:
+    """The columns of ``points`` (B, d) as float64 ``(B, c)`` slices of at most :data:`CHUNK_VALUES` values: no
+    float64 copy of a whole layer's per-example gradients ever exists."""
+    step = max(1, CHUNK_VALUES // max(1, points.shape[0]))
+    for start in range(0, points.shape[1], step):
+        yield np.asarray(points[:, start : start + step], dtype=np.float64)
 
 
 def noise_scale(gram: np.ndarray) -> float:
@@ -137,25 +146,148 @@ def mean_cosine(gram: np.ndarray) -> float:
     return float(cos[upper].mean())
 
 
-def unit_rows(points: np.ndarray) -> np.ndarray:
-    """The rows of ``points`` (B, d) scaled to unit norm; zero rows (no direction) are dropped."""
-    points = np.asarray(points, dtype=np.float64)
-    norms = np.linalg.norm(points, axis=1)
+def cloud_geometry(
+    chunks: Chunks, batch: int, project: Callable[[np.ndarray], object] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Gram matrix (B, B), the Euclidean distances (B, B) between the points of a cloud given as column
+    chunks (``chunks()`` yields them; called twice), and the distances between its unit rows (zero rows
+    dropped: (m, m)), all float64 sums over the chunks: squared differences, so equal rows are exactly 0 apart
+    (no ``|a|^2 + |b|^2 - 2 a.b`` cancellation). ``project(chunk)`` sees every chunk of the first pass."""
+    gram, raw = np.zeros((batch, batch)), np.zeros((batch, batch))
+    for part in chunks():
+        gram += part @ part.T
+        raw += cdist(part, part, "sqeuclidean")
+        if project is not None:
+            project(part)
+    norms = np.sqrt(np.diag(gram))
     keep = norms > 0
-    return points[keep] / norms[keep, None]
+    unit = np.zeros((int(keep.sum()),) * 2)
+    for part in chunks():
+        scaled = part[keep] / norms[keep, None]
+        unit += cdist(scaled, scaled, "sqeuclidean")
+    for dist in (raw, unit):
+        np.fill_diagonal(dist, 0.0)
+    return gram, np.sqrt(raw), np.sqrt(unit)
+
+
+def cloud_distances(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`cloud_geometry`'s distances of an array ``points`` (B, d), raw and between unit rows."""
+    return cloud_geometry(lambda: column_chunks(points), points.shape[0])[1:]
+
+
+def distance_summary(raw: np.ndarray, unit: np.ndarray) -> dict[str, float]:
+    """Vietoris-Rips summaries of a gradient cloud from its distances, raw and between unit rows: the keys of
+    :func:`topometrics.measures.persistence.diagram_summary`, the unit ones prefixed ``unit_`` (NaN when fewer
+    than 2 gradients are non-zero, the unit sphere then having no pairs)."""
+    summary = diagram_summary(rips_diagrams(raw))
+    unit_summary = diagram_summary(rips_diagrams(unit)) if unit.shape[0] >= 2 else dict.fromkeys(summary, np.nan)
+    return summary | {f"unit_{key}": value for key, value in unit_summary.items()}
 
 
 def cloud_summary(points: np.ndarray) -> dict[str, float]:
-    """Vietoris-Rips summaries of a gradient cloud (B, d), raw and unit-normalised: the keys of
-    :func:`topometrics.measures.persistence.diagram_summary`, the unit ones prefixed ``unit_`` (NaN when
-    fewer than 2 gradients are non-zero, the unit sphere then having no pairs)."""
-    raw = diagram_summary(vietoris_rips_diagrams(np.asarray(points, dtype=np.float64)))
-    unit = unit_rows(points)
-    if unit.shape[0] >= 2:
-        unit_summary = diagram_summary(vietoris_rips_diagrams(unit))
-    else:
-        unit_summary = dict.fromkeys(raw, float("nan"))
-    return raw | {f"unit_{key}": value for key, value in unit_summary.items()}
+    """:func:`distance_summary` of a cloud ``points`` (B, d)."""
+    return distance_summary(*cloud_distances(points))
+
+
+def linear_example_gradients(
+    model: torch.nn.Module,
+    modules: Mapping[str, torch.nn.Linear],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    each: Callable[[str, Chunks], None],
+) -> None:
+    """Per-example weight gradients of the ``nn.Linear`` layers ``modules`` (layer name -> module of ``model``)
+    from ONE forward and backward pass of the batch ``x``, ``y`` (B, t).
+
+    Each example's loss (mean next-token cross-entropy over its ``t`` tokens, as :func:`example_loss`) depends
+    on its own row of every activation only, so the backward pass of their sum hands each linear layer its
+    output gradients ``G`` (B, t, out) per example, and example ``i``'s weight gradient is ``G_i^T A_i``
+    (``A`` the layer's input, (B, t, in), which autograd keeps for the pass anyway). ``each(layer, chunks)``
+    is called as the backward pass reaches the layer (reverse network order): ``chunks()`` yields the
+    per-example gradients (B, out * in) as column chunks (:func:`linear_chunks`), computed as they are
+    read, so not even one layer's per-example gradients exist whole.
+    """
+    handles = []
+
+    def capture(layer: str):
+        def forward_hook(module, inputs, output):
+            a = inputs[0].detach()
+
+            def on_grad(g: torch.Tensor) -> None:
+                each(layer, linear_chunks(g.detach(), a))
+
+            output.register_hook(on_grad)
+
+        return forward_hook
+
+    for layer, module in modules.items():
+        handles.append(module.register_forward_hook(capture(layer)))
+    try:
+        out = model(x)
+        logits = getattr(out, "logits", out)
+        per_token = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none"
+        )
+        per_token.view(x.shape[0], -1).mean(dim=1).sum().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.zero_grad(set_to_none=True)
+
+
+def linear_chunks(g: torch.Tensor, a: torch.Tensor) -> Chunks:
+    """Per-example weight gradients of an ``nn.Linear`` from its output gradients ``g`` (B, ..., out) and inputs
+    ``a`` (B, ..., in): example ``i``'s flattened ``(out, in)`` gradient ``sum_t g_it a_it^T``, as float64 column
+    chunks of whole output rows (each computed in float32 when read, about :data:`CHUNK_VALUES` values)."""
+    batch, out, inputs = g.shape[0], g.shape[-1], a.shape[-1]
+    g, a = g.reshape(batch, -1, out), a.reshape(batch, -1, inputs)
+    rows = max(1, CHUNK_VALUES // (batch * inputs))
+
+    def chunks() -> Iterator[np.ndarray]:
+        for start in range(0, out, rows):
+            part = torch.einsum("bto,bti->boi", g[:, :, start : start + rows], a)
+            yield part.reshape(batch, -1).to("cpu", torch.float64).numpy()
+
+    return chunks
+
+
+def hookable_layers(model: torch.nn.Module | None, layers: Mapping[str, str]) -> dict[str, torch.nn.Linear]:
+    """The layers of ``layers`` (layer -> weight name) whose weight is an ``nn.Linear``'s own, used by that module
+    only (not tied to another parameter name): those :func:`linear_example_gradients` serves."""
+    if model is None:
+        return {}
+    uses: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    found = {}
+    for layer, name in layers.items():
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner) if leaf == "weight" else None
+        if isinstance(module, torch.nn.Linear) and uses.get(id(module.weight)) == 1:
+            found[layer] = module
+    return found
+
+
+class _Clouds:
+    """The clouds' summaries as layers' per-example gradients arrive (in any order): each layer's own, and the
+    sums over layers the whole network needs (its projection, its Gram matrix)."""
+
+    def __init__(self, layers: Mapping[str, str], batch: int, k: int, seed: int) -> None:
+        self.index = {layer: i for i, layer in enumerate(layers)}
+        self.k, self.seed = k, seed
+        self.whole, self.gram = np.zeros((batch, k)), np.zeros((batch, batch))
+        self.out: dict[str, dict[str, float]] = {}
+
+    def add(self, layer: str, chunks: Chunks) -> None:
+        """Layer ``layer``'s per-example gradients (B, numel), as column chunks."""
+        # each layer's rows of the whole network's projection from its own seeded generator: the matrix is
+        # the same whatever order the layers arrive in (a Gaussian matrix, block by block)
+        rng = np.random.default_rng((self.seed, self.index[layer]))
+        gram, raw, unit = cloud_geometry(
+            chunks, self.whole.shape[0], lambda p: project_block(p, rng, self.k, self.whole)
+        )
+        self.gram += gram
+        self.out[layer] = distance_summary(raw, unit) | _baseline(gram)
 
 
 def gradient_topology(
@@ -166,6 +298,7 @@ def gradient_topology(
     y: torch.Tensor,
     k: int,
     seed: int,
+    model: torch.nn.Module | None = None,
 ) -> dict[str, dict[str, float]]:
     """Gradient-cloud features per linear layer and for the whole network (``"all"``) on one fixed batch.
 
@@ -180,30 +313,36 @@ def gradient_topology(
     x, y : (B, t) int64 tensors
         The fixed batch (B >= 2): inputs and next-token targets.
     k, seed : int
-        The whole network's projection: ``k`` dimensions, ``default_rng(seed)`` (:func:`jl_project`).
+        The whole network's projection: ``k`` dimensions; layer ``i``'s rows of the Gaussian matrix from
+        ``default_rng((seed, i))`` (:func:`jl_projection_rows`).
+    model : module, optional
+        The module ``loss`` calls: its ``nn.Linear`` layers (:func:`hookable_layers`) get their per-example
+        gradients from one forward and backward pass (:func:`linear_example_gradients`); the others (and all,
+        without a model) from ``torch.func`` one layer at a time (:func:`layer_gradients`). Both give the same
+        gradients.
 
     Returns
     -------
     ``{layer or "all": {tp0, tp1, entropy0, entropy1, count1, maxpers1, unit_* (the same), noise_scale,
-    mean_cosine}}``. The per-layer clouds are exact; the ``"all"`` cloud is the projection, its noise
-    scale and cosine exact (module docstring).
+    mean_cosine}}`` in ``layers`` order. The per-layer clouds are exact; the ``"all"`` cloud is the
+    projection, its noise scale and cosine exact (module docstring).
     """
     batch = x.shape[0]
     if batch < 2:
         raise ValueError(f"a gradient cloud needs at least 2 examples, got {batch}")
-    rng, whole, total = np.random.default_rng(seed), None, GradientMoments(batch)
-    out: dict[str, dict[str, float]] = {}
-    for layer, name in layers.items():
-        g = layer_gradients(loss, params, name, x, y)
-        moments = GradientMoments(batch)
-        moments.add(g)
-        total.add(g)
-        whole = _project_block(g, rng, k, whole)
-        out[layer] = cloud_summary(g) | _baseline(moments.gram)
-        del g  # the next layer's gradients replace these: one layer's (B, numel) at a time
-    if whole is None:
+    if not layers:
         raise ValueError("no linear layers to take gradients of")
-    out["all"] = cloud_summary(whole) | _baseline(total.gram)
+    clouds = _Clouds(layers, batch, k, seed)
+    hooked = hookable_layers(model, layers)
+    if hooked:
+        linear_example_gradients(model, hooked, x, y, clouds.add)
+    for layer, name in layers.items():
+        if layer not in hooked:
+            g = layer_gradients(loss, params, name, x, y)
+            clouds.add(layer, lambda g=g: column_chunks(g))
+            del g  # one layer's (B, numel) at a time
+    out = {layer: clouds.out[layer] for layer in layers}
+    out["all"] = cloud_summary(clouds.whole) | _baseline(clouds.gram)
     return out
 
 

@@ -22,7 +22,8 @@ import pandas as pd
 from topometrics.atomic import file_sha256
 from topometrics.execution import shards
 from topometrics.features.checkpoint import FEATURE_COLUMNS
-from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table
+from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table, shard_iterates
+from topometrics.features.trajectory import SERIES_SKETCH
 from topometrics.models.checkpoints import CheckpointError
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams, SeriesParams, SeriesSource
@@ -123,7 +124,9 @@ def series_shards(
             found[key] = (revision, where)
         run = shards.compute_shards(out, tasks, _series_tables, mapper(params, compute, f"series {name}"), TABLES)
         available = [t for t in tasks if t.key not in run.failed]
-        run = run.merge(distance_shards(out, available, _layers(out, available), params, compute))
+        on = "trajectory" in params.families  # a series' trajectory: its checkpoints, as their shards keep them
+        iterates = (SERIES_SKETCH, shard_iterates(out, available)) if on else ("off", "off")
+        run = run.merge(distance_shards(out, available, _layers(out, available), params, compute, iterates))
         keep += [t.key for t in tasks if t.key not in run.failed]
         losses += [_losses(name, source.seed, where) for key, (_, where) in found.items() if key not in run.failed]
         records += _records(out, run, tasks, {key: revision for key, (revision, _) in found.items()})
@@ -231,7 +234,7 @@ def _series_tables(job: SeriesJob) -> dict:
     )
     out = frames(result, job.key, {"series": settings.label, "revision": job.revision})
     files = [str(p) for p in where.weights]
-    out["info"] = {
+    out["info"] = out.get("info", {}) | {
         "seconds": round(time.perf_counter() - start, 3),
         "files": files,
         "weights_sha256": weights_sha256(where.weights),
@@ -273,6 +276,7 @@ def _records(root: Path, run: shards.ShardRun, tasks: list[shards.Task], revisio
             records.append(skip_record(revision, task.key.step, run.failed[task.key]))
             continue
         info = shards.stored_info(task.key.folder(root) / "features.parquet") or {}
+        info.pop("iterate", None)  # the trajectory's iterate: data for the distances, not status
         blob = info.get("weights_sha256")
         status = "reused" if task.key in run.reused else "computed"
         records.append({"revision": revision, "step": task.key.step, "status": status, "reason": None, **info,
