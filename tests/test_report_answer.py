@@ -140,3 +140,14 @@ def test_the_page_opens_with_the_answer_and_folds_the_verdict_table_away():
 def test_no_verdict_view_says_so_and_points_at_dvc_repro(frame):
     got = answer(frame if frame is not None else report_frames.need(pd.DataFrame(), "verdict"), None)
     assert got.sentences[0].startswith("No verdict yet: ") and got.command == "dvc repro"
+
+
+def test_the_loss_surface_spacing_is_checked_against_the_first_fraction():
+    sweep = {"train": {"steps": 1000, "ckpt_every": 50, "seeds": [1, 2, 3]}, "analysis": {"fractions": [0.2, 0.3]}}
+    sweep |= {"ladder": dict.fromkeys(["tiny", "small", "medium"], {}), "variants": {}}
+    why = "3 loss-surface checkpoints (landscape, curvature) by 20% of training"
+    # every 10th of 21 checkpoints: steps 0 and 500, one by step 200; every 2nd: 0, 100, 200
+    assert remedy.surface_remedy(sweep | {"features": {"landscape_every": 10}}) == [("features.landscape_every=2", why)]
+    assert remedy.surface_remedy(sweep | {"features": {"landscape_every": 2}}) == []
+    assert remedy.surface_remedy(sweep | {"features": {"landscape_every": 10, "families": ["np", "vr"]}}) == []
+    assert remedy.remedy(sweep | {"features": {"landscape_every": 10}}) == [("features.landscape_every=2", why)]

@@ -260,3 +260,16 @@ def test_a_geometric_family_becomes_a_second_baseline_for_every_topological_fami
         ("scale_free", "norm+norms", "topology"), ("everything", "norm", "context"),
     ]  # fmt: skip
     assert plan[4]["base"] == (*verdict.LOSS_INPUTS, *verdict.NORM_INPUTS, "w_fro_level", "w_fro_rate")
+
+
+def test_a_baseline_whose_geometric_family_has_no_values_is_skipped_not_run_as_the_norm_baseline():
+    families = {"weights_vr": ("vr_tp0",), "norms": ("w_fro",)}
+    runs = synthetic_runs("topology").assign(w_fro_level=np.nan, w_fro_rate=np.nan)  # e.g. too few surface points
+    with pytest.MonkeyPatch.context() as patch:  # w_fro stands in for a declared geometric feature
+        patch.setattr(verdict, "kind", lambda f: "geometric" if f == "w_fro" else "topological")
+        table, _ = verdict.incremental_validity(runs, AnalysisParams(permutations=9), families)
+    late = table[table.fraction == 0.5]
+    geo = late[late.baseline == "norm+norms"]
+    assert len(geo) and (geo.status == "skipped").all()
+    assert geo.reason.str.startswith("baseline norm+norms has no usable values; not used").all()
+    assert (late[(late.baseline == "norm") & (late.family == "weights_vr")].status == "ok").all()

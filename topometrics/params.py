@@ -164,7 +164,7 @@ class FeaturesParams:
     landscape_grid: int = 15  # loss-slice points per axis (odd: the weights at the centre)
     landscape_radius: float = 1.0  # slice half-width, in units of the filter-normalised directions
     landscape_batch: int = 4  # validation windows of the fixed loss-surface batch (landscape and curvature)
-    landscape_every: int = 10  # every k-th checkpoint of a run (the first included) gets landscape and curvature
+    landscape_every: int = 5  # every k-th checkpoint of a run (the first included) gets landscape and curvature
     hessian_top: int = 3  # Hessian eigenvalues kept (hess_eig1..3); Lanczos finds at least 2 (the hess directions)
     hessian_probes: int = 8  # Rademacher probes of the Hutchinson trace
     hessian_iters: int = 20  # Lanczos steps (Hessian-vector products) before the convergence check

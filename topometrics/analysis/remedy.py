@@ -14,6 +14,10 @@ import re
 import pandas as pd
 
 from topometrics.analysis.verdict import MIN_CHECKPOINTS, MIN_GROUPS
+from topometrics.params import FeaturesParams
+
+SURFACE_FAMILIES = ("landscape", "curvature")  # computed every features.landscape_every-th checkpoint only
+SURFACE_POINTS = 3  # finite points a level and a rate need (topometrics.analysis.predict.window_summary)
 
 # The reasons _scheme_problem gives (the report groups skipped rows by them).
 TOO_FEW_CHECKPOINTS = re.compile(r"^fraction (\S+) observes at most (\d+) checkpoints per run; need (\d+)$")
@@ -46,13 +50,15 @@ def remedy(params: dict, need_runs: int = 0) -> list[tuple[str, str]]:
       (step 0 counts): the largest divisor of ``train.steps`` that does;
     - some scheme needs :data:`MIN_GROUPS` groups: seeds are added after the largest until there are as many;
     - ``need_runs``: the runs a comparison needs to pass the corrected level (verdict ``not enough runs``):
-      seeds are added until the declared runs reach it.
+      seeds are added until the declared runs reach it;
+    - the loss-surface families' spacing (:func:`surface_remedy`).
     """
     train, fractions = params["train"], params["analysis"]["fractions"]
     steps, every, seeds = int(train["steps"]), int(train["ckpt_every"]), list(train["seeds"])
     settings = []
     cutoff = min(fractions) * steps
-    if cutoff // every + 1 < MIN_CHECKPOINTS:
+    spacing = cutoff // every + 1 < MIN_CHECKPOINTS
+    if spacing:
         fits = [d for d in range(1, steps + 1) if steps % d == 0 and cutoff // d + 1 >= MIN_CHECKPOINTS]
         when = f"by {100 * min(fractions):g}% of training"
         if fits:
@@ -66,7 +72,25 @@ def remedy(params: dict, need_runs: int = 0) -> list[tuple[str, str]]:
         more = seeds + [max(seeds) + i for i in range(1, wanted - len(seeds) + 1)]
         why = f"{wanted} seeds, {wanted * per_seed} runs: leave-one-seed-out"
         settings.append((f"'train.seeds=[{','.join(map(str, more))}]'", why))
-    return settings
+    return settings + (surface_remedy(params) if not spacing else [])  # a new spacing changes the surface's
+
+
+def surface_remedy(params: dict) -> list[tuple[str, str]]:
+    """The ``features.landscape_every`` that gives the loss-surface families :data:`SURFACE_POINTS`
+    checkpoints by the first fraction (step 0 counts), with why; empty when they have them, are switched off,
+    or no spacing can give them (then the checkpoint rule of :func:`remedy` comes first)."""
+    default = FeaturesParams()
+    features = params.get("features") or {}
+    if not set(SURFACE_FAMILIES) & set(features.get("families", default.families)):
+        return []
+    every, k = int(params["train"]["ckpt_every"]), int(features.get("landscape_every", default.landscape_every))
+    first = min(params["analysis"]["fractions"])
+    cutoff = first * int(params["train"]["steps"])
+    fits = [d for d in range(1, k) if cutoff // (d * every) + 1 >= SURFACE_POINTS]
+    if cutoff // (k * every) + 1 >= SURFACE_POINTS or not fits:
+        return []
+    why = f"{SURFACE_POINTS} loss-surface checkpoints (landscape, curvature) by {100 * first:g}% of training"
+    return [(f"features.landscape_every={max(fits)}", why)]
 
 
 def recipes_needed(rungs: int, level: float, permutations: int) -> int | None:

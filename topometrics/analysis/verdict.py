@@ -300,6 +300,9 @@ def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams) -
         return {"n": 0, "status": "skipped", "reason": "no usable inputs of the smaller model" + note}, []
     if not extra_cols:
         return {"n": 0, "status": "skipped", "reason": f"family {spec['family']} has no usable values" + note}, []
+    geometric = [c for c in spec["base"] if c not in LOSS_INPUTS + NORM_INPUTS]  # a norm+<family> baseline's own
+    if geometric and not set(geometric) & set(base_cols):  # else it would silently be the norm baseline
+        return {"n": 0, "status": "skipped", "reason": f"baseline {spec['baseline']} has no usable values" + note}, []
     if set(LOSS_INPUTS) <= set(spec["base"]):  # the loss-curve part is chosen among BASE_CANDIDATES
         more = [c for c in ("loss_rank", *GRAD_INPUTS) if c in g and c not in base_cols]
         base_cols += usable_columns(g, tuple(more))[0]

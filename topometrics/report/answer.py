@@ -72,6 +72,10 @@ def answer(verdict, meta) -> Answer:
             if need
             else "analysis.permutations is too small for the level: raise it."
         )
+    surface = analysis_remedy.surface_remedy(params) if params is not None else []
+    if surface and command is None:  # the other families ran; these two could not have
+        command, why = _command(surface)
+        sentences.append(f"The loss-surface families could not be compared: they need {why}.")
     return Answer(tuple(sentences), command, why, computed=True)
 
 
