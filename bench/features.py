@@ -9,13 +9,16 @@ the whole :func:`topometrics.features.run_shards.run_shards` per rung (weights, 
 representation topology, distances, written as shards into the temporary directory). Ends with one
 JSON line, whose ``data`` says which checkpoints were measured (``real`` or ``synthetic``).
 
-``--surface`` measures instead the loss-surface families of one checkpoint (``landscape``: the two slices,
+``--surface`` measures instead the loss-surface families of one loss-surface checkpoint (``landscape``: the two slices,
 ``curvature``: Lanczos + Hutchinson) for xl and a Pythia-70m-shaped model (6 layers, width 512, 8 heads,
 context 128, our 128-character vocabulary) at the default ``features.*`` params, as ratios to one
 forward+backward pass of the same model on the same loss-surface batch, timed in the same run: the smaller of two
 medians of 5, one before and one after the families. On CPU every time is this process's CPU time
-(``time.process_time``) on ``--threads`` (default 1) torch threads, so other work on a shared machine inflates
-neither side of a ratio (idle threads spinning under load would).
+(``time.process_time``) on ``--threads`` (default 1) torch threads and one BLAS thread (as the stage's workers
+run), so other work on a shared machine inflates neither side of a ratio (idle threads spinning under load
+would). ``float64_gradients`` counts the curvature's gradients (one at the weights, one per Hessian product);
+``total_fb`` is per loss-surface checkpoint, ``total_fb_per_ladder_checkpoint`` the same spread over every
+checkpoint of a default-ladder run (``features.landscape_every``: 6 of its 51 checkpoints at k = 10).
 A CUDA device is used when one is present (``--device``).
 """
 
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from bench.train import synchronize
 from topometrics.execution.compute import map_jobs
@@ -114,8 +118,14 @@ def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu"
         params.landscape_grid, params.landscape_radius, params.hessian_top, params.hessian_probes,
         params.hessian_iters, params.seed,
     )  # fmt: skip
+    gradients = []  # one entry a float64 gradient: the one at the weights, then one per Hessian product
+
+    def counted(p):
+        gradients.append(1)
+        return surface.loss(p)
+
     start = _clock(device)
-    curvature, directions = curvature_values(surface.loss, surface.params, settings)
+    curvature, directions = curvature_values(counted, surface.params, settings)
     synchronize(torch.device(device))
     curvature_s = _clock(device) - start
     gen = torch.Generator().manual_seed(params.seed)
@@ -129,16 +139,26 @@ def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu"
     synchronize(torch.device(device))
     landscape_s = _clock(device) - start
     reference = min(reference_before, _median_s(forward_backward, device))
+    total = (landscape_s + curvature_s) / reference
+    share = surface_checkpoints(params.landscape_every) / len(STEPS)
     return {
         "device": device,
         "forward_backward_s": round(reference, 4),
         "landscape_s": round(landscape_s, 2),
         "curvature_s": round(curvature_s, 2),
+        "float64_gradients": len(gradients),
         "landscape_fb": round(landscape_s / reference, 1),
         "curvature_fb": round(curvature_s / reference, 1),
-        "total_fb": round((landscape_s + curvature_s) / reference, 1),
+        "total_fb": round(total, 1),
+        # every checkpoint of a default-ladder run, the share of them that are loss-surface checkpoints
+        "total_fb_per_ladder_checkpoint": round(total * share, 1),
         "unconverged": sorted(curvature.reasons),
     }
+
+
+def surface_checkpoints(every: int) -> int:
+    """Loss-surface checkpoints of a default-ladder run (:data:`STEPS`: indices 0, k, 2k, ...)."""
+    return len(range(0, len(STEPS), every))
 
 
 def _weights_job(job: tuple[Path, int, FeaturesParams]):
@@ -161,9 +181,12 @@ def main(argv: list[str]) -> int:
     if args.surface:
         torch.set_num_threads(args.threads)
         found = {}
-        for name in args.models:
-            found[name] = surface_costs(SURFACE_MODELS[name], params, args.device)
-            print(f"{name}: {found[name]}", flush=True)
+        # BLAS on one thread, as in the features stage's workers (execution.compute): Lanczos' vector
+        # operations on two BLAS threads spun 20x the CPU time of one on this loaded machine
+        with threadpool_limits(limits=1, user_api="blas"):
+            for name in args.models:
+                found[name] = surface_costs(SURFACE_MODELS[name], params, args.device)
+                print(f"{name}: {found[name]}", flush=True)
         print(json.dumps({"threads": torch.get_num_threads(), **found}))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
