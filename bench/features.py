@@ -19,6 +19,10 @@ run), so other work on a shared machine inflates neither side of a ratio (idle t
 would). ``float64_gradients`` counts the curvature's gradients (one at the weights, one per Hessian product);
 ``total_fb`` is per loss-surface checkpoint, ``total_fb_per_ladder_checkpoint`` the same spread over every
 checkpoint of a default-ladder run (``features.landscape_every``: 6 of its 51 checkpoints at k = 10).
+``--surface-runs DIR ...`` adds the last checkpoint of each run folder, on the first windows of ``--corpus``'s
+``val.u8`` (a trained checkpoint's Lanczos stops early; the random inits above run all ``hessian_iters`` steps).
+``--central`` also times the curvature with central-difference products over all ``hessian_iters`` steps
+(``curvature_central_all_steps_fb``: the products before one-sided differences and the early stop).
 A CUDA device is used when one is present (``--device``).
 """
 
@@ -40,7 +44,7 @@ from topometrics.features.checkpoint import loss_surface, validation_batch, weig
 from topometrics.features.run_shards import read_tables, run_shards
 from topometrics.landscape.slice import random_direction
 from topometrics.landscape.surface import SurfaceSettings, curvature_values, slice_values
-from topometrics.models.checkpoints import list_checkpoints, load_state, save_checkpoint
+from topometrics.models.checkpoints import list_checkpoints, load_model, load_state, save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_weights
 from topometrics.params import FeaturesParams, run_name
 
@@ -98,11 +102,21 @@ def _median_s(fn, device: str = "cpu", repeats: int = 5) -> float:
     return float(np.median(times))
 
 
-def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu") -> dict:
-    """Seconds of one forward+backward pass, and of each loss-surface family, on one checkpoint."""
-    tokens = np.random.default_rng(0).integers(0, 128, 200_000).astype(np.uint8)
-    model = GPT(config)
-    model.init_weights(torch.Generator().manual_seed(0))
+def surface_costs(
+    config: GPTConfig,
+    params: FeaturesParams,
+    device: str = "cpu",
+    model: GPT | None = None,
+    tokens=None,
+    central: bool = False,
+) -> dict:
+    """Seconds of one forward+backward pass, and of each loss-surface family, on one checkpoint: ``model`` on
+    the validation ``tokens`` (a trained checkpoint), else a GPT-2 random init of ``config`` on random tokens.
+    ``central``: also the curvature with central-difference products over all ``hessian_iters`` steps."""
+    if model is None:
+        tokens = np.random.default_rng(0).integers(0, 128, 200_000).astype(np.uint8)
+        model = GPT(config)
+        model.init_weights(torch.Generator().manual_seed(0))
     model.to(device)
     x, y = (t.to(device) for t in validation_batch(tokens, config.context, params.landscape_batch))
 
@@ -138,10 +152,12 @@ def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu"
         slice_values(surface.loss, surface.params, rand, settings)  # the same work, so the cost is counted
     synchronize(torch.device(device))
     landscape_s = _clock(device) - start
+    central_s = _central_curvature_s(surface, settings, device) if central else float("nan")
     reference = min(reference_before, _median_s(forward_backward, device))
     total = (landscape_s + curvature_s) / reference
     share = surface_checkpoints(params.landscape_every) / len(STEPS)
     return {
+        "curvature_central_all_steps_fb": round(central_s / reference, 1),
         "device": device,
         "forward_backward_s": round(reference, 4),
         "landscape_s": round(landscape_s, 2),
@@ -154,6 +170,13 @@ def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu"
         "total_fb_per_ladder_checkpoint": round(total * share, 1),
         "unconverged": sorted(curvature.reasons),
     }
+
+
+def _central_curvature_s(surface, settings: SurfaceSettings, device: str) -> float:
+    start = _clock(device)
+    curvature_values(surface.loss, surface.params, settings, one_sided=False, stop_early=False)
+    synchronize(torch.device(device))
+    return _clock(device) - start
 
 
 def surface_checkpoints(every: int) -> int:
@@ -173,7 +196,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--weights-only", action="store_true", help="skip the whole-stage measurement")
     parser.add_argument("--surface", action="store_true", help="the loss-surface families' cost per checkpoint")
-    parser.add_argument("--models", nargs="+", default=list(SURFACE_MODELS), choices=list(SURFACE_MODELS))
+    parser.add_argument("--models", nargs="*", default=list(SURFACE_MODELS), choices=list(SURFACE_MODELS))
+    parser.add_argument("--central", action="store_true", help="--surface: also central products, all steps")
+    parser.add_argument("--surface-runs", type=Path, nargs="*", default=[], help="also their last checkpoints")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for --surface (CPU time is per thread)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for --surface")
     args = parser.parse_args(argv)
@@ -185,7 +210,13 @@ def main(argv: list[str]) -> int:
         # operations on two BLAS threads spun 20x the CPU time of one on this loaded machine
         with threadpool_limits(limits=1, user_api="blas"):
             for name in args.models:
-                found[name] = surface_costs(SURFACE_MODELS[name], params, args.device)
+                found[name] = surface_costs(SURFACE_MODELS[name], params, args.device, central=args.central)
+                print(f"{name}: {found[name]}", flush=True)
+            for run in args.surface_runs:  # trained checkpoints: the last of each run, on the real batch
+                last = list_checkpoints(run)[-1]
+                tokens = np.fromfile(args.corpus / "val.u8", dtype=np.uint8)
+                name = f"{run.name}@{last.step}"
+                found[name] = surface_costs(last.config, params, args.device, load_model(last), tokens, args.central)
                 print(f"{name}: {found[name]}", flush=True)
         print(json.dumps({"threads": torch.get_num_threads(), **found}))
         return 0

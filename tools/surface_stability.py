@@ -1,6 +1,7 @@
 """How much do the loss-surface features move with their budget? Cheaper settings against full ones, real checkpoints.
 
     python tools/surface_stability.py --runs DIR [DIR ...] --corpus CORPUS [--picks 0 0.1 0.5 1] [--out FILE]
+    python tools/surface_stability.py --tables FILE [FILE ...]    # the table again from --out files
 
 For every run folder given (``DIR/step_*.safetensors`` with sidecars) the checkpoints at the fractions
 ``--picks`` of its list (0: the first, 1: the last) are loaded, and on the fixed loss-surface batch (the first
@@ -88,11 +89,12 @@ def comparisons(found: list[dict]) -> list[tuple[str, str, str, dict]]:
     pairs += [("hess grid 15", "hess grid 15, early-stop directions")]
     rows = []
     for ref, setting in pairs:
-        if not all(ref in f and setting in f for f in found):
+        both = [f for f in found if ref in f and setting in f]  # hess: where the reference run converged
+        if not both:
             continue
-        for key in found[0][ref]:
-            a = np.array([f[ref][key] for f in found], dtype=float)
-            b = np.array([f[setting].get(key, np.nan) for f in found], dtype=float)
+        for key in both[0][ref]:
+            a = np.array([f[ref][key] for f in both], dtype=float)
+            b = np.array([f[setting].get(key, np.nan) for f in both], dtype=float)
             rows.append((key, setting, ref, statistics(a, b)))
     trace = np.array([f["trace"]["probes 32"] for f in found])
     for probes in PROBES[:-1]:
@@ -126,11 +128,15 @@ def statistics(ref, other) -> dict:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python tools/surface_stability.py")
-    parser.add_argument("--runs", type=Path, nargs="+", required=True, help="run folders")
-    parser.add_argument("--corpus", type=Path, required=True, help="the folder holding val.u8")
+    parser.add_argument("--runs", type=Path, nargs="+", default=[], help="run folders")
+    parser.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="the folder holding val.u8")
     parser.add_argument("--picks", type=float, nargs="+", default=[0.0, 0.1, 0.5, 1.0])
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--tables", type=Path, nargs="+", help="tabulate these --out files instead of computing")
     args = parser.parse_args(argv)
+    if args.tables:
+        found = [v for path in args.tables for v in json.loads(path.read_text())["values"]]
+        return report(found)
     torch.set_num_threads(1)
     params = FeaturesParams()
     tokens = np.fromfile(args.corpus / "val.u8", dtype=np.uint8)
@@ -143,6 +149,13 @@ def main(argv: list[str]) -> int:
             found.append(checkpoint_values(model, tokens, params))
             names.append(f"{run.name}@{ckpts[index].step}")
             print(f"{names[-1]}: {time.process_time() - start:.1f} s CPU", file=sys.stderr, flush=True)
+    if args.out:
+        args.out.write_text(json.dumps({"checkpoints": names, "values": found}, default=float, indent=1))
+    return report(found)
+
+
+def report(found: list[dict]) -> int:
+    """Print the comparison table of the checkpoints' values ``found``."""
     rows = comparisons(found)
     print("| feature | setting | against | n | median rel. diff | max rel. diff | equal | Spearman |")
     print("|---|---|---|---|---|---|---|---|")
@@ -153,8 +166,6 @@ def main(argv: list[str]) -> int:
         )
     steps = [f["lanczos steps (early stop)"]["steps"] for f in found]
     print(f"early-stopping Lanczos steps: median {np.median(steps):g}, range {min(steps)}-{max(steps)} of 20")
-    if args.out:
-        args.out.write_text(json.dumps({"checkpoints": names, "values": found}, default=float, indent=1))
     print(f"{len(found)} checkpoints, {len(rows)} comparisons")
     return 0
 

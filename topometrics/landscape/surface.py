@@ -44,7 +44,7 @@ EIGEN_KEYS = ("eig1", "eig2", "eig3")
 CURVATURE_KEYS = (*EIGEN_KEYS, "trace", "eig1_over_trace")
 PAIRS = ("rand", "hess")
 # Stacked parameter values one vmapped grid call may hold on a GPU (2^26 floats, 256 MiB in float32): the
-# whole 15 x 15 grid of xl (97k parameters) in one forward pass, a few points at a time for a 19M-parameter
+# whole 13 x 13 grid of xl (97k parameters) in one forward pass, a few points at a time for a 19M-parameter
 # model. On CPU the grid is a plain loop: one thread's CPU time per point was 0.42 forward+backward passes
 # looped against 1.2-1.7 vmapped on the math kernel (xl, ``python -m bench features --surface``).
 GRID_PARAMETERS = 1 << 26
