@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -127,6 +128,7 @@ def surface_costs(
 
     forward_backward()
     reference_before = _median_s(forward_backward, device)
+    _progress(f"forward+backward {reference_before:.3f} s")
     surface = loss_surface(model, (x, y))
     settings = SurfaceSettings(
         params.landscape_grid, params.landscape_radius, params.hessian_top, params.hessian_probes,
@@ -142,6 +144,7 @@ def surface_costs(
     curvature, directions = curvature_values(counted, surface.params, settings)
     synchronize(torch.device(device))
     curvature_s = _clock(device) - start
+    _progress(f"curvature {curvature_s:.1f} s ({curvature_s / reference_before:.0f} forward+backward)")
     gen = torch.Generator().manual_seed(params.seed)
     rand = (random_direction(surface.params, gen), random_direction(surface.params, gen))
     start = _clock(device)
@@ -152,6 +155,7 @@ def surface_costs(
         slice_values(surface.loss, surface.params, rand, settings)  # the same work, so the cost is counted
     synchronize(torch.device(device))
     landscape_s = _clock(device) - start
+    _progress(f"landscape {landscape_s:.1f} s ({landscape_s / reference_before:.0f} forward+backward)")
     central_s = _central_curvature_s(surface, settings, device) if central else float("nan")
     reference = min(reference_before, _median_s(forward_backward, device))
     total = (landscape_s + curvature_s) / reference
@@ -170,6 +174,10 @@ def surface_costs(
         "total_fb_per_ladder_checkpoint": round(total * share, 1),
         "unconverged": sorted(curvature.reasons),
     }
+
+
+def _progress(line: str) -> None:
+    print(f"  {line}", file=sys.stderr, flush=True)  # a large model takes minutes a family
 
 
 def _central_curvature_s(surface, settings: SurfaceSettings, device: str) -> float:
