@@ -76,7 +76,7 @@ def checkpoint_values(model: torch.nn.Module, tokens: np.ndarray, params: Featur
 
 
 def _steps(loss, theta, settings: SurfaceSettings) -> int:
-    """Lanczos steps the early-stopping run takes (its product count, recomputed with a counting operator)."""
+    """Lanczos steps the early-stopping run takes (its product count; the run is repeated to read it)."""
     hvp, dim = difference_hvp(loss, theta, one_sided=True)
     k = max(settings.top, 2)
     return top_eigenpairs(hvp, dim, k, settings.iters, settings.seed, LANCZOS_TOL, stop_early=True).products
