@@ -9,13 +9,20 @@ the whole :func:`topometrics.features.run_shards.run_shards` per rung (weights, 
 representation topology, distances, written as shards into the temporary directory). Ends with one
 JSON line, whose ``data`` says which checkpoints were measured (``real`` or ``synthetic``).
 
-``--surface`` measures instead the loss-surface families of one checkpoint (``landscape``: the two slices,
+``--surface`` measures instead the loss-surface families of one loss-surface checkpoint (``landscape``: the two slices,
 ``curvature``: Lanczos + Hutchinson) for xl and a Pythia-70m-shaped model (6 layers, width 512, 8 heads,
 context 128, our 128-character vocabulary) at the default ``features.*`` params, as ratios to one
 forward+backward pass of the same model on the same loss-surface batch, timed in the same run: the smaller of two
 medians of 5, one before and one after the families. On CPU every time is this process's CPU time
-(``time.process_time``) on ``--threads`` (default 1) torch threads, so other work on a shared machine inflates
-neither side of a ratio (idle threads spinning under load would).
+(``time.process_time``) on ``--threads`` (default 1) torch threads and one BLAS thread (as the stage's workers
+run), so other work on a shared machine inflates neither side of a ratio (idle threads spinning under load
+would). ``float64_gradients`` counts the curvature's gradients (one at the weights, one per Hessian product);
+``total_fb`` is per loss-surface checkpoint, ``total_fb_per_ladder_checkpoint`` the same spread over every
+checkpoint of a default-ladder run (``features.landscape_every``: 6 of its 51 checkpoints at k = 10).
+``--surface-runs DIR ...`` adds the last checkpoint of each run folder, on the first windows of ``--corpus``'s
+``val.u8`` (a trained checkpoint's Lanczos stops early; the random inits above run all ``hessian_iters`` steps).
+``--central`` also times the curvature with central-difference products over all ``hessian_iters`` steps
+(``curvature_central_all_steps_fb``: the products before one-sided differences and the early stop).
 A CUDA device is used when one is present (``--device``).
 
 ``--dynamics`` measures instead the training-dynamics families (``gradient_topology``, ``trajectory``,
@@ -27,12 +34,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from bench.dynamics import dynamics_main
 from bench.train import synchronize
@@ -41,7 +50,7 @@ from topometrics.features.checkpoint import loss_surface, validation_batch, weig
 from topometrics.features.run_shards import read_tables, run_shards
 from topometrics.landscape.slice import random_direction
 from topometrics.landscape.surface import SurfaceSettings, curvature_values, slice_values
-from topometrics.models.checkpoints import list_checkpoints, load_state, save_checkpoint
+from topometrics.models.checkpoints import list_checkpoints, load_model, load_state, save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_weights
 from topometrics.params import FeaturesParams, run_name
 
@@ -99,11 +108,21 @@ def _median_s(fn, device: str = "cpu", repeats: int = 5) -> float:
     return float(np.median(times))
 
 
-def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu") -> dict:
-    """Seconds of one forward+backward pass, and of each loss-surface family, on one checkpoint."""
-    tokens = np.random.default_rng(0).integers(0, 128, 200_000).astype(np.uint8)
-    model = GPT(config)
-    model.init_weights(torch.Generator().manual_seed(0))
+def surface_costs(
+    config: GPTConfig,
+    params: FeaturesParams,
+    device: str = "cpu",
+    model: GPT | None = None,
+    tokens=None,
+    central: bool = False,
+) -> dict:
+    """Seconds of one forward+backward pass, and of each loss-surface family, on one checkpoint: ``model`` on
+    the validation ``tokens`` (a trained checkpoint), else a GPT-2 random init of ``config`` on random tokens.
+    ``central``: also the curvature with central-difference products over all ``hessian_iters`` steps."""
+    if model is None:
+        tokens = np.random.default_rng(0).integers(0, 128, 200_000).astype(np.uint8)
+        model = GPT(config)
+        model.init_weights(torch.Generator().manual_seed(0))
     model.to(device)
     x, y = (t.to(device) for t in validation_batch(tokens, config.context, params.landscape_batch))
 
@@ -114,15 +133,23 @@ def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu"
 
     forward_backward()
     reference_before = _median_s(forward_backward, device)
+    _progress(f"forward+backward {reference_before:.3f} s")
     surface = loss_surface(model, (x, y))
     settings = SurfaceSettings(
         params.landscape_grid, params.landscape_radius, params.hessian_top, params.hessian_probes,
         params.hessian_iters, params.seed,
     )  # fmt: skip
+    gradients = []  # one entry a float64 gradient: the one at the weights, then one per Hessian product
+
+    def counted(p):
+        gradients.append(1)
+        return surface.loss(p)
+
     start = _clock(device)
-    curvature, directions = curvature_values(surface.loss, surface.params, settings)
+    curvature, directions = curvature_values(counted, surface.params, settings)
     synchronize(torch.device(device))
     curvature_s = _clock(device) - start
+    _progress(f"curvature {curvature_s:.1f} s ({curvature_s / reference_before:.0f} forward+backward)")
     gen = torch.Generator().manual_seed(params.seed)
     rand = (random_direction(surface.params, gen), random_direction(surface.params, gen))
     start = _clock(device)
@@ -133,17 +160,41 @@ def surface_costs(config: GPTConfig, params: FeaturesParams, device: str = "cpu"
         slice_values(surface.loss, surface.params, rand, settings)  # the same work, so the cost is counted
     synchronize(torch.device(device))
     landscape_s = _clock(device) - start
+    _progress(f"landscape {landscape_s:.1f} s ({landscape_s / reference_before:.0f} forward+backward)")
+    central_s = _central_curvature_s(surface, settings, device) if central else float("nan")
     reference = min(reference_before, _median_s(forward_backward, device))
+    total = (landscape_s + curvature_s) / reference
+    share = surface_checkpoints(params.landscape_every) / len(STEPS)
     return {
+        "curvature_central_all_steps_fb": round(central_s / reference, 1),
         "device": device,
         "forward_backward_s": round(reference, 4),
         "landscape_s": round(landscape_s, 2),
         "curvature_s": round(curvature_s, 2),
+        "float64_gradients": len(gradients),
         "landscape_fb": round(landscape_s / reference, 1),
         "curvature_fb": round(curvature_s / reference, 1),
-        "total_fb": round((landscape_s + curvature_s) / reference, 1),
+        "total_fb": round(total, 1),
+        # every checkpoint of a default-ladder run, the share of them that are loss-surface checkpoints
+        "total_fb_per_ladder_checkpoint": round(total * share, 1),
         "unconverged": sorted(curvature.reasons),
     }
+
+
+def _progress(line: str) -> None:
+    print(f"  {line}", file=sys.stderr, flush=True)  # a large model takes minutes a family
+
+
+def _central_curvature_s(surface, settings: SurfaceSettings, device: str) -> float:
+    start = _clock(device)
+    curvature_values(surface.loss, surface.params, settings, one_sided=False, stop_early=False)
+    synchronize(torch.device(device))
+    return _clock(device) - start
+
+
+def surface_checkpoints(every: int) -> int:
+    """Loss-surface checkpoints of a default-ladder run (:data:`STEPS`: indices 0, k, 2k, ...)."""
+    return len(range(0, len(STEPS), every))
 
 
 def _weights_job(job: tuple[Path, int, FeaturesParams]):
@@ -159,7 +210,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--weights-only", action="store_true", help="skip the whole-stage measurement")
     parser.add_argument("--surface", action="store_true", help="the loss-surface families' cost per checkpoint")
     parser.add_argument("--dynamics", action="store_true", help="the training-dynamics families' cost (bench.dynamics)")
-    parser.add_argument("--models", nargs="+", default=list(SURFACE_MODELS), choices=list(SURFACE_MODELS))
+    parser.add_argument("--models", nargs="*", default=list(SURFACE_MODELS), choices=list(SURFACE_MODELS))
+    parser.add_argument("--central", action="store_true", help="--surface: also central products, all steps")
+    parser.add_argument("--surface-runs", type=Path, nargs="*", default=[], help="also their last checkpoints")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for --surface (CPU time is per thread)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for --surface")
     args = parser.parse_args(argv)
@@ -169,9 +222,18 @@ def main(argv: list[str]) -> int:
     if args.surface:
         torch.set_num_threads(args.threads)
         found = {}
-        for name in args.models:
-            found[name] = surface_costs(SURFACE_MODELS[name], params, args.device)
-            print(f"{name}: {found[name]}", flush=True)
+        # BLAS on one thread, as in the features stage's workers (execution.compute): Lanczos' vector
+        # operations on two BLAS threads spun 20x the CPU time of one on this loaded machine
+        with threadpool_limits(limits=1, user_api="blas"):
+            for name in args.models:
+                found[name] = surface_costs(SURFACE_MODELS[name], params, args.device, central=args.central)
+                print(f"{name}: {found[name]}", flush=True)
+            for run in args.surface_runs:  # trained checkpoints: the last of each run, on the real batch
+                last = list_checkpoints(run)[-1]
+                tokens = np.fromfile(args.corpus / "val.u8", dtype=np.uint8)
+                name = f"{run.name}@{last.step}"
+                found[name] = surface_costs(last.config, params, args.device, load_model(last), tokens, args.central)
+                print(f"{name}: {found[name]}", flush=True)
         print(json.dumps({"threads": torch.get_num_threads(), **found}))
         return 0
     with tempfile.TemporaryDirectory() as tmp:

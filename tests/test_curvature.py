@@ -35,6 +35,17 @@ def test_too_few_steps_say_they_did_not_converge():
     assert not top_eigenpairs(lambda v: h @ v, 200, k=1, iters=3, tol=1e-12).converged.all()
 
 
+def test_an_early_stop_returns_what_a_run_cut_at_that_step_returns_and_has_converged():
+    h = np.diag(np.concatenate([[10.0, 7.0, 5.0], np.linspace(0.0, 1.0, 300)]))  # separated top three
+    early = top_eigenpairs(lambda v: h @ v, 303, k=3, iters=60, tol=1e-6, stop_early=True)
+    assert early.converged.all() and 3 <= early.products < 60
+    cut = top_eigenpairs(lambda v: h @ v, 303, k=3, iters=early.products, tol=1e-6)
+    assert np.array_equal(early.values, cut.values) and np.array_equal(early.vectors, cut.vectors)
+    one_short = top_eigenpairs(lambda v: h @ v, 303, k=3, iters=early.products - 1, tol=1e-6)
+    assert not one_short.converged.all()  # it stopped at the first step where all three had converged
+    np.testing.assert_allclose(early.values, [10.0, 7.0, 5.0], rtol=1e-6)
+
+
 def test_hutchinson_is_exact_on_a_diagonal_hessian_whatever_the_probes():
     d = np.random.default_rng(2).standard_normal(30)
     for probes in (1, 5):

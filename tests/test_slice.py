@@ -149,7 +149,32 @@ def test_a_gpts_difference_products_equal_its_exact_products():
         assert np.linalg.norm(got - expected) <= 1e-7 * np.linalg.norm(expected)
 
 
+def test_one_sided_differences_equal_the_full_hessian_to_the_square_root_of_eps():
+    loss, params, full = tanh_network()
+    hvp, dim = difference_hvp(loss, params, one_sided=True)
+    rng = np.random.default_rng(0)
+    for v in [*np.eye(dim)[:5], rng.standard_normal(dim), 1e3 * rng.standard_normal(dim)]:
+        np.testing.assert_allclose(hvp(v), full @ v, atol=1e-6 * max(1.0, np.linalg.norm(v)))
+    assert np.array_equal(hvp(np.zeros(dim)), np.zeros(dim))
+    found = top_eigenpairs(hvp, dim, k=3, iters=dim, seed=0, tol=1e-6)
+    np.testing.assert_allclose(found.values, np.linalg.eigvalsh(full)[::-1][:3], rtol=1e-6)
+
+
+def test_a_gpts_one_sided_difference_products_equal_its_exact_products():
+    model, _, _, loss = gpt_loss()
+    params = params_of(model)
+    exact, dim = flat_hvp(loss, params)
+    approx, _ = difference_hvp(loss, params, one_sided=True)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        v = rng.standard_normal(dim)
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            expected = exact(v)
+        assert np.linalg.norm(approx(v) - expected) <= 1e-6 * np.linalg.norm(expected)
+
+
 def test_the_difference_step_is_the_cube_root_of_eps_scaled_by_the_weights_norm():
     eps = np.finfo(np.float64).eps
     assert difference_step({"w": torch.zeros(3)}) == pytest.approx(np.cbrt(eps))
     assert difference_step({"w": torch.full((4,), 5.0), "b": torch.zeros(2)}) == pytest.approx(10 * np.cbrt(eps))
+    assert difference_step({"w": torch.full((4,), 5.0)}, one_sided=True) == pytest.approx(10 * np.sqrt(eps))

@@ -161,13 +161,13 @@ class FeaturesParams:
     null_draws: int = 4  # shuffled-null draws per layer behind np_excess
     unit_points: int = 64  # unit rows per layer for vr_unit_* (farthest-point subsample)
     families: tuple[str, ...] = FEATURE_FAMILIES  # those computed; the others are NULL with a reason
-    landscape_grid: int = 15  # loss-slice points per axis (odd: the weights at the centre)
+    landscape_grid: int = 13  # loss-slice points per axis (odd: the weights at the centre)
     landscape_radius: float = 1.0  # slice half-width, in units of the filter-normalised directions
     landscape_batch: int = 4  # validation windows of the fixed loss-surface batch (landscape and curvature)
     landscape_every: int = 5  # every k-th checkpoint of a run (the first included) gets landscape and curvature
     hessian_top: int = 3  # Hessian eigenvalues kept (hess_eig1..3); Lanczos finds at least 2 (the hess directions)
     hessian_probes: int = 8  # Rademacher probes of the Hutchinson trace
-    hessian_iters: int = 20  # Lanczos steps (Hessian-vector products) before the convergence check
+    hessian_iters: int = 20  # most Lanczos steps (Hessian products); it stops once the kept eigenvalues converge
     grad_batch: int = 16  # validation windows whose per-example gradients form the gradient clouds
     grad_dim: int = 64  # JL projection dimension of the whole network's gradient cloud
     phdim_window: int = 1000  # training steps of the trailing window whose iterates give traj_phdim

@@ -6,7 +6,7 @@ the loss range); ``curvature.top_eigenpairs`` (Lanczos on Hessian-vector product
 ``curvature.hutchinson_trace``; ``slice.random_direction`` / ``filter_normalised`` (Li et al. 2018),
 ``slice.loss_grid`` (a model's loss on a 2-D grid around its weights, batched with ``torch.func``) and
 ``slice.flat_hvp`` (the exact Hessian-vector-product operator of any model's loss) and ``slice.difference_hvp``
-(the same by central differences of float64 gradients, what the curvature uses); ``gradients.gradient_topology``
+(the same by differences of float64 gradients, one-sided for the curvature); ``gradients.gradient_topology``
 (per-example gradients on a fixed batch: ``nn.Linear`` layers from one batched pass,
 ``gradients.linear_example_gradients``, the others layer by layer with ``torch.func``: Vietoris-Rips summaries of each
 linear layer's cloud and of the whole network's Johnson-Lindenstrauss projection, raw and unit-normalised,

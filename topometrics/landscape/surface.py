@@ -3,9 +3,10 @@
 :func:`surface_values` runs, for a loss of parameters (:func:`topometrics.landscape.slice.functional_loss`)
 at the checkpoint's weights:
 
-1. Lanczos on Hessian-vector products (central differences of float64 gradients, ``slice.difference_hvp``;
-   ``hessian_iters`` steps, seed ``seed``) for the top ``max(hessian_top, 2)`` eigenpairs, and the Hutchinson
-   trace (``hessian_probes`` Rademacher probes);
+1. Lanczos on Hessian-vector products (one-sided differences of float64 gradients, ``slice.difference_hvp``;
+   at most ``hessian_iters`` steps, stopping as soon as the kept Ritz values have converged, seed ``seed``)
+   for the top ``max(hessian_top, 2)`` eigenpairs, and the Hutchinson trace (``hessian_probes`` Rademacher
+   probes);
 2. two ``landscape_grid`` x ``landscape_grid`` loss slices of half-width ``landscape_radius``: ``rand``
    along two seeded Gaussian directions, ``hess`` along the top-2 eigenvectors, both filter-normalised;
 3. :func:`topometrics.landscape.sublevel.slice_summary` of each slice.
@@ -43,7 +44,7 @@ EIGEN_KEYS = ("eig1", "eig2", "eig3")
 CURVATURE_KEYS = (*EIGEN_KEYS, "trace", "eig1_over_trace")
 PAIRS = ("rand", "hess")
 # Stacked parameter values one vmapped grid call may hold on a GPU (2^26 floats, 256 MiB in float32): the
-# whole 15 x 15 grid of xl (97k parameters) in one forward pass, a few points at a time for a 19M-parameter
+# whole 13 x 13 grid of xl (97k parameters) in one forward pass, a few points at a time for a 19M-parameter
 # model. On CPU the grid is a plain loop: one thread's CPU time per point was 0.42 forward+backward passes
 # looped against 1.2-1.7 vmapped on the math kernel (xl, ``python -m bench features --surface``).
 GRID_PARAMETERS = 1 << 26
@@ -84,18 +85,23 @@ def surface_values(loss: LossOfParams, params: Params, settings: SurfaceSettings
 
 
 def curvature_values(
-    loss: LossOfParams, params: Params, settings: SurfaceSettings
+    loss: LossOfParams, params: Params, settings: SurfaceSettings, one_sided: bool = True, stop_early: bool = True
 ) -> tuple[Values, tuple[Params, Params] | str]:
-    """Curvature :data:`CURVATURE_KEYS`, and the filter-normalised top-2 eigenvectors (or why there are none)."""
-    # Central differences of float64 gradients: two ordinary backward passes per product on the fused
-    # attention kernels, against 15-30 passes for the exact forward-over-reverse product (slice.py).
-    hvp, dim = difference_hvp(loss, params)
-    return _curvature_values(hvp, dim, params, settings)
+    """Curvature :data:`CURVATURE_KEYS`, and the filter-normalised top-2 eigenvectors (or why there are none).
+
+    ``one_sided`` / ``stop_early`` False: central differences and all ``hessian_iters`` steps (the reference
+    ``python tools/surface_stability.py`` compares the defaults with)."""
+    # One-sided differences of float64 gradients: one ordinary backward pass per product on the fused
+    # attention kernels (central: two; the exact forward-over-reverse product: 15-30, slice.py), accurate
+    # to about 1e-7 relative, four orders below LANCZOS_TOL.
+    hvp, dim = difference_hvp(loss, params, one_sided)
+    return _curvature_values(hvp, dim, params, settings, stop_early)
 
 
-def _curvature_values(hvp, dim: int, params: Params, settings: SurfaceSettings):
+def _curvature_values(hvp, dim: int, params: Params, settings: SurfaceSettings, stop_early: bool = True):
     try:
-        eig = top_eigenpairs(_finite(hvp), dim, max(settings.top, 2), settings.iters, settings.seed, LANCZOS_TOL)
+        k = max(settings.top, 2)
+        eig = top_eigenpairs(_finite(hvp), dim, k, settings.iters, settings.seed, LANCZOS_TOL, stop_early)
         trace = hutchinson_trace(_finite(hvp), dim, settings.probes, settings.seed).trace
     except FloatingPointError as err:
         reason = str(err)
