@@ -8,7 +8,7 @@ whose ladder holds the rung twice, as declared (``<rung>``) and as ``<rung>_nore
 ``residual: false``), trained on ``data.corpus: CORPUS`` for the seeds given, with only the ``landscape`` and
 ``curvature`` families computed at every checkpoint (``features.landscape_every: 1``), and runs ``dvc repro``.
 ``show`` reads the warehouse and prints, per feature, the runs side by side (paired by seed) at the final checkpoint
-and as the mean over every checkpoint of the run ("along training"), with the mean paired difference
+and as the mean over the run's trained checkpoints (step > 0: "along training"), with the mean paired difference
 (without − with), its 95 % t interval, the paired t test and the Wilcoxon signed-rank test (scipy, two-sided).
 """
 
@@ -40,6 +40,8 @@ KEYS = ("minima", "saddles", "tp", "mean_pers", "max_pers", "centre_basin", "ran
 FEATURES = tuple(f"ls_{pair}_{key}" for pair in ("rand", "hess") for key in KEYS) + (
     "hess_eig1", "hess_eig2", "hess_eig3", "hess_trace", "hess_eig1_over_trace",
 )  # fmt: skip
+
+TRAJECTORY = ("ls_rand_minima", "ls_hess_saddles", "ls_hess_mean_pers", "ls_hess_centre_basin", "hess_eig1")
 
 
 def project_params(base: dict, corpus: str, rung: str, steps: int, seeds: list[int]) -> dict:
@@ -86,14 +88,16 @@ def paired(with_res: dict[int, float], without: dict[int, float]) -> dict:
 
 
 def read_values(con: duckdb.DuckDBPyConnection, rung: str, features: list[str]) -> dict:
-    """{(rung', feature, 'final' | 'mean'): {seed: value}} for rung' in (rung, rung_nores), layer 'all'."""
+    """{(rung', feature, 'final' | 'mean'): {seed: value}} for rung' in (rung, rung_nores), layer 'all'; 'mean' is
+    over the checkpoints after initialisation (step > 0), where Lanczos often fails and Hutchinson's trace can be
+    negative (an indefinite Hessian at random weights)."""
     rows = con.execute(
         """WITH f AS (SELECT rung, seed, step, feature, value FROM features
                       WHERE layer = 'all' AND rung IN (?, ?) AND feature IN (SELECT unnest(?)))
            SELECT f.rung, f.seed, f.feature, 'final', f.value FROM f
              JOIN final_checkpoints c USING (rung, seed, step)
            UNION ALL
-           SELECT rung, seed, feature, 'mean', avg(value) FROM f WHERE value IS NOT NULL GROUP BY ALL""",
+           SELECT rung, seed, feature, 'mean', avg(value) FROM f WHERE step > 0 AND value IS NOT NULL GROUP BY ALL""",
         [rung, f"{rung}_nores", features],
     ).fetchall()
     out: dict = {}
@@ -114,11 +118,21 @@ def show(out: Path, rung: str, features: list[str]) -> None:
             [rung, f"{rung}_nores", features],
         ).fetchall()
         values = read_values(con, rung, features)
+        trajectory = con.execute(
+            """SELECT step, rung, feature, round(avg(value), 4), count(value) FROM features
+               WHERE layer = 'all' AND rung IN (?, ?) AND feature IN (SELECT unnest(?)) GROUP BY ALL ORDER BY ALL""",
+            [rung, f"{rung}_nores", list(TRAJECTORY)],
+        ).fetchall()
     print("final val loss (rung, seed, step, nats/token):", *final, sep="\n  ")
     if nulls:
         print("NULL rows (rung, feature, count, a reason):", *nulls, sep="\n  ")
+    print("\nalong training: the mean over seeds (and how many seeds have a value) per step")
+    print(f"{'step':>5s} {'rung':12s} " + " ".join(f"{f:>22s}" for f in TRAJECTORY))
+    cells = {(step, r, f): f"{v} ({n})" for step, r, f, v, n in trajectory}
+    for step, r in sorted({(step, r) for step, r, *_ in trajectory}):
+        print(f"{step:5d} {r:12s} " + " ".join(f"{cells.get((step, r, f), '-'):>22s}" for f in TRAJECTORY))
     for when in ("final", "mean"):
-        print(f"\n== {when} ({'last checkpoint' if when == 'final' else 'mean over every checkpoint'}); "
+        print(f"\n== {when} ({'last checkpoint' if when == 'final' else 'mean over the checkpoints with step > 0'}); "
               "d = without - with")  # fmt: skip
         print(f"{'feature':22s} {'with (per seed)':34s} {'without (per seed)':34s} "
               f"{'mean d':>9s} {'95% t CI':>21s} {'t':>7s} {'p_t':>6s} {'p_W':>6s}")  # fmt: skip
