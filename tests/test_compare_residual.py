@@ -27,6 +27,12 @@ def test_project_params_declare_the_rung_twice_with_one_shape_and_residual_off_i
     assert BASE["ladder"]["small"] == {"hidden": 16, "layers": 1, "heads": 2}  # the base is not mutated
 
 
+def test_project_params_set_the_slice_radius_only_when_asked():
+    assert parse_params(project_params(BASE, "c", "small", 100, [1], 3.0)).features.landscape_radius == 3.0
+    default = project_params(BASE, "c", "small", 10, [1])["features"]["landscape_radius"]
+    assert default == BASE["features"]["landscape_radius"]
+
+
 def test_project_params_refuse_an_unknown_rung_with_one_error_line():
     with pytest.raises(SystemExit, match="error: rung 'huge' is not in params.yaml's ladder"):
         project_params(BASE, "c", "huge", 10, [1])

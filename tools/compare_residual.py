@@ -1,6 +1,6 @@
 """With and without residual connections: the loss surface's landscape and curvature, paired by seed.
 
-    python tools/compare_residual.py make CORPUS OUT [--rung small] [--steps 1000] [--seeds 1,2,3,4]
+    python tools/compare_residual.py make CORPUS OUT [--rung small] [--steps 1000] [--seeds 1,2,3,4] [--radius R]
     python tools/compare_residual.py show OUT [--features ls_rand_minima,...]
 
 ``make`` builds one temporary project (``OUT/project``: the code of this checkout, tools/same_results.copy_pipeline)
@@ -44,9 +44,12 @@ FEATURES = tuple(f"ls_{pair}_{key}" for pair in ("rand", "hess") for key in KEYS
 TRAJECTORY = ("ls_rand_minima", "ls_hess_saddles", "ls_hess_mean_pers", "ls_hess_centre_basin", "hess_eig1")
 
 
-def project_params(base: dict, corpus: str, rung: str, steps: int, seeds: list[int]) -> dict:
+def project_params(
+    base: dict, corpus: str, rung: str, steps: int, seeds: list[int], radius: float | None = None
+) -> dict:
     """``base`` (params.yaml as loaded) with the comparison's recipe: ``rung`` and ``<rung>_nores`` only, the
-    latter ``rung``'s shape with ``residual: False``; no external series."""
+    latter ``rung``'s shape with ``residual: False``; no external series; ``radius`` (if given) the slice's
+    half-width ``features.landscape_radius``."""
     if rung not in base["ladder"]:
         raise SystemExit(f"error: rung {rung!r} is not in params.yaml's ladder; use one of {sorted(base['ladder'])}")
     params = {section: dict(values) if isinstance(values, dict) else values for section, values in base.items()}
@@ -54,6 +57,8 @@ def project_params(base: dict, corpus: str, rung: str, steps: int, seeds: list[i
         params[section] = dict(params[section]) | values
     shape = {k: v for k, v in (base["ladder"][rung] or {}).items() if k != "residual"}
     params["data"] |= {"corpus": corpus}
+    if radius is not None:
+        params["features"]["landscape_radius"] = radius
     params["train"] |= {"steps": steps, "seeds": seeds}
     params["ladder"] = {rung: shape, f"{rung}_nores": shape | {"residual": False}}
     params["variants"] = {}
@@ -146,10 +151,11 @@ def show(out: Path, rung: str, features: list[str]) -> None:
                   f"{r['t']:7.3g} {r['p_t']:6.3f} {r['p_wilcoxon']:6.3f}")  # fmt: skip
 
 
-def make(corpus: str, out: Path, rung: str, steps: int, seeds: list[int]) -> None:
+def make(corpus: str, out: Path, rung: str, steps: int, seeds: list[int], radius: float | None) -> None:
     project = out / "project"
     copy_pipeline(CHECKOUT, project)
-    params = project_params(yaml.safe_load((CHECKOUT / "params.yaml").read_text()), corpus, rung, steps, seeds)
+    base = yaml.safe_load((CHECKOUT / "params.yaml").read_text())
+    params = project_params(base, corpus, rung, steps, seeds, radius)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = dict(os.environ, PYTHONPATH=str(project), DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
@@ -168,11 +174,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rung", default="small")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--seeds", default="1,2,3,4")
+    ap.add_argument("--radius", type=float, default=None, help="features.landscape_radius (default: params.yaml's)")
     ap.add_argument("--features", default=",".join(FEATURES))
     a = ap.parse_args(argv)
     if a.action == "make":
         corpus, out = a.args
-        make(corpus, Path(out), a.rung, a.steps, [int(v) for v in a.seeds.split(",") if v])
+        make(corpus, Path(out), a.rung, a.steps, [int(v) for v in a.seeds.split(",") if v], a.radius)
     else:
         show(Path(a.args[0]), a.rung, a.features.split(","))
     return 0
