@@ -28,7 +28,7 @@ def test_project_params_declare_the_rung_twice_with_one_shape_and_residual_off_i
 
 
 def test_project_params_set_the_slice_radius_only_when_asked():
-    assert parse_params(project_params(BASE, "c", "small", 100, [1], 3.0)).features.landscape_radius == 3.0
+    assert parse_params(project_params(BASE, "c", "small", 1000, [1], 3.0)).features.landscape_radius == 3.0
     default = project_params(BASE, "c", "small", 10, [1])["features"]["landscape_radius"]
     assert default == BASE["features"]["landscape_radius"]
 
