@@ -12,7 +12,7 @@ import pytest
 from test_verdict import synthetic_runs, warehouse_with
 
 from topometrics.analysis import remedy, verdict
-from topometrics.params import AnalysisParams, PrimaryParams
+from topometrics.params import AnalysisParams, ParamsError, PrimaryParams, parse_params
 from topometrics.report import contents as report
 from topometrics.report import frames as report_frames
 from topometrics.report import html as report_html
@@ -151,3 +151,26 @@ def test_the_loss_surface_spacing_is_checked_against_the_first_fraction():
     assert remedy.surface_remedy(sweep | {"features": {"landscape_every": 2}}) == []
     assert remedy.surface_remedy(sweep | {"features": {"landscape_every": 10, "families": ["np", "vr"]}}) == []
     assert remedy.remedy(sweep | {"features": {"landscape_every": 10}}) == [("features.landscape_every=2", why)]
+
+
+@pytest.mark.parametrize(
+    ("power", "said"),
+    [
+        (0.84, "with 84 % power (`python -m bench power --layouts 2x1x1`, recorded with the endpoint)."),
+        (0.62, "with 62 % power (below the 80 % target: more runs or recipes would raise it)"),
+    ],
+)
+def test_the_power_recorded_with_the_endpoint_sits_beside_its_verdict(power, said):
+    primary = PrimaryParams(family="scale_free", fraction=0.5, cv="seed", power=power)
+    frame = view(synthetic_runs("topology"), AnalysisParams(permutations=49, primary=primary))
+    analysis = {"fractions": [0.2, 0.3, 0.5], "primary": {"family": "scale_free", "power": power}}
+    got = answer(frame, meta(analysis=analysis))
+    assert got.sentences[2].startswith("Power: this sweep detects a family explaining >= 30 % of the residual")
+    assert said in got.sentences[2]
+
+
+def test_a_power_outside_zero_one_is_one_params_error():
+    raw = {"analysis": {"primary": {"family": "weights_vr", "fraction": 0.3, "cv": "seed", "power": 84}}}
+    raw |= {"train": {"seeds": [1, 2, 3]}, "ladder": {"tiny": {"hidden": 8}}}
+    with pytest.raises(ParamsError, match=r"analysis.primary: power 84.0 is not a share in \(0, 1\]"):
+        parse_params(raw)

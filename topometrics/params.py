@@ -199,6 +199,7 @@ class PrimaryParams:
     cv: str = ""
     features: tuple[str, ...] = ()  # empty: the whole family (which must have <= 3 features)
     baseline: str = "norm"  # 'norm' (loss curve + weight norm) or 'norm+<geometric verdict family>'
+    power: float | None = None  # `bench power`'s share of 'adds' at s = 0.3 for the sweep's layout, recorded with it
 
 
 @dataclass(frozen=True)
@@ -393,6 +394,7 @@ def _check_primary(params: Params) -> None:
         (p.fraction not in params.analysis.fractions, f"fraction {p.fraction} is not in analysis.fractions"),
         (groups.get(p.cv, 0) < 3, f"cv {p.cv!r} needs >= 3 groups among the declared runs ({groups})"),
         (p.baseline.split("+")[0] != "norm", f"baseline {p.baseline!r}: 'norm' or 'norm+<family>'"),
+        (p.power is not None and not 0 < p.power <= 1, f"power {p.power} is not a share in (0, 1]"),
     ]  # fmt: skip
     for bad, why in problems:
         if bad:

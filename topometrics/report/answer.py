@@ -84,9 +84,17 @@ def _permutations(params: dict) -> int:
 
 
 def _power(params: dict) -> str:
-    """Where this sweep's power comes from: the bench's machinery at the sweep's own layout."""
+    """The sweep's power as recorded with its endpoint (``analysis.primary.power``), else where it comes from:
+    the bench's machinery at the sweep's own layout."""
     train, variants = params["train"], params.get("variants") or {}
     shape = f"{len(params['ladder'])}x{1 + len(variants)}x{len(train['seeds'])}"
+    power = (params["analysis"].get("primary") or {}).get("power")
+    if power is not None:
+        short = "" if power >= 0.8 else " (below the 80 % target: more runs or recipes would raise it)"
+        return (
+            f"Power: this sweep detects a family explaining >= 30 % of the residual variance with {100 * power:.0f} % "
+            f"power{short} (`python -m bench power --layouts {shape}`, recorded with the endpoint)."
+        )
     return (
         "Power: the share of simulated sweeps of this layout in which a family explaining >= 30 % of the residual "
         f"variance is called 'adds' is measured by `python -m bench power --layouts {shape}` (docs/results.md)."
