@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bench.train import synchronize
+from bench.train import bench_clock, median_seconds, synchronize
 from topometrics.dynamics.changepoints import run_changepoint_rows
 from topometrics.execution.shards import Fingerprint, ShardKey, Task, write_shard
 from topometrics.features.gradient_cloud import gradient_batch, gradient_cloud, gradient_rows, weight_names
@@ -50,19 +50,6 @@ from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_
 from topometrics.params import FeaturesParams, TrainParams
 
 CHECKPOINTS = 51  # a default run's checkpoints (changepoints are per run)
-
-
-def _clock(device: str) -> float:
-    return time.perf_counter() if device.startswith("cuda") else time.process_time()
-
-
-def _median_s(fn, device: str, repeats: int = 5) -> float:
-    times = []
-    for _ in range(repeats):
-        start = _clock(device)
-        fn()
-        times.append(_clock(device) - start)
-    return float(np.median(times))
 
 
 def _model(config: GPTConfig, device: str) -> GPT:
@@ -94,33 +81,33 @@ def dynamics_costs(config: GPTConfig, params: FeaturesParams, train: TrainParams
         synchronize(dev)
 
     forward_backward()
-    reference_before = _median_s(forward_backward, device)
+    reference_before = median_seconds(forward_backward, device)
     model.zero_grad(set_to_none=True)
     layers = linear_layer_names(config.layers)
     cloud = gradient_cloud(model, weight_names(model, linear_modules(model)), (x, y))
-    start = _clock(device)
+    start = bench_clock(device)
     rows = gradient_rows(cloud, layers, params)
     synchronize(dev)
-    gradient_s = _clock(device) - start
+    gradient_s = bench_clock(device) - start
     nulls = sorted({reason for _, _, reason in rows if reason})
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    start = _clock(device)
+    start = bench_clock(device)
     iterate = checkpoint_iterates([0], [linear_weights(state, config.layers).values()], params.seed)
-    iterate_s = _clock(device) - start
+    iterate_s = bench_clock(device) - start
     every = max(train.sketch_every, 1)
     step = params.phdim_window
     sketch = random_walk(np.arange(every, step + 1, every), train.sketch_dim, 1)
     ckpts = random_walk(np.linspace(0, step, 11).astype(np.int64), iterate.points.shape[1], 2)
-    start = _clock(device)
+    start = bench_clock(device)
     values = trajectory_values(sketch, ckpts, step, params)
-    fit_s = _clock(device) - start
+    fit_s = bench_clock(device) - start
     grid = np.arange(CHECKPOINTS)
     series = {f"f{i}": (grid, random_walk(grid, 1, i).points[:, 0]) for i in range(9)}
     series["val_loss"] = (np.arange(CHECKPOINTS), np.linspace(4, 2, CHECKPOINTS))
     start = time.process_time()
     run_changepoint_rows(series, "val_loss", (np.arange(CHECKPOINTS), np.linspace(1, 0, CHECKPOINTS)))
     changepoint_s = (time.process_time() - start) / CHECKPOINTS
-    reference = min(reference_before, _median_s(forward_backward, device))
+    reference = min(reference_before, median_seconds(forward_backward, device))
     trajectory_s = iterate_s + fit_s
     total = gradient_s + trajectory_s + changepoint_s
     return {

@@ -44,7 +44,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from bench.dynamics import dynamics_main
-from bench.train import synchronize
+from bench.train import bench_clock, median_seconds, synchronize
 from topometrics.execution.compute import map_jobs
 from topometrics.features.checkpoint import loss_surface, validation_batch, weight_features
 from topometrics.features.run_shards import read_tables, run_shards
@@ -94,20 +94,6 @@ SURFACE_MODELS = {
 }
 
 
-def _clock(device: str) -> float:
-    """Seconds: this process's CPU time on CPU (other processes on a shared machine do not count), else wall time."""
-    return time.perf_counter() if device.startswith("cuda") else time.process_time()
-
-
-def _median_s(fn, device: str = "cpu", repeats: int = 5) -> float:
-    times = []
-    for _ in range(repeats):
-        start = _clock(device)
-        fn()
-        times.append(_clock(device) - start)
-    return float(np.median(times))
-
-
 def surface_costs(
     config: GPTConfig,
     params: FeaturesParams,
@@ -132,7 +118,7 @@ def surface_costs(
         synchronize(torch.device(device))
 
     forward_backward()
-    reference_before = _median_s(forward_backward, device)
+    reference_before = median_seconds(forward_backward, device)
     _progress(f"forward+backward {reference_before:.3f} s")
     surface = loss_surface(model, (x, y))
     settings = SurfaceSettings(
@@ -145,24 +131,24 @@ def surface_costs(
         gradients.append(1)
         return surface.loss(p)
 
-    start = _clock(device)
+    start = bench_clock(device)
     curvature, directions = curvature_values(counted, surface.params, settings)
     synchronize(torch.device(device))
-    curvature_s = _clock(device) - start
+    curvature_s = bench_clock(device) - start
     _progress(f"curvature {curvature_s:.1f} s ({curvature_s / reference_before:.0f} forward+backward)")
     gen = torch.Generator().manual_seed(params.seed)
     rand = (random_direction(surface.params, gen), random_direction(surface.params, gen))
-    start = _clock(device)
+    start = bench_clock(device)
     slice_values(surface.loss, surface.params, rand, settings)
     if not isinstance(directions, str):
         slice_values(surface.loss, surface.params, directions, settings)
     else:
         slice_values(surface.loss, surface.params, rand, settings)  # the same work, so the cost is counted
     synchronize(torch.device(device))
-    landscape_s = _clock(device) - start
+    landscape_s = bench_clock(device) - start
     _progress(f"landscape {landscape_s:.1f} s ({landscape_s / reference_before:.0f} forward+backward)")
     central_s = _central_curvature_s(surface, settings, device) if central else float("nan")
-    reference = min(reference_before, _median_s(forward_backward, device))
+    reference = min(reference_before, median_seconds(forward_backward, device))
     total = (landscape_s + curvature_s) / reference
     share = surface_checkpoints(params.landscape_every) / len(STEPS)
     return {
@@ -186,10 +172,10 @@ def _progress(line: str) -> None:
 
 
 def _central_curvature_s(surface, settings: SurfaceSettings, device: str) -> float:
-    start = _clock(device)
+    start = bench_clock(device)
     curvature_values(surface.loss, surface.params, settings, one_sided=False, stop_early=False)
     synchronize(torch.device(device))
-    return _clock(device) - start
+    return bench_clock(device) - start
 
 
 def surface_checkpoints(every: int) -> int:

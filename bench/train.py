@@ -107,6 +107,21 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def bench_clock(device: str) -> float:
+    """Seconds: this process's CPU time on CPU (other processes on a shared machine do not count), else wall time."""
+    return time.perf_counter() if device.startswith("cuda") else time.process_time()
+
+
+def median_seconds(fn, device: str = "cpu", repeats: int = 5) -> float:
+    """Median of ``repeats`` timings of ``fn()`` on :func:`bench_clock`."""
+    times = []
+    for _ in range(repeats):
+        start = bench_clock(device)
+        fn()
+        times.append(bench_clock(device) - start)
+    return float(np.median(times))
+
+
 def time_rung(cfg: RunConfig, mode: str, steps: int, warmup: int, device: torch.device | None = None) -> dict:
     """Median step time and checkpoint time (seconds) of one rung in one mode, in this process, on ``device``
     (default CPU); batches are sampled on the CPU and moved, as the trainer does."""
