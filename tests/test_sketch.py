@@ -79,15 +79,23 @@ def test_a_resumed_run_continues_its_sketch_without_gap_or_duplicate_after_kill_
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     proc = subprocess.Popen([sys.executable, "-c", RUNNER.format(tests=str(Path(__file__).parent), out=str(killed))])
     deadline = time.time() + 600  # only a guard against a hang
-    while not (killed / "step_000060.json").exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.005)
-    time.sleep(0.05)  # a few steps past the checkpoint: rows the resumed run must not write twice
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:
+        while proc.poll() is None and time.time() < deadline:
+            # freeze the run (our own child) to read a consistent state: kill it only once the sketch holds rows
+            # past the last checkpoint, the rows the resumed run must rewrite rather than write twice
+            os.kill(proc.pid, signal.SIGSTOP)
+            done = [c.step for c in list_checkpoints(killed)]
+            if done and max(done) >= 60 and read_sketch(killed)[0].max() > max(done):
+                break
+            os.kill(proc.pid, signal.SIGCONT)
+            time.sleep(0.005)
+    finally:
+        proc.kill()
+        proc.wait()
     done = [c.step for c in list_checkpoints(killed)]
     assert 60 <= max(done) < 400, f"the run was not interrupted mid-way: {done}"
     before, _ = read_sketch(killed)
-    assert before.max() >= max(done)  # rows beyond the resume point exist and are rewritten, not duplicated
+    assert before.max() > max(done)  # rows beyond the resume point exist and are rewritten, not duplicated
     for out in (killed, clean):
         recorder = TrajectorySketches(8, 3)(None, out)
         train_run(config(steps=400, ckpt_every=20), TRAIN, VAL, out, "sha", "cpu", quiet, observers=[recorder])
