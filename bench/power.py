@@ -15,8 +15,9 @@ Each run set goes through the product's own code: :func:`topometrics.analysis.in
 :func:`topometrics.analysis.verdict.word` (the primary endpoint's verdict: test and minimum effect).
 Printed: % of run sets called ``adds`` per layout x CV scheme x family, then the whole result as one JSON line.
 Options: ``--layouts 3x4x8,2x4x4`` ``--reps 100`` ``--perms 99`` ``--k 3`` ``--jobs 1`` ``--cvs seed,variant,rung``
-``--out FILE``. The base here is one ridge over the three laws and the norm (the
-verdict's choice among base candidates is not simulated).
+``--out FILE`` ``--need 0.8`` (also the fewest seeds per cell, rungs and recipes fixed, that reach this power
+at s = 0.3: the n to record as ``analysis.primary.needed_runs`` when a sweep falls short). The base here is one
+ridge over the three laws and the norm (the verdict's choice among base candidates is not simulated).
 """
 
 from __future__ import annotations
@@ -157,6 +158,43 @@ def rates(shape, cvs, k, reps, n_perm, margin=0.05, min_effect=0.01, jobs=1, pro
     return out
 
 
+def power_at(shape, cv, k, reps, n_perm, share=0.3, jobs=1, margin=0.05, min_effect=0.01) -> float:
+    """% of ``reps`` run sets of ``shape`` with a planted family of ``share`` called 'adds' under ``cv``."""
+    tasks = [(shape, cv, k, "signal", share, rep, n_perm, margin, min_effect) for rep in range(reps)]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            words = list(pool.map(_task, tasks, chunksize=4))
+    else:
+        words = [_task(t) for t in tasks]
+    return float(100 * np.mean([w == "adds" for w in words]))
+
+
+def seeds_needed(shape, cv, k, target, reps, n_perm, jobs=1, most=4, progress=None) -> dict:
+    """The fewest seeds per cell (rungs and recipes as in ``shape``, at most ``most`` times its seeds) at which
+    the primary endpoint's power at s = 0.3 reaches ``target`` % under ``cv``, by bisection over the seed count
+    (power rises with n; each probe is a fresh simulation, so the answer is as noisy as ``reps`` allows).
+    Returns ``{"layout", "runs", "power"}``, or with ``"layout": None`` when even ``most`` x the seeds fall short."""
+    measured: dict[int, float] = {}
+
+    def probe(seeds: int) -> float:
+        if seeds not in measured:
+            measured[seeds] = power_at((shape[0], shape[1], seeds), cv, k, reps, n_perm, jobs=jobs)
+            if progress:
+                progress(f"{shape[0]}x{shape[1]}x{seeds} {cv:8s} s=0.3 adds {measured[seeds]:5.1f}%")
+        return measured[seeds]
+
+    low, high = shape[2], most * shape[2]
+    if probe(low) >= target:
+        high = low
+    elif probe(high) < target:
+        return {"layout": None, "runs": None, "power": measured[high], "tried_seeds": high}
+    while high - low > 1:  # invariant: probe(low) < target <= probe(high)
+        mid = (low + high) // 2
+        low, high = (low, mid) if probe(mid) >= target else (mid, high)
+    layout_text = f"{shape[0]}x{shape[1]}x{high}"
+    return {"layout": layout_text, "runs": shape[0] * shape[1] * high, "power": measured[high]}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench power", description=__doc__.splitlines()[0])
     parser.add_argument("--layouts", default="3x4x8,2x4x4", help="rungs x recipes x seeds, comma-separated")
@@ -166,6 +204,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--cvs", default="seed,variant,rung", help="schemes to run (those with >= 3 groups)")
     parser.add_argument("--out", default="", help="also write the JSON to this file")
+    parser.add_argument(
+        "--need", type=float, default=0.0, help="also find the seeds per cell that reach this power at s = 0.3 (0.8)"
+    )
     args = parser.parse_args(argv)
     t0, result = time.perf_counter(), {"k": args.k, "reps": args.reps, "perms": args.perms, "layouts": {}}
     for text in args.layouts.split(","):
@@ -179,6 +220,13 @@ def main(argv: list[str]) -> int:
             shape, cvs, args.k, args.reps, args.perms, jobs=args.jobs, progress=lambda x: print(x, flush=True)
         )
         result["layouts"][text] = {"runs": int(np.prod(shape)), "calibration": cal, "rates": table}
+        if args.need:
+            result["layouts"][text]["needs"] = needs = {
+                cv: seeds_needed(shape, cv, args.k, 100 * args.need, args.reps, args.perms, args.jobs, progress=print)
+                for cv in cvs
+            }
+            for cv, got in needs.items():
+                print(f"{text} {cv}: {_needs_line(got, args.need)}", flush=True)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -186,3 +234,9 @@ def main(argv: list[str]) -> int:
     print(json.dumps(result, sort_keys=True))
     print(f"bench power: {len(result['layouts'])} layouts, {args.reps} run sets per cell, {result['seconds']} s")
     return 0
+
+
+def _needs_line(got: dict, target: float) -> str:
+    if got["layout"] is None:
+        return f"{100 * target:.0f} % power not reached by {got['tried_seeds']} seeds per cell ({got['power']:.1f} %)"
+    return f"{100 * target:.0f} % power at s = 0.3 needs {got['runs']} runs ({got['layout']}: {got['power']:.1f} %)"

@@ -155,6 +155,15 @@ def test_the_bench_machinery_reports_rates_for_every_cv_and_family_on_a_small_ca
     assert 0.07 < cal["mae_loss_curve"] < 0.14 and cal["mae_with_norm"] < cal["mae_loss_curve"]
 
 
+def test_the_seeds_needed_are_the_fewest_whose_simulated_power_reaches_the_target():
+    got = power.seeds_needed((3, 4, 2), "seed", k=1, target=60, reps=10, n_perm=39, most=3)
+    seeds = int(got["layout"].split("x")[2])  # the simulations are seeded: every probe is reproducible by power_at
+    assert 2 < seeds <= 6 and got["runs"] == 12 * seeds and got["power"] >= 60
+    assert power.power_at((3, 4, seeds - 1), "seed", 1, 10, 39) < 60  # one seed fewer falls short
+    unreachable = power.seeds_needed((2, 4, 2), "seed", k=1, target=101, reps=2, n_perm=19, most=2)
+    assert unreachable["layout"] is None and unreachable["tried_seeds"] == 4
+
+
 def test_the_base_model_is_chosen_inside_each_training_fold_among_the_candidates():
     rng = np.random.default_rng(5)
     x = rng.normal(size=(30, 3))

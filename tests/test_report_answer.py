@@ -154,19 +154,28 @@ def test_the_loss_surface_spacing_is_checked_against_the_first_fraction():
 
 
 @pytest.mark.parametrize(
-    ("power", "said"),
+    ("power", "needed", "said"),
     [
-        (0.84, "with 84 % power (`python -m bench power --layouts 2x1x1`, recorded with the endpoint)."),
-        (0.62, "with 62 % power (below the 80 % target: more runs or recipes would raise it)"),
+        (0.84, None, "with 84 % power (`python -m bench power --layouts 2x1x1`, recorded with the endpoint)."),
+        (0.62, 144, "with 62 % power (`python -m bench power --layouts 2x1x1`, recorded with the endpoint). This "
+         "sweep is too small for the 80 % target: the bench says it would need 144 runs."),
+        (0.62, None, "This sweep is too small for the 80 % target: `python -m bench power --layouts 2x1x1 --need 0.8` "
+         "finds the runs it would need."),
     ],
-)
-def test_the_power_recorded_with_the_endpoint_sits_beside_its_verdict(power, said):
+)  # fmt: skip
+def test_the_power_recorded_with_the_endpoint_sits_beside_its_verdict(power, needed, said):
     primary = PrimaryParams(family="scale_free", fraction=0.5, cv="seed", power=power)
     frame = view(synthetic_runs("topology"), AnalysisParams(permutations=49, primary=primary))
-    analysis = {"fractions": [0.2, 0.3, 0.5], "primary": {"family": "scale_free", "power": power}}
-    got = answer(frame, meta(analysis=analysis))
+    recorded = {"family": "scale_free", "power": power, "needed_runs": needed}
+    got = answer(frame, meta(analysis={"fractions": [0.2, 0.3, 0.5], "primary": recorded}))
     assert got.sentences[2].startswith("Power: this sweep detects a family explaining >= 30 % of the residual")
-    assert said in got.sentences[2]
+    assert said in got.sentences[2] and "declared runs" not in got.sentences[2]
+    seeds = {"steps": 40, "ckpt_every": 10, "seeds": list(range(100))}  # more runs declared than reached it
+    short = answer(frame, meta(analysis={"fractions": [0.2, 0.3, 0.5], "primary": recorded}, train=seeds))
+    n = int(frame.query("role == 'primary'")["n"].iloc[0])
+    assert short.sentences[2].endswith(
+        f" Only {n} of the 200 declared runs reached the verdict, so the power is lower than stated."
+    )
 
 
 def test_a_power_outside_zero_one_is_one_params_error():
@@ -174,3 +183,12 @@ def test_a_power_outside_zero_one_is_one_params_error():
     raw |= {"train": {"seeds": [1, 2, 3]}, "ladder": {"tiny": {"hidden": 8}}}
     with pytest.raises(ParamsError, match=r"analysis.primary: power 84.0 is not a share in \(0, 1\]"):
         parse_params(raw)
+
+
+def test_needed_runs_without_a_short_power_or_within_the_declared_runs_is_one_params_error():
+    raw = {"train": {"seeds": [1, 2, 3]}, "ladder": {"tiny": {"hidden": 8}}}
+    primary = {"family": "weights_vr", "fraction": 0.3, "cv": "seed"}
+    for recorded in ({"power": 0.9, "needed_runs": 144}, {"power": 0.5, "needed_runs": 3}, {"needed_runs": 144}):
+        with pytest.raises(ParamsError, match=r"needed_runs \d+ goes with a power below 0.8 and more than the 3"):
+            parse_params(raw | {"analysis": {"primary": primary | recorded}})
+    assert parse_params(raw | {"analysis": {"primary": primary | {"power": 0.5, "needed_runs": 4}}})

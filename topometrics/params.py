@@ -200,6 +200,7 @@ class PrimaryParams:
     features: tuple[str, ...] = ()  # empty: the whole family (which must have <= 3 features)
     baseline: str = "norm"  # 'norm' (loss curve + weight norm) or 'norm+<geometric verdict family>'
     power: float | None = None  # `bench power`'s share of 'adds' at s = 0.3 for the sweep's layout, recorded with it
+    needed_runs: int | None = None  # below 80 % power: the runs `bench power --need 0.8` says would reach it
 
 
 @dataclass(frozen=True)
@@ -389,12 +390,15 @@ def _check_primary(params: Params) -> None:
     if p is None:
         return
     groups = {"seed": len(params.train.seeds), "variant": 1 + len(params.variants), "rung": len(params.ladder)}
+    runs = groups["seed"] * groups["variant"] * groups["rung"]
     problems = [
         (not p.family or len(p.features) > 3, f"declare a family and at most 3 features, got {p.family!r}"),
         (p.fraction not in params.analysis.fractions, f"fraction {p.fraction} is not in analysis.fractions"),
         (groups.get(p.cv, 0) < 3, f"cv {p.cv!r} needs >= 3 groups among the declared runs ({groups})"),
         (p.baseline.split("+")[0] != "norm", f"baseline {p.baseline!r}: 'norm' or 'norm+<family>'"),
         (p.power is not None and not 0 < p.power <= 1, f"power {p.power} is not a share in (0, 1]"),
+        (p.needed_runs is not None and (p.power is None or p.power >= 0.8 or p.needed_runs <= runs),
+         f"needed_runs {p.needed_runs} goes with a power below 0.8 and more than the {runs} declared runs"),
     ]  # fmt: skip
     for bad, why in problems:
         if bad:

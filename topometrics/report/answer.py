@@ -58,7 +58,7 @@ def answer(verdict, meta) -> Answer:
     head = f"{_question(verdict)}: {n} runs, {CV_WORDS[scheme]} ({groups} {SCHEME_GROUPS[scheme]})."
     primary = verdict[verdict["role"] == "primary"] if "role" in verdict else verdict.iloc[:0]
     lead = [f"Pre-registered endpoint: {sentence(r)}" for _, r in primary.iterrows()]
-    lead += [_power(params)] if len(primary) and params is not None else []
+    lead += [_power(params, n)] if len(primary) and params is not None else []
     lead = lead or ["No pre-registered endpoint (analysis.primary): every row below is exploratory."]
     label = "Exploratory (topology rows Holm-corrected per scheme; the rest uncorrected context): "
     rows = [(label if i == 0 and len(primary) else "") + sentence(r) for i, (_, r) in enumerate(tested.iterrows())]
@@ -83,22 +83,36 @@ def _permutations(params: dict) -> int:
     return int(params["analysis"].get("permutations", 99))
 
 
-def _power(params: dict) -> str:
+def _power(params: dict, n: int) -> str:
     """The sweep's power as recorded with its endpoint (``analysis.primary.power``), else where it comes from:
-    the bench's machinery at the sweep's own layout."""
+    the bench's machinery at the sweep's own layout. A power below 80 % says the sweep is too small, with the
+    runs the bench says it would need (``needed_runs``) or the command that finds them; fewer runs in the
+    verdict (``n``) than the layout declares says the recorded power overstates it."""
     train, variants = params["train"], params.get("variants") or {}
     shape = f"{len(params['ladder'])}x{1 + len(variants)}x{len(train['seeds'])}"
-    power = (params["analysis"].get("primary") or {}).get("power")
-    if power is not None:
-        short = "" if power >= 0.8 else " (below the 80 % target: more runs or recipes would raise it)"
+    declared = len(params["ladder"]) * (1 + len(variants)) * len(train["seeds"])
+    primary = params["analysis"].get("primary") or {}
+    power, needed = primary.get("power"), primary.get("needed_runs")
+    if power is None:
         return (
-            f"Power: this sweep detects a family explaining >= 30 % of the residual variance with {100 * power:.0f} % "
-            f"power{short} (`python -m bench power --layouts {shape}`, recorded with the endpoint)."
+            "Power: the share of simulated sweeps of this layout in which a family explaining >= 30 % of the "
+            f"residual variance is called 'adds' is measured by `python -m bench power --layouts {shape}` "
+            "(docs/results.md)."
         )
-    return (
-        "Power: the share of simulated sweeps of this layout in which a family explaining >= 30 % of the residual "
-        f"variance is called 'adds' is measured by `python -m bench power --layouts {shape}` (docs/results.md)."
+    said = (
+        f"Power: this sweep detects a family explaining >= 30 % of the residual variance with {100 * power:.0f} % "
+        f"power (`python -m bench power --layouts {shape}`, recorded with the endpoint)."
     )
+    if power < 0.8:
+        need = (
+            f"the bench says it would need {needed} runs"
+            if needed
+            else f"`python -m bench power --layouts {shape} --need 0.8` finds the runs it would need"
+        )
+        said += f" This sweep is too small for the 80 % target: {need}."
+    if n < declared:
+        said += f" Only {n} of the {declared} declared runs reached the verdict, so the power is lower than stated."
+    return said
 
 
 def _not_computable(verdict: pd.DataFrame, params: dict | None) -> Answer:
