@@ -78,6 +78,27 @@ def test_one_batched_pass_gives_every_linear_layers_per_example_gradients_as_vma
     assert all(p.grad is None for p in model.parameters())  # nothing left behind on the model
 
 
+def test_the_batched_pass_leaves_the_models_gradients_alone_and_serves_a_layer_without_bias():
+    model, (x, y) = tiny_model(), batch(4)
+    layers = layer_map(model)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 7.0)  # a caller's gradients: the weights' batch gradients are not computed
+    linear_example_gradients(model, hookable_layers(model, layers), x, y, lambda layer, chunks: [*chunks()])
+    assert all(torch.equal(p.grad, torch.full_like(p, 7.0)) for p in model.parameters())
+    first = next(iter(layers))
+    model.get_submodule(layers[first].rpartition(".")[0]).bias = None  # no bias: a whole backward pass instead
+    model.zero_grad(set_to_none=True)
+    got = {}
+    linear_example_gradients(
+        model, hookable_layers(model, layers), x, y, lambda layer, chunks: got.__setitem__(layer, [*chunks()])
+    )
+    assert set(got) == set(layers) and all(p.grad is None for p in model.parameters())
+    params = dict(model.named_parameters())
+    for layer in (first, list(layers)[-1]):
+        expected = layer_gradients(example_loss(model), params, layers[layer], x, y)
+        np.testing.assert_allclose(np.concatenate(got[layer], axis=1), expected, atol=1e-6)
+
+
 def test_the_features_are_the_same_through_the_batched_pass_and_through_vmap():
     model, (x, y) = tiny_model(), batch(6)
     params, layers = dict(model.named_parameters()), layer_map(model)

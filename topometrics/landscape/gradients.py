@@ -230,8 +230,15 @@ def linear_example_gradients(
     is called as the backward pass reaches the layer (reverse network order): ``chunks()`` yields the
     per-example gradients (B, out * in) as column chunks (:func:`linear_chunks`), computed as they are
     read, so not even one layer's per-example gradients exist whole.
+
+    When every layer has a bias, the pass differentiates for the biases only: each layer's output lies on
+    the way to its own bias, so every layer is reached, and the weights' batch gradients are neither
+    computed nor stored (the model's ``.grad`` are left as they were). Otherwise it is a whole backward pass,
+    its ``.grad`` cleared after.
     """
     handles = []
+    biases = [m.bias for m in modules.values() if m.bias is not None and m.bias.requires_grad]
+    to_biases = bool(biases) and len(biases) == len(modules)
 
     def capture(layer: str):
         def forward_hook(module, inputs, output):
@@ -252,11 +259,16 @@ def linear_example_gradients(
         per_token = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none"
         )
-        per_token.view(x.shape[0], -1).mean(dim=1).sum().backward()
+        total = per_token.view(x.shape[0], -1).mean(dim=1).sum()
+        if to_biases:
+            torch.autograd.grad(total, biases)
+        else:
+            total.backward()
     finally:
         for handle in handles:
             handle.remove()
-        model.zero_grad(set_to_none=True)
+        if not to_biases:
+            model.zero_grad(set_to_none=True)
 
 
 def linear_chunks(g: torch.Tensor, a: torch.Tensor) -> Chunks:
