@@ -209,7 +209,8 @@ def layer_memory(model: GPT, x: torch.Tensor, y: torch.Tensor, params: FeaturesP
 
     ``forward_backward``: a plain forward+backward pass of the same batch: what its forward keeps for the
     backward (``activations_mb``, resident with the graph alive) and its peak (``peak_mb``: activations, the
-    backward's buffers and every parameter's ``.grad``, ``parameters_mb``; the family's own pass keeps the same).
+    backward's buffers and every parameter's ``.grad``, ``parameters_mb``; the family's own pass computes only
+    the biases' gradients when every linear layer has one, and stores none).
     ``layers``, one row per linear layer in the order they are computed: ``bound_mb`` = ``grad_batch`` x the
     layer's weights x bytes per element (its per-example gradients, whole); ``at_entry_mb`` what is resident
     above the model when the layer starts (the family's backward pass so far); ``peak_mb`` its high-water mark
