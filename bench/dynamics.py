@@ -17,20 +17,24 @@ every checkpoint, as each run did before, against reading each one's iterate fro
 
 Every time on CPU is this process's CPU time (``time.process_time``) on ``--threads`` torch threads.
 
-**Memory** (CPU): in a fresh process per model, the peak resident memory (``ru_maxrss``) after the model and a
-forward+backward pass of the batch, then after the gradient family: the difference is what the family needs
-above a forward+backward pass; set against ``grad_batch`` x the largest linear layer (float32), the memory of
-one layer's per-example gradients. Twice: with glibc's default allocator (``memory``), and with a fixed mmap
-threshold (``memory_freed_blocks_returned``: every freed large block goes back to the system, so the peak is
-the family's live allocations rather than the heap the default allocator keeps).
+**Memory** (CPU, :func:`layer_memory`): in a fresh process per model, resident memory above the model (its
+resident size before the measured work), from ``/proc/self/status`` (``VmRSS`` now, ``VmHWM`` the high-water
+mark, the same counter as ``ru_maxrss``), the mark lowered to the resident size before each part by writing
+``5`` to ``/proc/self/clear_refs``: a plain forward+backward pass of the batch (what its forward keeps for the
+backward, and its peak), then the gradient family layer by layer: each linear layer's peak while its
+per-example gradients are computed and summarised, above what was resident as it started (the layer's own
+memory), set against ``grad_batch`` x the layer's weights x bytes per element (its per-example gradients,
+whole). Twice: with glibc's default allocator (``memory``), and with a fixed mmap threshold
+(``memory_freed_blocks_returned``: every freed block of 128 kB or more goes back to the system, so a peak is
+live allocations rather than the heap the default allocator keeps; the target is judged on this one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
-import resource
 import tempfile
 import time
 from pathlib import Path
@@ -45,6 +49,7 @@ from topometrics.execution.shards import Fingerprint, ShardKey, Task, write_shar
 from topometrics.features.gradient_cloud import gradient_batch, gradient_cloud, gradient_rows, weight_names
 from topometrics.features.run_shards import shard_iterates
 from topometrics.features.trajectory import Iterates, checkpoint_iterates, trajectory_values
+from topometrics.landscape.gradients import example_loss, gradient_topology
 from topometrics.models.checkpoints import list_checkpoints, load_state, save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights
 from topometrics.params import FeaturesParams, TrainParams
@@ -153,25 +158,120 @@ def iterate_reads(config: GPTConfig, params: FeaturesParams, root: Path, n: int 
     return {"checkpoints": n, "reload_and_project_s": round(reload_s, 3), "from_shards_s": round(read_s, 4)}
 
 
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+def rss_kb() -> tuple[int, int]:
+    """This process's resident size now and its high-water mark since the last :func:`reset_peak` (or its
+    start), kB (``VmRSS``, ``VmHWM`` of ``/proc/self/status``; the latter is ``ru_maxrss``)."""
+    found = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                found[line[:5]] = int(line.split()[1])
+    return found["VmRSS"], found["VmHWM"]
+
+
+def reset_peak() -> None:
+    """Lower the high-water mark to the resident size now (Linux >= 4.0: ``5`` into ``/proc/self/clear_refs``),
+    so the next :func:`rss_kb` peak is that of what runs in between."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+class LayerPeaks:
+    """``around`` for :func:`topometrics.landscape.gradients.gradient_topology`: each layer's resident size as
+    its per-example gradients start (``entry``) and its high-water mark while they are computed and summarised
+    (``peak``), kB; ``between`` the highest mark outside the layers (the family's forward and backward pass)."""
+
+    def __init__(self) -> None:
+        self.layers: dict[str, tuple[int, int]] = {}
+        self.between = 0
+
+    @contextlib.contextmanager
+    def __call__(self, layer: str):
+        self.between = max(self.between, rss_kb()[1])
+        reset_peak()
+        entry = rss_kb()[1]  # the mark just lowered, read from the same counter as the peak
+        yield
+        self.layers[layer] = (entry, rss_kb()[1])
+        reset_peak()
+
+    def peak(self) -> int:
+        """The highest mark over the layers and in between them, kB (call after the family)."""
+        return max([self.between, rss_kb()[1], *(peak for _, peak in self.layers.values())])
+
+
+def _mb(kb: float) -> float:
+    return round(kb / 1024, 2)
+
+
+def layer_memory(model: GPT, x: torch.Tensor, y: torch.Tensor, params: FeaturesParams) -> dict:
+    """The gradient family's resident memory on ``model`` and its batch ``x``, ``y`` (grad_batch, t), layer by
+    layer, in MB above the model (the resident size before any of this, batch and imports included).
+
+    ``forward_backward``: a plain forward+backward pass of the same batch: what its forward keeps for the
+    backward (``activations_mb``, resident with the graph alive) and its peak (``peak_mb``: activations, the
+    backward's buffers and every parameter's ``.grad``, ``parameters_mb``; the family's own pass computes only
+    the biases' gradients when every linear layer has one, and stores none).
+    ``layers``, one row per linear layer in the order they are computed: ``bound_mb`` = ``grad_batch`` x the
+    layer's weights x bytes per element (its per-example gradients, whole); ``at_entry_mb`` what is resident
+    above the model when the layer starts (the family's backward pass so far); ``peak_mb`` its high-water mark
+    above the model while the layer's gradients are computed and summarised; ``own_mb`` = peak - entry, the
+    layer's own memory: what the target (``own_mb`` <= ``grad_batch`` x the largest layer) is judged on.
+    """
+    names = weight_names(model, linear_modules(model))
+    weights = {layer: model.get_parameter(name) for layer, name in names.items()}
+    model.zero_grad(set_to_none=True)
+    base = rss_kb()[0]
+    reset_peak()
+    loss = model.loss(x, y)
+    activations = rss_kb()[0] - base
+    loss.backward()
+    del loss
+    fb_peak = rss_kb()[1] - base
+    model.zero_grad(set_to_none=True)
+    reset_peak()
+    peaks = LayerPeaks()
+    pairs = {name: p.detach() for name, p in model.named_parameters()}
+    gradient_topology(example_loss(model), pairs, names, x, y, params.grad_dim, params.seed, model, peaks)
+    rows = []
+    for layer, (entry, peak) in peaks.layers.items():
+        w = weights[layer]
+        bound = params.grad_batch * w.numel() * w.element_size() / 1024
+        rows.append(
+            {
+                "layer": layer,
+                "numel": w.numel(),
+                "bound_mb": _mb(bound),
+                "at_entry_mb": _mb(entry - base),
+                "peak_mb": _mb(peak - base),
+                "own_mb": _mb(peak - entry),
+                "own_over_bound": round((peak - entry) / bound, 2),
+            }
+        )
+    largest = max(row["bound_mb"] for row in rows)
+    own = max(row["own_mb"] for row in rows)
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters()) / 1024
+    return {
+        "forward_backward": {
+            "activations_mb": _mb(activations),
+            "peak_mb": _mb(fb_peak),
+            "parameters_mb": _mb(parameters),
+        },
+        "layers": rows,
+        "family_peak_mb": _mb(peaks.peak() - base),
+        "peak_above_fb_mb": _mb(peaks.peak() - base - fb_peak),
+        "grad_batch_x_largest_layer_mb": largest,
+        "largest_own_mb": own,
+        "layers_within_own_bound": sum(row["own_mb"] <= row["bound_mb"] for row in rows),
+        "target_met": own <= largest,
+    }
 
 
 def _memory(config: GPTConfig, params: FeaturesParams) -> dict:
     model, (x, y) = _model(config, "cpu"), _batch(config, params, "cpu")
-    model.loss(x, y).backward()
-    model.zero_grad(set_to_none=True)
     small = GPT(GPTConfig(hidden=8, layers=1, heads=2))  # loads what the family imports lazily (ripser, torch.func)
-    gradient_rows(gradient_cloud(small, weight_names(small, linear_modules(small)), (x, y)), ["x"], params)
-    base = _peak_mb()
-    names = weight_names(model, linear_modules(model))
-    cloud = gradient_cloud(model, names, (x, y))
-    gradient_rows(cloud, linear_layer_names(config.layers), params)
-    sizes = {layer: dict(model.named_parameters())[name].numel() for layer, name in names.items()}
-    bound = params.grad_batch * max(sizes.values()) * 4 / 2**20
-    above = _peak_mb() - base
-    return {"peak_above_fb_mb": round(above, 1), "grad_batch_x_largest_layer_mb": round(bound, 1),
-            "ratio": round(above / bound, 2)}  # fmt: skip
+    layer_memory(small, x, y, params)
+    model.loss(x, y).backward()  # the first pass's one-off allocations (thread pools, kernels' caches)
+    return layer_memory(model, x, y, params)
 
 
 def _child(task: str, config: GPTConfig, params: FeaturesParams, threads: int, device: str, queue) -> None:
@@ -207,6 +307,22 @@ def in_fresh_process(
     return found
 
 
+def print_memory(title: str, memory: dict) -> None:
+    """:func:`layer_memory`'s rows as a table: one line per layer, then the forward+backward pass and the family."""
+    columns = {"numel": 9, "bound_mb": 8, "at_entry_mb": 11, "peak_mb": 8, "own_mb": 7, "own_over_bound": 14}
+    print(f"{title}: MB above the model")
+    print(f"  {'layer':<18}" + "".join(f" {key:>{width}}" for key, width in columns.items()))
+    for row in memory["layers"]:
+        print(f"  {row['layer']:<18}" + "".join(f" {row[key]:>{width}}" for key, width in columns.items()))
+    fb = memory["forward_backward"]
+    print(f"  forward+backward: activations {fb['activations_mb']}, peak {fb['peak_mb']} (.grad {fb['parameters_mb']})")
+    verdict = "met" if memory["target_met"] else "NOT met"
+    print(
+        f"  family peak {memory['family_peak_mb']}; largest own {memory['largest_own_mb']} against grad_batch x "
+        f"the largest layer {memory['grad_batch_x_largest_layer_mb']}: {verdict}"
+    )
+
+
 def dynamics_main(models: list[str], params: FeaturesParams, threads: int, device: str) -> int:
     """``--dynamics``: each model's costs and memory, a line each, then one JSON line."""
     from bench.features import SURFACE_MODELS  # bench.features dispatches here
@@ -222,6 +338,8 @@ def dynamics_main(models: list[str], params: FeaturesParams, threads: int, devic
             # so the peak is the family's own live allocations
             returned = in_fresh_process("memory", config, params, threads, device, {"MALLOC_MMAP_THRESHOLD_": "131072"})
             found[name]["memory_freed_blocks_returned"] = returned
+            for allocator in ("memory", "memory_freed_blocks_returned"):
+                print_memory(f"{name} {allocator}", found[name][allocator])
         print(f"{name}: {found[name]}", flush=True)
     found["iterates_per_features_run"] = in_fresh_process("iterates", SURFACE_MODELS["xl"], params, threads, "cpu")
     print(f"iterates: {found['iterates_per_features_run']}")

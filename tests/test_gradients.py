@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,9 @@ from scipy.sparse.csgraph import minimum_spanning_tree
 from scipy.spatial.distance import pdist, squareform
 
 from topometrics.landscape.gradients import (
+    CHUNK_VALUES,
     PROJECTION_CHUNK,
+    chunk_values,
     cloud_distances,
     example_loss,
     gradient_topology,
@@ -20,6 +24,8 @@ from topometrics.landscape.gradients import (
     linear_example_gradients,
     mean_cosine,
     noise_scale,
+    project_block,
+    projection_rows,
 )
 from topometrics.models.architectures import module_layers
 from topometrics.models.model import GPT, GPTConfig
@@ -52,11 +58,13 @@ def test_vmap_gradients_equal_single_example_backward_passes():
             np.testing.assert_allclose(got[i], expected, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("chunk", [1 << 20, 5 * 16 * 3])  # one chunk a layer; 3 output rows a chunk
-def test_one_batched_pass_gives_every_linear_layers_per_example_gradients_as_vmap_does(monkeypatch, chunk):
+# one chunk a layer; 3 output rows a chunk; 1/16 of a layer a chunk (its share, however large CHUNK_VALUES)
+@pytest.mark.parametrize(("chunk", "share"), [(1 << 20, 1), (5 * 16 * 3, 1), (1 << 20, 16)])
+def test_one_batched_pass_gives_every_linear_layers_per_example_gradients_as_vmap_does(monkeypatch, chunk, share):
     import topometrics.landscape.gradients as G
 
     monkeypatch.setattr(G, "CHUNK_VALUES", chunk)
+    monkeypatch.setattr(G, "LAYER_SHARE", share)
     model, (x, y) = tiny_model(), batch(5)
     params, layers = dict(model.named_parameters()), layer_map(model)
     hooked = hookable_layers(model, layers)
@@ -68,6 +76,27 @@ def test_one_batched_pass_gives_every_linear_layers_per_example_gradients_as_vma
     for layer, name in layers.items():
         np.testing.assert_allclose(got[layer], layer_gradients(example_loss(model), params, name, x, y), atol=1e-6)
     assert all(p.grad is None for p in model.parameters())  # nothing left behind on the model
+
+
+def test_the_batched_pass_leaves_the_models_gradients_alone_and_serves_a_layer_without_bias():
+    model, (x, y) = tiny_model(), batch(4)
+    layers = layer_map(model)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 7.0)  # a caller's gradients: the weights' batch gradients are not computed
+    linear_example_gradients(model, hookable_layers(model, layers), x, y, lambda layer, chunks: [*chunks()])
+    assert all(torch.equal(p.grad, torch.full_like(p, 7.0)) for p in model.parameters())
+    first = next(iter(layers))
+    model.get_submodule(layers[first].rpartition(".")[0]).bias = None  # no bias: a whole backward pass instead
+    model.zero_grad(set_to_none=True)
+    got = {}
+    linear_example_gradients(
+        model, hookable_layers(model, layers), x, y, lambda layer, chunks: got.__setitem__(layer, [*chunks()])
+    )
+    assert set(got) == set(layers) and all(p.grad is None for p in model.parameters())
+    params = dict(model.named_parameters())
+    for layer in (first, list(layers)[-1]):
+        expected = layer_gradients(example_loss(model), params, layers[layer], x, y)
+        np.testing.assert_allclose(np.concatenate(got[layer], axis=1), expected, atol=1e-6)
 
 
 def test_the_features_are_the_same_through_the_batched_pass_and_through_vmap():
@@ -96,6 +125,7 @@ def test_cloud_distances_in_column_chunks_equal_pdist_raw_and_unit(monkeypatch):
     import topometrics.landscape.gradients as G
 
     monkeypatch.setattr(G, "CHUNK_VALUES", 6 * 7)  # 7 columns a chunk: 100 columns in 15 chunks
+    monkeypatch.setattr(G, "LAYER_SHARE", 1)
     points = np.random.default_rng(3).normal(size=(6, 100)).astype(np.float32)
     points[4] = points[1]  # equal rows: exactly 0 apart
     points[5] = 0.0  # a zero row: no direction, dropped from the unit cloud
@@ -124,6 +154,40 @@ def test_jl_projection_of_blocks_is_the_projection_of_their_concatenation():
     parts = jl_project([points[:, :700], points[:, 700:]], 16, seed=5)
     np.testing.assert_allclose(parts, whole, rtol=1e-10, atol=1e-9)
     assert not np.allclose(jl_project([points], 16, seed=6), whole)
+
+
+def test_project_block_gives_the_same_projection_whatever_rows_a_slice_holds():
+    block = np.random.default_rng(2).normal(size=(4, 1000)).astype(np.float32)
+    whole = project_block(block, np.random.default_rng(9), 16, None)
+    sliced = project_block(block, np.random.default_rng(9), 16, None, rows=37)  # 27 slices, the last of 1 row
+    np.testing.assert_allclose(sliced, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_a_layers_chunks_and_projection_slices_are_a_fraction_of_its_per_example_gradients():
+    for numel in (1, 100, 2304, 9216, 1 << 20):  # one weight, xl's layers, a Pythia-70m MLP layer
+        cloud_float32 = 16 * numel * 4  # bytes of 16 examples' gradients, whole
+        assert 1 <= chunk_values(16, numel) <= CHUNK_VALUES
+        assert chunk_values(16, numel) * 8 <= max(8, cloud_float32 // 8)  # a float64 chunk: 1/8 of the cloud
+        assert projection_rows(16, numel, 64) * 12 * 64 <= max(12 * 64, cloud_float32 // 4)
+    assert chunk_values(16, 1 << 20) == CHUNK_VALUES and projection_rows(16, 1 << 20, 64) == PROJECTION_CHUNK
+
+
+def test_around_runs_once_around_each_layer_and_changes_nothing():
+    model, (x, y) = tiny_model(), batch(4)
+    params, layers = dict(model.named_parameters()), layer_map(model)
+    seen = []
+
+    @contextlib.contextmanager
+    def around(layer):
+        seen.append(layer)
+        yield
+
+    watched = gradient_topology(example_loss(model), params, layers, x, y, 8, 0, model, around)
+    assert seen == list(reversed(layers))  # the batched pass: the backward pass reaches the last layer first
+    assert watched == gradient_topology(example_loss(model), params, layers, x, y, 8, 0, model)
+    seen.clear()
+    gradient_topology(example_loss(model), params, layers, x, y, 8, 0, None, around)
+    assert seen == list(layers)  # torch.func: in network order
 
 
 def test_noise_scale_and_cosine_against_their_definitions():

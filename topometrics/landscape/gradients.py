@@ -11,10 +11,12 @@ pass of the whole batch (:func:`linear_example_gradients`: example ``i``'s gradi
 gradients times its inputs, summed over its tokens). Each layer is summarised as the backward pass
 reaches it, from chunks of its per-example gradients computed as they are read (:func:`linear_chunks`,
 twice: the unit cloud needs the norms first), so no layer's ``B x numel`` gradients exist whole: the
-family holds a few chunks of :data:`CHUNK_VALUES` float64 values and a ``(chunk, k)`` slice of the
-projection. Any other layer (GPT-2's ``Conv1D``, a weight tied to another name) goes through
-``torch.func.vmap(grad)`` one layer at a time, differentiating only that layer's weight (the rest held
-as constants): ``B x`` that layer at a time, at one forward and backward pass per layer. Per-example
+family holds a few float64 chunks of at most :data:`CHUNK_VALUES` values and 1/16 of the layer's
+gradients (:func:`chunk_values`) and a slice of the projection of at most a quarter of their float32 size
+(:func:`projection_rows`): a layer's own memory is a fraction of ``B x`` the layer, however small. Any
+other layer (GPT-2's ``Conv1D``, a weight tied to another name) goes through ``torch.func.vmap(grad)`` one
+layer at a time, differentiating only that layer's weight (the rest held as constants): ``B x`` that layer
+at a time, at one forward and backward pass per layer. Per-example
 gradients of a whole model at once would need ``B x`` the model.
 
 **Summaries.** Vietoris-Rips H0/H1 of each cloud (:mod:`topometrics.measures.persistence`), on the raw
@@ -27,6 +29,7 @@ Gram matrix are sums over layers, accumulated in float64 (the projection is only
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
@@ -75,7 +78,9 @@ def jl_projection_rows(rng: np.random.Generator, rows: int, k: int) -> np.ndarra
 
     numpy draws normals one after another, so drawing a matrix in slices gives the same matrix as at once.
     """
-    return (rng.standard_normal((rows, k), dtype=np.float32) / np.float32(np.sqrt(k))).astype(np.float32)
+    draws = rng.standard_normal((rows, k), dtype=np.float32)
+    draws /= np.float32(np.sqrt(k))  # in place: no second (rows, k) array
+    return draws
 
 
 def jl_project(blocks: Iterable[np.ndarray], k: int, seed: int) -> np.ndarray:
@@ -90,13 +95,17 @@ def jl_project(blocks: Iterable[np.ndarray], k: int, seed: int) -> np.ndarray:
     return out
 
 
-def project_block(block: np.ndarray, rng: np.random.Generator, k: int, out: np.ndarray | None) -> np.ndarray:
+def project_block(
+    block: np.ndarray, rng: np.random.Generator, k: int, out: np.ndarray | None, rows: int = PROJECTION_CHUNK
+) -> np.ndarray:
     """``out + block @ R_next`` (B, k) float64, ``R_next`` the next ``block.shape[1]`` rows of the JL matrix drawn
-    from ``rng`` (:func:`jl_projection_rows`); ``out`` is added to in place (None: zeros)."""
+    from ``rng`` (:func:`jl_projection_rows`) ``rows`` at a time (the same matrix for any ``rows``: a float32
+    and a float64 copy of a ``(rows, k)`` slice exist at a time, 12 rows k bytes); ``out`` is added to in place
+    (None: zeros)."""
     out = np.zeros((block.shape[0], k)) if out is None else out
-    for start in range(0, block.shape[1], PROJECTION_CHUNK):
-        part = block[:, start : start + PROJECTION_CHUNK]
-        out += part.astype(np.float64) @ jl_projection_rows(rng, part.shape[1], k).astype(np.float64)
+    for start in range(0, block.shape[1], rows):
+        part = np.asarray(block[:, start : start + rows], dtype=np.float64)
+        out += part @ jl_projection_rows(rng, part.shape[1], k).astype(np.float64)
     return out
 
 
@@ -113,13 +122,28 @@ def jl_tolerance(n_points: int, k: int, failure: float = 0.05) -> float:
 
 
 CHUNK_VALUES = 1 << 18  # float64 values of a (B, d) cloud converted or computed at a time (2 MB)
+LAYER_SHARE = 16  # and at most 1/16 of the cloud: a chunk in float64 is 1/8 of the cloud in float32
 Chunks = Callable[[], Iterator[np.ndarray]]  # a cloud (B, d) as float64 (B, c) column slices, in order
 
 
+def chunk_values(batch: int, numel: int) -> int:
+    """Values of one float64 chunk of a ``(batch, numel)`` cloud: :data:`CHUNK_VALUES`, or ``1 /``
+    :data:`LAYER_SHARE` of the cloud when that is fewer, so a layer's chunks stay a fraction of its per-example
+    gradients in float32 however small the layer."""
+    return max(1, min(CHUNK_VALUES, batch * numel // LAYER_SHARE))
+
+
+def projection_rows(batch: int, numel: int, k: int) -> int:
+    """JL rows drawn at a time (:func:`project_block`) for a ``(batch, numel)`` cloud: :data:`PROJECTION_CHUNK`,
+    or fewer so the slice's 12 rows k bytes stay within ``batch x numel`` bytes, a quarter of the cloud in
+    float32 (with ``k`` above ``batch``, a slice as wide as a chunk would be larger than the chunk)."""
+    return max(1, min(PROJECTION_CHUNK, batch * numel // (12 * k)))
+
+
 def column_chunks(points: np.ndarray) -> Iterator[np.ndarray]:
-    """The columns of ``points`` (B, d) as float64 ``(B, c)`` slices of at most :data:`CHUNK_VALUES` values: no
-    float64 copy of a whole layer's per-example gradients ever exists."""
-    step = max(1, CHUNK_VALUES // max(1, points.shape[0]))
+    """The columns of ``points`` (B, d) as float64 ``(B, c)`` slices of :func:`chunk_values` values: no float64
+    copy of a whole layer's per-example gradients ever exists."""
+    step = max(1, chunk_values(*points.shape) // max(1, points.shape[0]))
     for start in range(0, points.shape[1], step):
         yield np.asarray(points[:, start : start + step], dtype=np.float64)
 
@@ -206,8 +230,15 @@ def linear_example_gradients(
     is called as the backward pass reaches the layer (reverse network order): ``chunks()`` yields the
     per-example gradients (B, out * in) as column chunks (:func:`linear_chunks`), computed as they are
     read, so not even one layer's per-example gradients exist whole.
+
+    When every layer has a bias, the pass differentiates for the biases only: each layer's output lies on
+    the way to its own bias, so every layer is reached, and the weights' batch gradients are neither
+    computed nor stored (the model's ``.grad`` are left as they were). Otherwise it is a whole backward pass,
+    its ``.grad`` cleared after.
     """
     handles = []
+    biases = [m.bias for m in modules.values() if m.bias is not None and m.bias.requires_grad]
+    to_biases = bool(biases) and len(biases) == len(modules)
 
     def capture(layer: str):
         def forward_hook(module, inputs, output):
@@ -228,20 +259,25 @@ def linear_example_gradients(
         per_token = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none"
         )
-        per_token.view(x.shape[0], -1).mean(dim=1).sum().backward()
+        total = per_token.view(x.shape[0], -1).mean(dim=1).sum()
+        if to_biases:
+            torch.autograd.grad(total, biases)
+        else:
+            total.backward()
     finally:
         for handle in handles:
             handle.remove()
-        model.zero_grad(set_to_none=True)
+        if not to_biases:
+            model.zero_grad(set_to_none=True)
 
 
 def linear_chunks(g: torch.Tensor, a: torch.Tensor) -> Chunks:
     """Per-example weight gradients of an ``nn.Linear`` from its output gradients ``g`` (B, ..., out) and inputs
     ``a`` (B, ..., in): example ``i``'s flattened ``(out, in)`` gradient ``sum_t g_it a_it^T``, as float64 column
-    chunks of whole output rows (each computed in float32 when read, about :data:`CHUNK_VALUES` values)."""
+    chunks of whole output rows (each computed in float32 when read, about :func:`chunk_values` values)."""
     batch, out, inputs = g.shape[0], g.shape[-1], a.shape[-1]
     g, a = g.reshape(batch, -1, out), a.reshape(batch, -1, inputs)
-    rows = max(1, CHUNK_VALUES // (batch * inputs))
+    rows = max(1, chunk_values(batch, out * inputs) // (batch * inputs))
 
     def chunks() -> Iterator[np.ndarray]:
         for start in range(0, out, rows):
@@ -272,8 +308,9 @@ class _Clouds:
     """The clouds' summaries as layers' per-example gradients arrive (in any order): each layer's own, and the
     sums over layers the whole network needs (its projection, its Gram matrix)."""
 
-    def __init__(self, layers: Mapping[str, str], batch: int, k: int, seed: int) -> None:
+    def __init__(self, layers: Mapping[str, str], sizes: Mapping[str, int], batch: int, k: int, seed: int) -> None:
         self.index = {layer: i for i, layer in enumerate(layers)}
+        self.sizes = sizes  # layer -> its weight's numel
         self.k, self.seed = k, seed
         self.whole, self.gram = np.zeros((batch, k)), np.zeros((batch, batch))
         self.out: dict[str, dict[str, float]] = {}
@@ -283,8 +320,9 @@ class _Clouds:
         # each layer's rows of the whole network's projection from its own seeded generator: the matrix is
         # the same whatever order the layers arrive in (a Gaussian matrix, block by block)
         rng = np.random.default_rng((self.seed, self.index[layer]))
+        rows = projection_rows(self.whole.shape[0], self.sizes[layer], self.k)
         gram, raw, unit = cloud_geometry(
-            chunks, self.whole.shape[0], lambda p: project_block(p, rng, self.k, self.whole)
+            chunks, self.whole.shape[0], lambda p: project_block(p, rng, self.k, self.whole, rows)
         )
         self.gram += gram
         self.out[layer] = distance_summary(raw, unit) | _baseline(gram)
@@ -299,6 +337,7 @@ def gradient_topology(
     k: int,
     seed: int,
     model: torch.nn.Module | None = None,
+    around: Callable[[str], contextlib.AbstractContextManager] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Gradient-cloud features per linear layer and for the whole network (``"all"``) on one fixed batch.
 
@@ -320,6 +359,9 @@ def gradient_topology(
         gradients from one forward and backward pass (:func:`linear_example_gradients`); the others (and all,
         without a model) from ``torch.func`` one layer at a time (:func:`layer_gradients`). Both give the same
         gradients.
+    around : callable, optional
+        ``around(layer)``: a context manager each layer's per-example gradients and summaries are computed
+        inside, one layer at a time (e.g. to measure a layer's memory); nothing else runs inside it.
 
     Returns
     -------
@@ -332,15 +374,22 @@ def gradient_topology(
         raise ValueError(f"a gradient cloud needs at least 2 examples, got {batch}")
     if not layers:
         raise ValueError("no linear layers to take gradients of")
-    clouds = _Clouds(layers, batch, k, seed)
+    clouds = _Clouds(layers, {layer: params[name].numel() for layer, name in layers.items()}, batch, k, seed)
+    around = around or (lambda layer: contextlib.nullcontext())
+
+    def add(layer: str, chunks: Chunks) -> None:
+        with around(layer):
+            clouds.add(layer, chunks)  # the chunks are computed here, as they are read
+
     hooked = hookable_layers(model, layers)
     if hooked:
-        linear_example_gradients(model, hooked, x, y, clouds.add)
+        linear_example_gradients(model, hooked, x, y, add)
     for layer, name in layers.items():
         if layer not in hooked:
-            g = layer_gradients(loss, params, name, x, y)
-            clouds.add(layer, lambda g=g: column_chunks(g))
-            del g  # one layer's (B, numel) at a time
+            with around(layer):
+                g = layer_gradients(loss, params, name, x, y)
+                clouds.add(layer, lambda g=g: column_chunks(g))
+                del g  # one layer's (B, numel) at a time
     out = {layer: clouds.out[layer] for layer in layers}
     out["all"] = cloud_summary(clouds.whole) | _baseline(clouds.gram)
     return out
