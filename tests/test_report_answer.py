@@ -13,6 +13,7 @@ from test_verdict import synthetic_runs, warehouse_with
 
 from topometrics.analysis import remedy, verdict
 from topometrics.params import AnalysisParams, ParamsError, PrimaryParams, parse_params
+from topometrics.report import answer as answer_module
 from topometrics.report import contents as report
 from topometrics.report import frames as report_frames
 from topometrics.report import html as report_html
@@ -192,3 +193,14 @@ def test_needed_runs_without_a_short_power_or_within_the_declared_runs_is_one_pa
         with pytest.raises(ParamsError, match=r"needed_runs \d+ goes with a power below 0.8 and more than the 3"):
             parse_params(raw | {"analysis": {"primary": primary | recorded}})
     assert parse_params(raw | {"analysis": {"primary": primary | {"power": 0.5, "needed_runs": 4}}})
+
+
+def test_a_family_that_adds_over_both_baselines_names_the_fraction_once():
+    rows = [("landscape", 0.2, "norm"), ("landscape", 0.2, "norm+curvature"), ("scale_free", 0.2, "norm+curvature")]
+    rows += [("landscape", 0.5, "norm+curvature"), ("weights_vr", 0.3, "norm")]
+    verdict = pd.DataFrame(rows, columns=["family", "fraction", "baseline"]).assign(cv="seed", verdict="adds")
+    verdict.loc[3, "verdict"] = "hurts"
+    assert answer_module._families(verdict, "seed") == (
+        "Single families (leave-one-seed-out): landscape adds at 20% (every baseline); scale-free adds at 20% "
+        "(over norm+curvature); weights-VR adds at 30% (over norm); landscape hurts at 50% (over norm+curvature)."
+    )

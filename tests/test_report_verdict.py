@@ -90,3 +90,12 @@ def test_empty_views_become_missing_with_the_stage_that_fills_them():
     assert "partial Spearman" in figures["partial_rho"].reason and "`verdict`" in figures["topology_forest"].reason
     skipped = report_verdict.forest_plot(ROWS.iloc[2:3])
     assert "skipped: fewer than 3 groups" in skipped.reason
+
+
+def test_the_sentences_state_the_loss_unit_the_analysis_used():
+    final = pd.DataFrame({"loss_unit": ["bpb", "bpb"]})
+    assert report_verdict.loss_unit(final) == "bpb" and report_verdict.loss_unit(final.iloc[:0]) == "nats"
+    table = report_verdict.verdict_table(ROWS, report_verdict.loss_unit(final))
+    reads = dict(zip(table["family"], table["reads as"], strict=True))
+    assert "changes MAE by −0.004 bits per byte [95% bounds −0.01, 0.001; cells as units]" in reads["weights_vr"]
+    assert not any("nats" in r for r in table["reads as"])

@@ -57,11 +57,13 @@ def answer(verdict, meta) -> Answer:
     n, groups = int(tested["n"].max()), int(tested["n_groups"].max())
     head = f"{_question(verdict)}: {n} runs, {CV_WORDS[scheme]} ({groups} {SCHEME_GROUPS[scheme]})."
     primary = verdict[verdict["role"] == "primary"] if "role" in verdict else verdict.iloc[:0]
-    lead = [f"Pre-registered endpoint: {sentence(r)}" for _, r in primary.iterrows()]
+    unit = (params or {}).get("analysis", {}).get("loss_unit", "nats")
+    lead = [f"Pre-registered endpoint: {sentence(r, unit)}" for _, r in primary.iterrows()]
     lead += [_power(params, n)] if len(primary) and params is not None else []
     lead = lead or ["No pre-registered endpoint (analysis.primary): every row below is exploratory."]
     label = "Exploratory (topology rows Holm-corrected per scheme; the rest uncorrected context): "
-    rows = [(label if i == 0 and len(primary) else "") + sentence(r) for i, (_, r) in enumerate(tested.iterrows())]
+    rows = [sentence(r, unit) for _, r in tested.iterrows()]
+    rows = [(label if i == 0 and len(primary) else "") + row for i, row in enumerate(rows)]
     sentences = [head, *lead, *rows, _families(verdict, scheme)]
     command, why = None, None
     if tested["verdict"].astype(str).str.startswith("not enough runs").all() and params is not None:
@@ -150,17 +152,27 @@ def _baselines(verdict: pd.DataFrame) -> str:
 
 
 def _families(verdict: pd.DataFrame, scheme: str) -> str:
-    """Which single families add or hurt in the headline scheme, at which fractions."""
+    """Which single families add or hurt in the headline scheme, at which fractions, and against which
+    baseline when the verdict has more than one (each fraction named once)."""
     single = verdict[(verdict["cv"] == scheme) & ~verdict["family"].isin(["weight_norm", "everything"])]
+    baselines = sorted(single["baseline"].dropna().unique()) if "baseline" in single else []
     found = []
     for word in ("adds", "hurts"):
         hits = single[single["verdict"] == word]
         for family, g in hits.groupby("family", sort=False):
-            at = ", ".join(f"{100 * f:g}%" for f in sorted(g["fraction"]))
+            at = ", ".join(_at(f, h, baselines) for f, h in g.groupby("fraction"))
             found.append(f"{FAMILY_WORDS.get(family, family.replace('_', '-'))} {word} at {at}")
     if not found:
         return f"No single family adds or hurts at any fraction ({CV_WORDS[scheme]})."
     return f"Single families ({CV_WORDS[scheme]}): {'; '.join(found)}."
+
+
+def _at(fraction: float, rows: pd.DataFrame, baselines: list[str]) -> str:
+    """'20%', '20% (both baselines)' or '20% (over norm+curvature)': the baselines only when there are several."""
+    if len(baselines) < 2 or "baseline" not in rows:
+        return f"{100 * fraction:g}%"
+    over = sorted(rows["baseline"].dropna().unique())
+    return f"{100 * fraction:g}% ({'every baseline' if over == baselines else 'over ' + ', '.join(over)})"
 
 
 def _params(meta) -> dict | None:

@@ -50,8 +50,18 @@ def _added(family: str) -> str:
     return ADDED.get(family, f"the {FAMILY_WORDS.get(family, family.replace('_', '-'))} family")
 
 
-def sentence(row) -> str:
-    """One quotable sentence for a ``topology_verdict`` row: the setting, the ΔMAE with its CI, n, p, the verdict."""
+LOSS_UNITS = {"nats": "nats", "bpb": "bits per byte"}  # analysis.loss_unit as the sentences name it
+
+
+def loss_unit(final) -> str:
+    """``analysis.loss_unit`` of the final-loss frame (its ``loss_unit`` column): 'bpb' or 'nats'."""
+    has = isinstance(final, pd.DataFrame) and "loss_unit" in final and len(final)
+    return "bpb" if has and (final["loss_unit"] == "bpb").any() else "nats"
+
+
+def sentence(row, unit: str = "nats") -> str:
+    """One quotable sentence for a ``topology_verdict`` row: the setting, the ΔMAE with its CI (in ``unit``,
+    ``analysis.loss_unit``), n, p, the verdict."""
     when = f"At {_num(100 * row['fraction'])}% of training"
     cv = CV_WORDS.get(row["cv"], f"leave-one-{row['cv']}-out")
     what = f"adding {_added(row['family'])} to {_baseline(row.get('baseline'))}"
@@ -64,7 +74,8 @@ def sentence(row) -> str:
     p = row.get("p_adjusted")
     kind = "Holm p" if row.get("role") == "topology" else "p"
     p_text = "no p-value" if p is None or pd.isna(p) else f"one-sided {kind}={_num(p, 2)}"
-    numbers = f"{_num(delta)} nats [95% bounds {_num(row['ci_low'])}, {_num(row['ci_high'])}; cells as units]"
+    bounds = f"[95% bounds {_num(row['ci_low'])}, {_num(row['ci_high'])}; cells as units]"
+    numbers = f"{_num(delta)} {LOSS_UNITS.get(unit, unit)} {bounds}"
     share = f"{_num(100 * row.get('gain_share', float('nan')), 2)}% of the baseline MAE {_num(row.get('mae_without'))}"
     n = f"n={int(row['n'])} runs in {int(row.get('n_cells') or 0)} cells"
     return f"{when}, {what} changes MAE by {numbers}, {share} ({n}, {cv}, {role}, {p_text}): {row['verdict']}."
@@ -87,7 +98,7 @@ def _outlier_sentence(row, when: str, cv: str, role: str) -> str:
     )
 
 
-def verdict_table(verdict) -> pd.DataFrame | Missing:
+def verdict_table(verdict, unit: str = "nats") -> pd.DataFrame | Missing:
     """The verdict rows (the primary endpoint first: role, cv, fraction, family, baseline, n, ΔMAE with its
     bounds, the largest gain allowed, the MAE in seed-SD units, pair decisions, p, verdict) with a 'reads as'
     sentence."""
@@ -96,7 +107,7 @@ def verdict_table(verdict) -> pd.DataFrame | Missing:
     order = verdict.assign(_first=verdict.get("role", pd.Series("", index=verdict.index)) != "primary")
     rows = order.sort_values(["_first", "cv", "fraction", "family"]).drop(columns="_first").reset_index(drop=True)
     out = rows.reindex(columns=TABLE_COLUMNS)
-    return out.assign(**{"reads as": [sentence(r) for _, r in rows.iterrows()]})
+    return out.assign(**{"reads as": [sentence(r, unit) for _, r in rows.iterrows()]})
 
 
 def forest_plot(verdict) -> alt.TopLevelMixin | Missing:
@@ -150,4 +161,4 @@ def section(frames: dict) -> tuple[pd.DataFrame | Missing, dict[str, alt.TopLeve
     """The lead section's table and figures from the report frames (already passed through ``need``)."""
     verdict, partial = frames.get("verdict", Missing("no verdict frame")), frames.get("partial", Missing("none"))
     figures = {"topology_forest": forest_plot(verdict), "partial_rho": partial_rho_heatmap(partial)}
-    return verdict_table(verdict), figures
+    return verdict_table(verdict, loss_unit(frames.get("final"))), figures
