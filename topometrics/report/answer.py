@@ -59,7 +59,7 @@ def answer(verdict, meta) -> Answer:
     primary = verdict[verdict["role"] == "primary"] if "role" in verdict else verdict.iloc[:0]
     unit = (params or {}).get("analysis", {}).get("loss_unit", "nats")
     lead = [f"Pre-registered endpoint: {sentence(r, unit)}" for _, r in primary.iterrows()]
-    lead += [_power(params, n)] if len(primary) and params is not None else []
+    lead += [_power(params, int(primary["n"].fillna(0).max()))] if len(primary) and params is not None else []
     lead = lead or ["No pre-registered endpoint (analysis.primary): every row below is exploratory."]
     label = "Exploratory (topology rows Holm-corrected per scheme; the rest uncorrected context): "
     rows = [sentence(r, unit) for _, r in tested.iterrows()]
