@@ -277,7 +277,9 @@ def test_kill_9_of_the_queue_alone_leaves_no_training_process_or_monitor_worker_
     finally:
         queue.send_signal(signal.SIGKILL)
         queue.wait()
-    _, alive = psutil.wait_procs(family, timeout=30)
+    # a monitor's fork server notices its dead trainer only once it has finished importing its preload
+    # (torch and the measures): tens of seconds on a loaded 2-core machine, so the wait is generous
+    _, alive = psutil.wait_procs(family, timeout=150)
     for leftover in alive:  # so that a failure does not leak them either
         leftover.kill()
     assert not alive, [" ".join(p.cmdline()) for p in alive]
