@@ -204,3 +204,10 @@ def test_a_family_that_adds_over_both_baselines_names_the_fraction_once():
         "Single families (leave-one-seed-out): landscape adds at 20% (every baseline); scale-free adds at 20% "
         "(over norm+curvature); weights-VR adds at 30% (over norm); landscape hurts at 50% (over norm+curvature)."
     )
+
+
+def test_the_opening_counts_every_run_the_scheme_used_not_only_those_every_family_covers():
+    frame = view(synthetic_runs("topology"))
+    frame.loc[frame["family"] == "everything", "n"] = 30  # a family missing in some runs: fewer runs together
+    got = answer(frame, meta())
+    assert got.sentences[0].endswith(": 36 runs, leave-one-seed-out (4 seeds).")

@@ -54,7 +54,7 @@ def answer(verdict, meta) -> Answer:
     if tested.empty:  # every family together could not be compared: the families that could, at the last fraction
         tested = in_scheme[in_scheme["fraction"] == in_scheme["fraction"].max()]
     tested = tested.sort_values(["fraction", "family"])
-    n, groups = int(tested["n"].max()), int(tested["n_groups"].max())
+    n, groups = int(in_scheme["n"].max()), int(in_scheme["n_groups"].max())  # the runs any row of the scheme used
     head = f"{_question(verdict)}: {n} runs, {CV_WORDS[scheme]} ({groups} {SCHEME_GROUPS[scheme]})."
     primary = verdict[verdict["role"] == "primary"] if "role" in verdict else verdict.iloc[:0]
     unit = (params or {}).get("analysis", {}).get("loss_unit", "nats")
