@@ -19,6 +19,7 @@ the reason; a non-finite loss on a slice NULLs that slice (the reasons of ``surf
 
 from __future__ import annotations
 
+import copy
 from typing import NamedTuple
 
 import numpy as np
@@ -56,7 +57,7 @@ class ModelSnapshot(NamedTuple):
 
     config: GPTConfig | PretrainedConfig
     state: dict[str, np.ndarray]  # the state dict's tensors as CPU arrays (floating ones as float32)
-    batch: Batch
+    batch: tuple[np.ndarray, np.ndarray]  # the loss-surface batch's inputs and targets
 
 
 def due_batch(source: SurfaceSource, params: FeaturesParams, step: int, every: int) -> Batch | str:
@@ -78,7 +79,8 @@ def model_snapshot(model: nn.Module, batch: Batch | str) -> ModelSnapshot | str:
         return config
     with torch.no_grad():
         state = {name: _cpu_array(t) for name, t in model.state_dict().items()}
-    return ModelSnapshot(config, state, batch)
+    # numpy arrays, pickled to the worker as bytes (tensors would travel as shared-memory handles)
+    return ModelSnapshot(config, state, (batch[0].numpy(), batch[1].numpy()))
 
 
 def model_config(model: nn.Module) -> GPTConfig | PretrainedConfig | str:
@@ -87,7 +89,7 @@ def model_config(model: nn.Module) -> GPTConfig | PretrainedConfig | str:
         return model.cfg
     config = getattr(model, "config", None)
     if isinstance(config, PretrainedConfig):
-        return config.__class__.from_dict(config.to_dict())  # a copy: the original may change while queued
+        return copy.deepcopy(config)  # the original may change while the snapshot waits for the worker
     kind = type(model).__name__
     return f"model not rebuildable for the loss surface: {kind} is neither our GPT nor a transformers model"
 
@@ -127,7 +129,8 @@ def surface_rows(snapshot: ModelSnapshot | str, params: FeaturesParams) -> Check
     except (RuntimeError, ValueError, OSError) as err:
         reason = f"model not rebuildable for the loss surface: {err}".splitlines()[0]
         return switched_off(surface_features(reason, params), params)
-    return switched_off(surface_features(loss_surface(model, snapshot.batch, logits), params), params)
+    batch = tuple(torch.from_numpy(part) for part in snapshot.batch)
+    return switched_off(surface_features(loss_surface(model, batch, logits), params), params)
 
 
 def _cpu_array(tensor: torch.Tensor) -> np.ndarray:
