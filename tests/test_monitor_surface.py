@@ -116,7 +116,7 @@ def test_a_diverged_snapshot_or_a_short_split_gives_null_surface_rows_with_the_r
     batch = feat.surface_batch(validation_tokens(), CONFIG.context, PARAMS, 0)
     rows = surface_rows(model_snapshot(model, batch), PARAMS).rows
     assert {r[1] for r in rows} == SURFACE and all(np.isnan(r[2]) for r in rows)
-    assert {r[3] for r in rows} == {"diverged: non-finite weights (1 entries)"}
+    assert {r[3] for r in rows} == {"diverged: non-finite weights in 1 tensors (1 entries)"}
     short = feat.surface_batch(validation_tokens(20), CONFIG.context, PARAMS, 0)
     assert {r[3] for r in surface_rows(model_snapshot(model, short), PARAMS).rows} == {short}
     off = surface_rows(model_snapshot(tiny_gpt(), batch), dataclasses.replace(PARAMS, families=("vr",))).rows

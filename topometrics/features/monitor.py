@@ -292,10 +292,10 @@ class RunMonitors:
     holds settings only (it is pickled). A run's monitor measures every ``every`` steps with the features
     params ``params`` (as the features stage does for checkpoints), with ``corpus`` (the prepared corpus
     folder; ``train.monitor_surface``) also the loss surface on the run's fixed batch of validation windows,
-    logs into ``<run_dir>/monitor/`` with
-    the series name ``<rung>[-<variant>]-live`` and the run's seed, and prints a console line per
-    measurement named by its run. No dvclive of its own: its folder would sit inside ``data/runs``, an
-    output DVC cannot declare a second time; the stage's relay (topometrics.training.live_relay) relays the log.
+    logs into ``<run_dir>/monitor/`` with the series name ``<rung>[-<variant>]-live`` and the run's seed,
+    and prints a console line per measurement named by its run. No dvclive of its own: its folder would sit
+    inside ``data/runs``, an output DVC cannot declare a second time; the stage's relay
+    (topometrics.training.live_relay) relays the log.
     """
 
     every: int

@@ -20,6 +20,7 @@ the reason; a non-finite loss on a slice NULLs that slice (the reasons of ``surf
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -99,7 +100,7 @@ def state_bytes(model: nn.Module) -> int:
     return sum(t.numel() * (4 if t.is_floating_point() else t.element_size()) for t in model.state_dict().values())
 
 
-def rebuilt_model(snapshot: ModelSnapshot) -> tuple[nn.Module, object]:
+def rebuilt_model(snapshot: ModelSnapshot) -> tuple[nn.Module, Callable | None]:
     """The model of a snapshot on CPU in float32, and its output -> logits function (None: the output).
 
     Our GPT as :func:`topometrics.features.checkpoint.checkpoint_features` builds it; a Hugging Face
@@ -119,9 +120,9 @@ def rebuilt_model(snapshot: ModelSnapshot) -> tuple[nn.Module, object]:
 def surface_rows(snapshot: ModelSnapshot | str, params: FeaturesParams) -> CheckpointFeatures:
     """The ``landscape`` and ``curvature`` rows (layer ``'all'``) of a snapshot, or NULL with the reason."""
     if isinstance(snapshot, ModelSnapshot):
-        bad = sum(int((~np.isfinite(a)).sum()) for a in snapshot.state.values() if a.dtype.kind == "f")
-        if bad:
-            snapshot = f"diverged: non-finite weights ({bad} entries)"
+        bad = [int((~np.isfinite(a)).sum()) for a in snapshot.state.values() if a.dtype.kind == "f"]
+        if any(bad):  # the reason a diverged checkpoint's rows give (checkpoint.checkpoint_features)
+            snapshot = f"diverged: non-finite weights in {sum(map(bool, bad))} tensors ({sum(bad)} entries)"
     if isinstance(snapshot, str):
         return switched_off(surface_features(snapshot, params), params)
     try:
