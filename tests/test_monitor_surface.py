@@ -18,6 +18,8 @@ from topometrics.features.monitor import RunMonitors, TopologyCallback, Topology
 from topometrics.features.monitor_surface import SurfaceSource, model_snapshot, state_bytes, surface_rows
 from topometrics.models.model import GPT, GPTConfig, linear_weights
 from topometrics.params import FeaturesParams, TrainParams
+from topometrics.params_sources import SeriesSource
+from topometrics.series.source_shards import log_series
 from topometrics.training.monitor_log import read_log
 from topometrics.vocabulary import CURVATURE, LANDSCAPE, model_only
 
@@ -80,6 +82,8 @@ def test_the_monitors_surface_equals_the_checkpoint_paths_at_the_same_step(tmp_p
     assert at[2]["value"].isna().all() and set(at[2]["reason"]) == {NOT_DUE}  # measurement 1: not due
     assert at[2].equals(checkpoint_surface(saved[2], tokens, PARAMS, index=1))
     assert at[0]["value"].notna().any() and not at[0].equals(at[4])  # step 0 is due too, and the weights moved
+    (rows,) = log_series("tiny-live", SeriesSource(log=str(tmp_path / "log"), seed=3)).features  # the series stage
+    assert set(rows["rung"]) == {"tiny-live"} and surface_of(rows[rows["step"] == 4]).equals(at[4])
 
 
 def test_off_by_default_the_monitor_writes_the_weight_features_alone(tmp_path):
