@@ -14,7 +14,9 @@ copies and hand-over: all the loop waits for), ``features_s`` the worker's time 
 also computes the loss surface (``landscape``, ``curvature``) at every measurement
 (``features.landscape_every`` set to 1: the worst case) on ``features.landscape_batch`` random windows,
 and reports ``surface_s`` per measurement and ``surface_over_step`` (one measurement's loss surface
-over one plain training step). Models:
+over one plain training step), and, load-robust, ``surface_cpu_over_step_cpu``: the CPU time of the
+worker's computation (``monitor_surface.surface_rows``) over one training step's, both here on one
+thread, interleaved, medians of 3. Models:
 
   xl         the ladder's xl rung (hidden 48, 3 blocks, context 128), params.yaml's batch size
   pythia70m  a GPT-NeoX with Pythia-70m's shape (hidden 512, 6 blocks, MLP 2048, vocab 50304),
@@ -37,7 +39,7 @@ from pathlib import Path
 import torch
 
 from topometrics.features.monitor import TopologyMonitor
-from topometrics.features.monitor_surface import SurfaceSource
+from topometrics.features.monitor_surface import SurfaceSource, due_batch, model_snapshot, surface_rows
 from topometrics.models.model import GPT
 from topometrics.params import load_params
 from topometrics.training.train import build_run_config
@@ -93,6 +95,25 @@ def loop(model, opt, loss_fn, first: int, steps: int, monitor: TopologyMonitor |
     return time.perf_counter() - start, blocked
 
 
+def cpu_ratio(model, opt, loss_fn, surface: SurfaceSource, params, device) -> float:
+    """CPU seconds of the worker's loss surface of ``model`` over one training step's, on one thread here."""
+    threads, steps, surfaces = torch.get_num_threads(), [], []
+    torch.set_num_threads(1)
+    try:
+        for _ in range(3):
+            start = time.process_time()
+            loop(model, opt, loss_fn, 1, 1, None, device)
+            steps.append(time.process_time() - start)
+            start = time.process_time()
+            surface_rows(model_snapshot(model, due_batch(surface, params, 0, 1)), params)
+            surfaces.append(time.process_time() - start)
+    finally:
+        torch.set_num_threads(threads)
+    print(f"one thread, CPU: a training step {statistics.median(steps):.3f} s, the loss surface "
+          f"{statistics.median(surfaces):.2f} s", flush=True)  # fmt: skip
+    return round(statistics.median(surfaces) / statistics.median(steps), 1)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -128,6 +149,7 @@ def measure(name: str, args, device: torch.device) -> dict:
     if args.surface:
         row["surface_s"] = [float(line.rsplit("loss surface ", 1)[1].split(" s")[0]) for line in lines]
         row["surface_over_step"] = round(statistics.median(row["surface_s"]) / (plain / args.steps), 1)
+        row["surface_cpu_over_step_cpu"] = cpu_ratio(model, opt, loss_fn, surface, params, device)
     print(f"{name}: {args.steps} steps plain {plain1:.2f} / {plain2:.2f} s, monitored {watched:.2f} s "
           f"-> overhead {100 * row['overhead']:+.1f} % ({measured} measurements, {skipped} skipped, "
           f"drain {drain:.1f} s); the loop waited {blocked:.3f} s in monitor.step ({100 * blocked / watched:.2f} %)",
