@@ -34,19 +34,20 @@ def main(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     params = load_params(args.params)
     paths = TrainPaths(args.configs, args.corpus, args.runs, args.metrics, args.curves, args.live)
-    train_declared(params, paths, args.run, observers(params.train, params.features))
+    train_declared(params, paths, args.run, observers(params.train, params.features, args.corpus))
 
 
-def observers(train: TrainParams, features: FeaturesParams) -> list[ObserverFactory]:
+def observers(train: TrainParams, features: FeaturesParams, corpus: Path | None = None) -> list[ObserverFactory]:
     """The observer factories of every run: the trajectory sketch's when ``train.sketch_every`` > 0, a live
-    monitor's when ``train.monitor_every`` > 0."""
+    monitor's when ``train.monitor_every`` > 0 (with the loss surface on ``corpus``'s validation windows
+    when ``train.monitor_surface``)."""
     found: list[ObserverFactory] = []
     if train.sketch_every > 0:
         found.append(TrajectorySketches(train.sketch_dim, train.sketch_every))
     if train.monitor_every > 0:
         from topometrics.features.monitor import RunMonitors  # only when monitoring: it imports the measures
 
-        found.append(RunMonitors(train.monitor_every, features))
+        found.append(RunMonitors(train.monitor_every, features, corpus if train.monitor_surface else None))
     return found
 
 

@@ -78,6 +78,7 @@ class TrainParams:
     threads: int = 0  # torch intra-op threads per training process; 0 = 1 (the processes fill the cores)
     workers: int = 0  # runs trained at once; 0 = one per usable core on CPU, 4 per GPU on CUDA
     monitor_every: int = 0  # weight features every this many steps while training (features.monitor); 0 = off
+    monitor_surface: bool = False  # the monitor also computes landscape and curvature (features.monitor_surface)
     sketch_every: int = 10  # a JL sketch of all the weights every this many steps (training.sketch); 0 = off
     sketch_dim: int = 64  # dimensions of that sketch
     hidden: int = 48  # default shape, inherited by rungs that do not override it

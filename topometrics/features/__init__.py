@@ -7,5 +7,6 @@ clouds' rows, from the forward pass); ``trajectory.trajectory_values`` (the PH0 
 in a trailing window, beside the distances); ``run_shards.run_shards`` (every checkpoint of
 one run directory -> shards, what the features stage runs) and ``run_shards.read_tables`` (the shards read back);
 ``monitor.TopologyMonitor`` / ``monitor.TopologyCallback`` (weight features every N steps of a training
-loop or a Hugging Face Trainer, written to a monitor log).
+loop or a Hugging Face Trainer, written to a monitor log; with ``monitor_surface.SurfaceSource`` also the
+loss surface, by ``monitor_surface.surface_rows`` in the monitor's worker).
 """

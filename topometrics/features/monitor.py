@@ -7,7 +7,9 @@ the train stage opens one per run through :class:`RunMonitors`) and, through
 (:mod:`topometrics.models.architectures`) are copied to CPU float32 arrays; that copy is all the training
 loop waits for. A worker process (:func:`topometrics.execution.compute.background_pool`) computes the weight
 features of the copy and writes them (:func:`topometrics.features.monitor_measure.measure`) into the log
-folder (:mod:`topometrics.training.monitor_log`, which names its files and reads them).
+folder (:mod:`topometrics.training.monitor_log`, which names its files and reads them). When asked
+(``surface``), every ``features.landscape_every``-th measurement also copies the whole model and computes
+its loss surface (``landscape``, ``curvature``) in the same worker (:mod:`topometrics.features.monitor_surface`).
 
 Optional early stopping follows Rieck et al. (2019), Algorithm 2, on NP (layer ``all``'s
 ``np_norm``, the mean over layers): :class:`NPPatience`. As results arrive in the background, the
@@ -34,7 +36,9 @@ from transformers import TrainerCallback
 
 from topometrics.execution.compute import background_pool
 from topometrics.features.monitor_measure import Snapshot, measure
+from topometrics.features.monitor_surface import SurfaceSource, due_batch, model_snapshot, state_bytes
 from topometrics.models.architectures import LinearLayer, module_layers
+from topometrics.models.tokens import load_tokens
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.training.monitor_log import MONITOR_DIR, SHOWN, LiveLog, write_losses, write_stop
 
@@ -76,16 +80,24 @@ class TopologyMonitor:
     min_delta : float
         An improvement must beat the best NP by more than this.
     max_pending_bytes : int
-        Bytes of weight snapshots allowed in flight (each waits in this process until the worker
-        is done with it); a measured step whose snapshot would exceed it is skipped (and said so),
-        so a slow measurement never makes training wait. One snapshot is always allowed. The
-        default, 1 GiB, holds thousands of snapshots of a small model and one of a 1B model.
+        Bytes of snapshots allowed in flight (each waits in this process until the worker is done
+        with it; a loss-surface step's snapshot holds the whole model too); a measured step whose
+        snapshot would exceed it is skipped (and said so), so a slow measurement never makes training
+        wait. One snapshot is always allowed. The default, 1 GiB, holds thousands of snapshots of a
+        small model and one of a 1B model.
     live : bool
         Also log the layer-'all' values and the losses through dvclive into ``<out_dir>/dvclive``
         (:class:`topometrics.training.monitor_log.LiveLog`), e.g. inside ``dvc exp run`` with that folder
         declared in your ``dvc.yaml`` (docs/series.md).
     log : callable
         Receives one line per measurement.
+    surface : SurfaceSource, optional
+        Also the loss surface (``landscape`` and ``curvature`` rows, layer ``'all'``) at every
+        ``features.landscape_every``-th measured step counted from step 0, on the fixed batch of the
+        first ``features.landscape_batch`` validation windows of ``surface`` (the other measured steps:
+        NULL with the reason); hundreds of forward+backward passes per due step, in the worker.
+        Default None: weight features only. Our GPT and ``transformers`` models (rebuilt from their
+        config, no remote code) are supported (:mod:`topometrics.features.monitor_surface`).
     """
 
     def __init__(
@@ -100,6 +112,7 @@ class TopologyMonitor:
         max_pending_bytes: int = 1 << 30,
         live: bool = False,
         log=print,
+        surface: SurfaceSource | None = None,
     ) -> None:
         if every <= 0:
             raise ValueError(f"every must be a positive number of steps, got {every}")
@@ -107,9 +120,9 @@ class TopologyMonitor:
             raise ValueError(f"patience must be a positive number of measurements, got {patience}")
         self.out_dir, self.every, self.params = Path(out_dir), every, params or FeaturesParams()
         self.rung, self.seed, self.patience, self.min_delta = rung, seed, patience, min_delta
-        self.max_pending_bytes, self.log = max_pending_bytes, log
+        self.max_pending_bytes, self.log, self.surface = max_pending_bytes, log, surface
         self.layers: list[LinearLayer] | None = None
-        self.pending: dict[int, tuple[Future, float]] = {}
+        self.pending: dict[int, tuple[Future, float, int]] = {}  # step -> (result, copy seconds, snapshot bytes)
         self.np_patience = NPPatience()
         self.stop_reason: str | None = None
         self.measured: list[int] = []
@@ -128,15 +141,17 @@ class TopologyMonitor:
         self.collect()
         if step % self.every:
             return self.should_stop
-        if self.pending and (len(self.pending) + 1) * self.snapshot_bytes(model) > self.max_pending_bytes:
+        batch = None if self.surface is None else due_batch(self.surface, self.params, step, self.every)
+        size = self.snapshot_bytes(model) + (state_bytes(model) if isinstance(batch, tuple) else 0)
+        if self.pending and sum(nbytes for _, _, nbytes in self.pending.values()) + size > self.max_pending_bytes:
             self.skipped.append(step)
             self.log(f"monitor: step {step} not measured, {len(self.pending)} measurements still running")
             return self.should_stop
         start = time.perf_counter()
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        snapshot = self.snapshot(model)
-        future = self._pool.submit(measure, self.out_dir, snapshot, self.params, self.rung, self.seed, step)
-        self.pending[step] = (future, time.perf_counter() - start)
+        snapshot, whole = self.snapshot(model), None if batch is None else model_snapshot(model, batch)
+        future = self._pool.submit(measure, self.out_dir, snapshot, self.params, self.rung, self.seed, step, whole)
+        self.pending[step] = (future, time.perf_counter() - start, size)
         if loss is not None:
             self.record_losses(step, train_loss=loss)
         return self.should_stop
@@ -190,15 +205,18 @@ class TopologyMonitor:
     def collect(self, wait: bool = False) -> None:
         """Take finished measurements in step order: console line, early stopping, dvclive."""
         for step in sorted(self.pending):
-            future, copy_s = self.pending[step]
+            future, copy_s, _ = self.pending[step]
             if not (wait or future.done()):
                 break  # keep step order: later results wait for earlier ones
             del self.pending[step]
             summary = future.result()
             self.measured.append(step)
             shown = " ".join(f"{k} {summary[k]:.4g}" for k in SHOWN if k in summary)
+            surface_s = summary["_surface_seconds"]
+            surface = f", of which loss surface {surface_s:.1f} s" if surface_s >= 0.05 else ""
             self.log(
-                f"monitor: step {step} {shown} (copy {copy_s * 1000:.0f} ms, features {summary['_seconds']:.1f} s)"
+                f"monitor: step {step} {shown} (copy {copy_s * 1000:.0f} ms, features {summary['_seconds']:.1f} s"
+                f"{surface})"
             )
             if self._live is not None:
                 self._live.log(step, {name: summary[name] for name in SHOWN if name in summary}, summary=True)
@@ -272,21 +290,26 @@ class RunMonitors:
 
     The observer factory :func:`topometrics.training.run_queue.train_runs` calls in each run's own process, so it
     holds settings only (it is pickled). A run's monitor measures every ``every`` steps with the features
-    params ``params`` (as the features stage does for checkpoints), logs into ``<run_dir>/monitor/`` with
-    the series name ``<rung>[-<variant>]-live`` and the run's seed, and prints a console line per
-    measurement named by its run. No dvclive of its own: its folder would sit inside ``data/runs``, an
-    output DVC cannot declare a second time; the stage's relay (topometrics.training.live_relay) relays the log.
+    params ``params`` (as the features stage does for checkpoints), with ``corpus`` (the prepared corpus
+    folder; ``train.monitor_surface``) also the loss surface on the run's fixed batch of validation windows,
+    logs into ``<run_dir>/monitor/`` with the series name ``<rung>[-<variant>]-live`` and the run's seed,
+    and prints a console line per measurement named by its run. No dvclive of its own: its folder would sit
+    inside ``data/runs``, an output DVC cannot declare a second time; the stage's relay
+    (topometrics.training.live_relay) relays the log.
     """
 
     every: int
     params: FeaturesParams
+    corpus: Path | None = None  # the loss surface's validation tokens (train.monitor_surface); None: off
 
     def __call__(self, cfg, run_dir: Path) -> TopologyMonitor:
         def log(line: str) -> None:
             print(f"[{cfg.name}] {line}", flush=True)
 
         folder = Path(run_dir) / MONITOR_DIR
-        return TopologyMonitor(folder, self.every, self.params, live_series_name(cfg), cfg.recipe.seed, log=log)
+        surface = None if self.corpus is None else SurfaceSource(load_tokens(self.corpus, "val"), cfg.model.context)
+        name = live_series_name(cfg)
+        return TopologyMonitor(folder, self.every, self.params, name, cfg.recipe.seed, log=log, surface=surface)
 
 
 def live_series_name(cfg) -> str:
