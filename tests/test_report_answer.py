@@ -190,7 +190,7 @@ def test_needed_runs_without_a_short_power_or_within_the_declared_runs_is_one_pa
     raw = {"train": {"seeds": [1, 2, 3]}, "ladder": {"tiny": {"hidden": 8}}}
     primary = {"family": "weights_vr", "fraction": 0.3, "cv": "seed"}
     for recorded in ({"power": 0.9, "needed_runs": 144}, {"power": 0.5, "needed_runs": 3}, {"needed_runs": 144}):
-        with pytest.raises(ParamsError, match=r"needed_runs \d+ goes with a power below 0.8 and more than the 3"):
+        with pytest.raises(ParamsError, match=r"needed_runs \d+ goes with a power below 0.8 and more than the 3 runs"):
             parse_params(raw | {"analysis": {"primary": primary | recorded}})
     assert parse_params(raw | {"analysis": {"primary": primary | {"power": 0.5, "needed_runs": 4}}})
 

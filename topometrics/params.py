@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
+from math import prod
 from pathlib import Path
 
 import yaml
@@ -384,22 +385,20 @@ def _parse_analysis(raw: object) -> AnalysisParams:
 
 
 def _check_primary(params: Params) -> None:
-    """The primary endpoint's shape against the declared runs: <= 3 features, one of analysis.fractions, a
-    scheme with >= 3 groups. Its names (a verdict family, its features, a geometric baseline) are checked
-    against the vocabulary by topometrics.analysis.verdict.check_primary (training must not depend on it)."""
+    """The primary endpoint's shape against the declared runs (its names against the vocabulary are
+    topometrics.analysis.verdict.check_primary's: training must not depend on it)."""
     p = params.analysis.primary
     if p is None:
         return
     groups = {"seed": len(params.train.seeds), "variant": 1 + len(params.variants), "rung": len(params.ladder)}
-    runs = groups["seed"] * groups["variant"] * groups["rung"]
     problems = [
         (not p.family or len(p.features) > 3, f"declare a family and at most 3 features, got {p.family!r}"),
         (p.fraction not in params.analysis.fractions, f"fraction {p.fraction} is not in analysis.fractions"),
         (groups.get(p.cv, 0) < 3, f"cv {p.cv!r} needs >= 3 groups among the declared runs ({groups})"),
         (p.baseline.split("+")[0] != "norm", f"baseline {p.baseline!r}: 'norm' or 'norm+<family>'"),
         (p.power is not None and not 0 < p.power <= 1, f"power {p.power} is not a share in (0, 1]"),
-        (p.needed_runs is not None and (p.power is None or p.power >= 0.8 or p.needed_runs <= runs),
-         f"needed_runs {p.needed_runs} goes with a power below 0.8 and more than the {runs} declared runs"),
+        (p.needed_runs is not None and (p.power is None or p.power >= 0.8 or p.needed_runs <= prod(groups.values())),
+         f"needed_runs {p.needed_runs} goes with a power below 0.8 and more than the {prod(groups.values())} runs"),
     ]  # fmt: skip
     for bad, why in problems:
         if bad:
