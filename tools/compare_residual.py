@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +25,7 @@ import yaml
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.same_results import copy_pipeline  # noqa: E402
+from tools.same_results import copy_pipeline, start_repro  # noqa: E402
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 SMALL = {
@@ -157,12 +155,7 @@ def make(corpus: str, out: Path, rung: str, steps: int, seeds: list[int], radius
     base = yaml.safe_load((CHECKOUT / "params.yaml").read_text())
     params = project_params(base, corpus, rung, steps, seeds, radius)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = dict(os.environ, PYTHONPATH=str(project), DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    ident = "-c user.email=compare@topometrics.invalid -c user.name=compare"
-    script = f"git init -q && git add -A && git {ident} commit -qm residual && dvc repro"
-    with (out / "repro.log").open("w") as log:
-        code = subprocess.call(script, shell=True, cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S602
+    code = start_repro(project, out / "repro.log", "residual").wait()
     if code:
         sys.exit(f"error: dvc repro failed in {project}; see {out}/repro.log")
 

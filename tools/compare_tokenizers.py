@@ -13,8 +13,6 @@ given the weight norm) of the headline features with the validation loss.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import duckdb
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.same_results import copy_pipeline  # noqa: E402
+from tools.same_results import copy_pipeline, start_repro  # noqa: E402
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 SMALL = {
@@ -36,8 +34,6 @@ SHAPES = {"tiny": {"hidden": 8, "layers": 1, "heads": 1}, "small": {"hidden": 16
 
 def make(corpus: str, out: Path, vocabs: list[int], steps: int, seeds: list[int], rungs: list[str]) -> None:
     base = yaml.safe_load((CHECKOUT / "params.yaml").read_text())
-    env = dict(os.environ, PYTHONPATH="", DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     procs = {}
     for name, tokenizer in [("char", "char")] + [(f"bpe{v}", {"kind": "bpe", "vocab_size": v}) for v in vocabs]:
         project = out / name
@@ -50,11 +46,7 @@ def make(corpus: str, out: Path, vocabs: list[int], steps: int, seeds: list[int]
         params["ladder"] = {r: SHAPES[r] for r in rungs}
         params["series"]["sources"] = {}
         (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        env_p = env | {"PYTHONPATH": str(project)}
-        ident = ["-c", "user.email=compare@topometrics.invalid", "-c", "user.name=compare"]
-        script = f"git init -q && git add -A && git {' '.join(ident)} commit -qm {name} && dvc repro"
-        procs[name] = subprocess.Popen(script, shell=True, cwd=project, env=env_p,  # noqa: S602 (fixed command)
-                                       stdout=(out / f"{name}.log").open("w"), stderr=subprocess.STDOUT)  # fmt: skip
+        procs[name] = start_repro(project, out / f"{name}.log", name)
     failed = [name for name, p in procs.items() if p.wait()]
     if failed:
         sys.exit(f"error: dvc repro failed in {', '.join(failed)}; see {out}/<name>.log")

@@ -55,8 +55,7 @@ def make(checkout: Path, out: Path) -> None:
     params["ladder"] = LADDER
     params["series"]["sources"] = {"llama-local": {"path": str(folder), "losses": str(folder / "losses.csv")}}
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = dict(os.environ, PYTHONPATH=str(project), DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env = project_env(project)
     identity = ["-c", "user.email=same-results@topometrics.invalid", "-c", "user.name=same-results"]
     commit = ["git", *identity, "commit", "-qm", "tiny"]
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], commit, ["dvc", "repro"]):
@@ -66,6 +65,24 @@ def make(checkout: Path, out: Path) -> None:
         if proc.returncode:
             sys.exit(f"error: {' '.join(cmd)} failed in {project}; see {out / 'repro.log'}")
     dump(project, out)
+
+
+def project_env(project: Path) -> dict[str, str]:
+    """The environment a copied project's pipeline runs in: its own code first on ``PYTHONPATH`` (not an
+    editable install's), this interpreter's ``dvc`` on ``PATH``, no analytics, the hub offline."""
+    env = dict(os.environ, PYTHONPATH=str(project), DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def start_repro(project: Path, log: Path, message: str) -> subprocess.Popen:
+    """``git init``, a first commit named ``message`` and ``dvc repro`` in ``project`` (:func:`project_env`),
+    started in the background with its output in ``log``; the caller waits for it."""
+    ident = "-c user.email=compare@topometrics.invalid -c user.name=compare"
+    script = f"git init -q && git add -A && git {ident} commit -qm {message} && dvc repro"
+    with log.open("w") as out:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(script, shell=True, cwd=project, env=project_env(project),  # noqa: S602 (fixed)
+                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
 
 
 def copy_pipeline(checkout: Path, project: Path) -> None:
