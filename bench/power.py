@@ -135,17 +135,21 @@ def _task(task: tuple) -> str:
     return one_verdict(simulate(shape, k, s, null, rng), cv, n_perm, rep, margin, min_effect)["word"]
 
 
+def _words(tasks: list[tuple], jobs: int) -> list[str]:
+    """The verdict word of each simulated run set (:func:`_task`), on ``jobs`` spawned processes or here."""
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            return list(pool.map(_task, tasks, chunksize=4))
+    return [_task(t) for t in tasks]
+
+
 def rates(shape, cvs, k, reps, n_perm, margin=0.05, min_effect=0.01, jobs=1, progress=None) -> dict:
     """% of ``reps`` run sets called 'adds' (and 'ruled out') per CV scheme and family: noise and nuisance
     nulls, planted signal at each of :data:`SHARES`."""
     kinds = [("noise", 0.0), ("nuisance", 0.0), *(("signal", s) for s in SHARES)]
     cells = [(cv, null, s) for cv in cvs for null, s in kinds]
     tasks = [(shape, cv, k, null, s, rep, n_perm, margin, min_effect) for cv, null, s in cells for rep in range(reps)]
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            words = list(pool.map(_task, tasks, chunksize=4))
-    else:
-        words = [_task(t) for t in tasks]
+    words = _words(tasks, jobs)
     out = {}
     for i, (cv, null, s) in enumerate(cells):
         got = words[i * reps : (i + 1) * reps]
@@ -161,12 +165,7 @@ def rates(shape, cvs, k, reps, n_perm, margin=0.05, min_effect=0.01, jobs=1, pro
 def power_at(shape, cv, k, reps, n_perm, share=0.3, jobs=1, margin=0.05, min_effect=0.01) -> float:
     """% of ``reps`` run sets of ``shape`` with a planted family of ``share`` called 'adds' under ``cv``."""
     tasks = [(shape, cv, k, "signal", share, rep, n_perm, margin, min_effect) for rep in range(reps)]
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            words = list(pool.map(_task, tasks, chunksize=4))
-    else:
-        words = [_task(t) for t in tasks]
-    return float(100 * np.mean([w == "adds" for w in words]))
+    return float(100 * np.mean([w == "adds" for w in _words(tasks, jobs)]))
 
 
 def seeds_needed(shape, cv, k, target, reps, n_perm, jobs=1, most=4, progress=None) -> dict:
