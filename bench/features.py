@@ -20,7 +20,7 @@ would). ``float64_gradients`` counts the curvature's gradients (one at the weigh
 ``total_fb`` is per loss-surface checkpoint, ``total_fb_per_ladder_checkpoint`` the same spread over every
 checkpoint of a default-ladder run (``features.landscape_every``: 6 of its 51 checkpoints at k = 10).
 ``--surface-runs DIR ...`` adds the last checkpoint of each run folder, on the first windows of ``--corpus``'s
-``val.u8`` (a trained checkpoint's Lanczos stops early; the random inits above run all ``hessian_iters`` steps).
+validation tokens (a trained checkpoint's Lanczos stops early; the random inits above run all ``hessian_iters`` steps).
 ``--central`` also times the curvature with central-difference products over all ``hessian_iters`` steps
 (``curvature_central_all_steps_fb``: the products before one-sided differences and the early stop).
 A CUDA device is used when one is present (``--device``).
@@ -52,6 +52,7 @@ from topometrics.landscape.slice import random_direction
 from topometrics.landscape.surface import SurfaceSettings, curvature_values, slice_values
 from topometrics.models.checkpoints import list_checkpoints, load_model, load_state, save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_weights
+from topometrics.models.tokens import load_tokens
 from topometrics.params import FeaturesParams, run_name
 
 LADDER = {"tiny": (8, 1), "small": (16, 1), "medium": (24, 2), "large": (32, 3), "xl": (48, 3)}
@@ -214,9 +215,9 @@ def main(argv: list[str]) -> int:
             for name in args.models:
                 found[name] = surface_costs(SURFACE_MODELS[name], params, args.device, central=args.central)
                 print(f"{name}: {found[name]}", flush=True)
+            tokens = load_tokens(args.corpus, "val") if args.surface_runs else None
             for run in args.surface_runs:  # trained checkpoints: the last of each run, on the real batch
                 last = list_checkpoints(run)[-1]
-                tokens = np.fromfile(args.corpus / "val.u8", dtype=np.uint8)
                 name = f"{run.name}@{last.step}"
                 found[name] = surface_costs(last.config, params, args.device, load_model(last), tokens, args.central)
                 print(f"{name}: {found[name]}", flush=True)

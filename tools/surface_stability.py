@@ -5,8 +5,8 @@
 
 For every run folder given (``DIR/step_*.safetensors`` with sidecars) the checkpoints at the fractions
 ``--picks`` of its list (0: the first, 1: the last) are loaded, and on the fixed loss-surface batch (the first
-``features.landscape_batch`` windows of ``CORPUS/val.u8``, as the features stage takes it) the product's own
-functions compute, at the default radius and seed:
+``features.landscape_batch`` windows of ``CORPUS``'s validation tokens, as the features stage takes it) the
+product's own functions compute, at the default radius and seed:
 
 - curvature, **reference**: central differences, all 20 Lanczos steps, 8 probes
   (``surface.curvature_values(..., one_sided=False, stop_early=False)``), against: one-sided differences
@@ -39,6 +39,7 @@ from topometrics.landscape.curvature import hutchinson_trace, top_eigenpairs
 from topometrics.landscape.slice import difference_hvp, random_direction
 from topometrics.landscape.surface import LANCZOS_TOL, SurfaceSettings, curvature_values, slice_values
 from topometrics.models.checkpoints import list_checkpoints, load_model
+from topometrics.models.tokens import load_tokens
 from topometrics.params import FeaturesParams
 
 GRIDS = (15, 13, 11, 9)
@@ -129,7 +130,7 @@ def statistics(ref, other) -> dict:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python tools/surface_stability.py")
     parser.add_argument("--runs", type=Path, nargs="+", default=[], help="run folders")
-    parser.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="the folder holding val.u8")
+    parser.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="the prepared corpus")
     parser.add_argument("--picks", type=float, nargs="+", default=[0.0, 0.1, 0.5, 1.0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tables", type=Path, nargs="+", help="tabulate these --out files instead of computing")
@@ -139,7 +140,7 @@ def main(argv: list[str]) -> int:
         return report(found)
     torch.set_num_threads(1)
     params = FeaturesParams()
-    tokens = np.fromfile(args.corpus / "val.u8", dtype=np.uint8)
+    tokens = load_tokens(args.corpus, "val")
     found, names = [], []
     for run in args.runs:
         ckpts = list_checkpoints(run)
