@@ -328,7 +328,7 @@ def outlier_verdict(
 
 def _outlier_row(g, flagged, base, extra, params: AnalysisParams, n_perm: int) -> dict:
     """The numbers of one outlier row, or ``status='skipped'`` with its one reason."""
-    why = _layout_problem(g)
+    why = verdict.scheme_problem(g, OUTLIER_SCHEME, float(g["fraction"].iloc[0]))
     if why is not None:
         return {"n": 0, "status": "skipped", "reason": why}
     keep = (g["n_seen"] >= verdict.MIN_CHECKPOINTS).to_numpy()
@@ -336,8 +336,7 @@ def _outlier_row(g, flagged, base, extra, params: AnalysisParams, n_perm: int) -
     base_cols, extra_cols = verdict.usable_columns(g, base)[0], verdict.usable_columns(g, extra)[0]
     if not base_cols or not extra_cols:
         return {"n": 0, "status": "skipped", "reason": "no usable inputs of the family or of the baseline"}
-    more = [c for c in ("loss_rank", *verdict.GRAD_INPUTS) if c in g and c not in base_cols]
-    base_cols += verdict.usable_columns(g, tuple(more))[0]
+    base_cols += verdict.curve_extras(g, base_cols)
     target = (g["actual"] - g["anchor"]).to_numpy(float)
     usable = np.isfinite(g[base_cols + extra_cols].to_numpy(float)).all(axis=1) & np.isfinite(target)
     sub, flagged = g[usable].reset_index(drop=True), flagged[usable]
@@ -355,20 +354,6 @@ def _outlier_row(g, flagged, base, extra, params: AnalysisParams, n_perm: int) -
     out |= {"auroc_without": test.auroc_without, "auroc_with": test.auroc_with, "auroc_low": test.low}
     out |= {"auroc_high": test.high, "statistic": test.auroc_with - test.auroc_without, "p_value": test.p_value}
     return out | {"min_p": test.min_p, "seed_sd": verdict.seed_sd(sub), "status": "ok"}
-
-
-def _layout_problem(g: pd.DataFrame) -> str | None:
-    """Why leave-one-seed-out cannot run at this fraction, in the verdict's own words (None when it can)."""
-    if OUTLIER_SCHEME not in g:
-        return f"runs have no {OUTLIER_SCHEME} column"
-    keep = g["n_seen"] >= verdict.MIN_CHECKPOINTS
-    if not keep.any():
-        most, fraction = int(g["n_seen"].max()), g["fraction"].iloc[0]
-        return f"fraction {fraction:g} observes at most {most} checkpoints per run; need {verdict.MIN_CHECKPOINTS}"
-    seeds = g.loc[keep, OUTLIER_SCHEME].nunique()
-    if seeds < verdict.MIN_GROUPS:
-        return f"leave-one-{OUTLIER_SCHEME}-out needs at least {verdict.MIN_GROUPS} {OUTLIER_SCHEME}s, got {seeds}"
-    return None
 
 
 def _label_problem(sub: pd.DataFrame, flagged: np.ndarray, k: float) -> str | None:

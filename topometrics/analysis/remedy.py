@@ -19,7 +19,7 @@ from topometrics.params import FeaturesParams
 SURFACE_FAMILIES = ("landscape", "curvature")  # computed every features.landscape_every-th checkpoint only
 SURFACE_POINTS = 3  # finite points a level and a rate need (topometrics.analysis.predict.window_summary)
 
-# The reasons _scheme_problem gives (the report groups skipped rows by them).
+# The reasons verdict.scheme_problem gives (the report groups skipped rows by them).
 TOO_FEW_CHECKPOINTS = re.compile(r"^fraction (\S+) observes at most (\d+) checkpoints per run; need (\d+)$")
 TOO_FEW_GROUPS = re.compile(r"^leave-one-(\w+)-out needs at least (\d+) \w+, got (\d+)$")
 

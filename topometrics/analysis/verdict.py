@@ -164,7 +164,7 @@ def incremental_validity(
     plan, primary = comparisons(families), primary_comparison(params, families)
     for scheme in SCHEMES:
         for fraction, g in inputs.groupby("fraction", sort=True):
-            why = _scheme_problem(g, scheme, fraction)
+            why = scheme_problem(g, scheme, fraction)
             here = plan
             if primary and scheme == params.primary.cv and math.isclose(fraction, params.primary.fraction):
                 here = [primary, *plan]
@@ -268,18 +268,24 @@ def _cells(g: pd.DataFrame) -> pd.Series:
     return g["rung"].astype(str) + "|" + variant
 
 
-def _scheme_problem(g: pd.DataFrame, scheme: str, fraction: float) -> str | None:
+def scheme_problem(g: pd.DataFrame, scheme: str, fraction: float) -> str | None:
     """Why no comparison can run for this scheme and fraction (None when they can)."""
     seen = g["n_seen"].to_numpy(float) if "n_seen" in g else np.zeros(len(g))
     if len(g) == 0 or np.nanmax(seen, initial=0) < MIN_CHECKPOINTS:
         most = int(np.nanmax(seen, initial=0))
         return f"fraction {fraction:g} observes at most {most} checkpoints per run; need {MIN_CHECKPOINTS}"
     if scheme not in g or g[scheme].isna().all():
-        return f"runs have no {scheme} column (a single recipe)"
+        return f"runs have no {scheme} column" + (" (a single recipe)" if scheme == "variant" else "")
     groups = g.loc[seen >= MIN_CHECKPOINTS, scheme].nunique()
     if groups < MIN_GROUPS:
         return f"leave-one-{scheme}-out needs at least {MIN_GROUPS} {scheme}s, got {groups}"
     return None
+
+
+def curve_extras(g: pd.DataFrame, base_cols: list[str]) -> list[str]:
+    """The loss-curve base's further candidates (the rank of the current loss, the gradient-norm statistics)
+    usable in ``g`` and not already among ``base_cols``."""
+    return usable_columns(g, tuple(c for c in ("loss_rank", *GRAD_INPUTS) if c in g and c not in base_cols))[0]
 
 
 def usable_columns(g: pd.DataFrame, columns: tuple[str, ...]) -> tuple[list[str], list[str]]:
@@ -304,8 +310,7 @@ def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams) -
     if geometric and not set(geometric) & set(base_cols):  # else it would silently be the norm baseline
         return {"n": 0, "status": "skipped", "reason": f"baseline {spec['baseline']} has no usable values" + note}, []
     if set(LOSS_INPUTS) <= set(spec["base"]):  # the loss-curve part is chosen among BASE_CANDIDATES
-        more = [c for c in ("loss_rank", *GRAD_INPUTS) if c in g and c not in base_cols]
-        base_cols += usable_columns(g, tuple(more))[0]
+        base_cols += curve_extras(g, base_cols)
     both = base_cols + extra_cols
     target = (g["actual"] - g["anchor"]).to_numpy(float)
     usable = np.isfinite(g[both].to_numpy(float)).all(axis=1) & np.isfinite(target)
