@@ -377,9 +377,9 @@ def checkpoint_features(
     A diverged checkpoint (NaN/Inf in any tensor) gives NULL for every feature with the reason,
     and a ``RuntimeWarning``; it never raises.
     """
-    bad = {name: int((~torch.isfinite(t)).sum()) for name, t in state.items() if not torch.isfinite(t).all()}
+    bad = [int((~torch.isfinite(t)).sum()) for t in state.values() if not torch.isfinite(t).all()]
     if bad:
-        reason = f"diverged: non-finite weights in {len(bad)} tensors ({sum(bad.values())} entries)"
+        reason = diverged_reason(bad)
         warnings.warn(reason, RuntimeWarning, stacklevel=2)
         return null_features(linear_layer_names(config.layers), params, reason)
     model = GPT(config)
@@ -388,6 +388,11 @@ def checkpoint_features(
     return linear_and_forward_features(
         loaders, global_max, lambda: model_on_batch(model, *batch, surface, n_bytes, gradients), params
     )
+
+
+def diverged_reason(non_finite: list[int]) -> str:
+    """The NULL reason of a diverged model, from the count of non-finite entries of each tensor that has any."""
+    return f"diverged: non-finite weights in {len(non_finite)} tensors ({sum(non_finite)} entries)"
 
 
 def weight_features(weights: dict[str, np.ndarray], params: FeaturesParams) -> CheckpointFeatures:

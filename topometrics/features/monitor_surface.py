@@ -30,6 +30,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from topometrics.features.checkpoint import (
     CheckpointFeatures,
+    diverged_reason,
     loss_surface,
     surface_batch,
     surface_features,
@@ -120,9 +121,9 @@ def rebuilt_model(snapshot: ModelSnapshot) -> tuple[nn.Module, Callable | None]:
 def surface_rows(snapshot: ModelSnapshot | str, params: FeaturesParams) -> CheckpointFeatures:
     """The ``landscape`` and ``curvature`` rows (layer ``'all'``) of a snapshot, or NULL with the reason."""
     if isinstance(snapshot, ModelSnapshot):
-        bad = [int((~np.isfinite(a)).sum()) for a in snapshot.state.values() if a.dtype.kind == "f"]
-        if any(bad):  # the reason a diverged checkpoint's rows give (checkpoint.checkpoint_features)
-            snapshot = f"diverged: non-finite weights in {sum(map(bool, bad))} tensors ({sum(bad)} entries)"
+        counts = [int((~np.isfinite(a)).sum()) for a in snapshot.state.values() if a.dtype.kind == "f"]
+        if any(counts):  # the reason a diverged checkpoint's rows give (checkpoint.checkpoint_features)
+            snapshot = diverged_reason([c for c in counts if c])
     if isinstance(snapshot, str):
         return switched_off(surface_features(snapshot, params), params)
     try:
