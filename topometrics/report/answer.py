@@ -11,6 +11,7 @@ from the params (:func:`topometrics.analysis.remedy.remedy`).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -90,9 +91,8 @@ def _power(params: dict, n: int) -> str:
     the bench's machinery at the sweep's own layout. A power below 80 % says the sweep is too small, with the
     runs the bench says it would need (``needed_runs``) or the command that finds them; fewer runs in the
     verdict (``n``) than the layout declares says the recorded power overstates it."""
-    train, variants = params["train"], params.get("variants") or {}
-    shape = f"{len(params['ladder'])}x{1 + len(variants)}x{len(train['seeds'])}"
-    declared = len(params["ladder"]) * (1 + len(variants)) * len(train["seeds"])
+    layout = (len(params["ladder"]), 1 + len(params.get("variants") or {}), len(params["train"]["seeds"]))
+    shape, declared = "x".join(map(str, layout)), math.prod(layout)
     primary = params["analysis"].get("primary") or {}
     power, needed = primary.get("power"), primary.get("needed_runs")
     if power is None:
@@ -168,7 +168,7 @@ def _families(verdict: pd.DataFrame, scheme: str) -> str:
 
 
 def _at(fraction: float, rows: pd.DataFrame, baselines: list[str]) -> str:
-    """'20%', '20% (both baselines)' or '20% (over norm+curvature)': the baselines only when there are several."""
+    """'20%', '20% (every baseline)' or '20% (over norm+curvature)': the baselines only when there are several."""
     if len(baselines) < 2 or "baseline" not in rows:
         return f"{100 * fraction:g}%"
     over = sorted(rows["baseline"].dropna().unique())

@@ -30,7 +30,7 @@ from topometrics.report.paper import (
     PAPER_TABLE7,
     PAPER_TABLE8,
 )
-from topometrics.report.verdict import section
+from topometrics.report.verdict import loss_unit, section
 from topometrics.vocabulary import names
 
 # Layer-'all' features the tables show (names declared in topometrics.vocabulary).
@@ -195,7 +195,7 @@ def table1(rungs, final) -> pd.DataFrame | Missing:
     cols = ["rung", "kind", "n_params", "hidden", "layers", "heads"]
     out = rungs[cols].merge(loss.reset_index(), on="rung", how="left").merge(PAPER_TABLE1, on="rung", how="left")
     order = ["rung", "kind", "n_params", "paper n_params", "hidden", "layers", "heads", "seeds", "final_step"]
-    unit = UNIT_WORDS.get(final["loss_unit"].iloc[0] if "loss_unit" in final and len(final) else "nats")
+    unit = UNIT_WORDS[loss_unit(final)]
     return ordered(
         out[[*order, "final_val_loss", "paper final loss"]].rename(columns={"final_val_loss": f"final loss ({unit})"})
     )
