@@ -8,6 +8,8 @@ rows, spectral baselines) of all 255 checkpoints in a pool of ``--workers`` proc
 the whole :func:`topometrics.features.run_shards.run_shards` per rung (weights, gradients,
 representation topology, distances, written as shards into the temporary directory). Ends with one
 JSON line, whose ``data`` says which checkpoints were measured (``real`` or ``synthetic``).
+``--without a,b`` measures (2) again with those families switched off (``features.families``), in the same run,
+and reports the ratio: ``--without landscape,curvature`` is what the loss-surface families add to the stage.
 
 ``--surface`` measures instead the loss-surface families of one loss-surface checkpoint (``landscape``: the two slices,
 ``curvature``: Lanczos + Hutchinson) for xl and a Pythia-70m-shaped model (6 layers, width 512, 8 heads,
@@ -33,6 +35,7 @@ A CUDA device is used when one is present (``--device``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -202,6 +205,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--surface-runs", type=Path, nargs="*", default=[], help="also their last checkpoints")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for --surface (CPU time is per thread)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for --surface")
+    parser.add_argument("--without", default="", help="also the whole stage without these families (a,b): the ratio")
     args = parser.parse_args(argv)
     params = FeaturesParams(workers=args.workers)
     if args.dynamics:
@@ -243,14 +247,15 @@ def main(argv: list[str]) -> int:
         if args.weights_only:
             print(json.dumps({"weight_features_s_255": round(weights_s, 2), "checkpoints": len(ckpts), "data": data}))
             return 0
-        start = time.perf_counter()
-        for rung in LADDER:
-            t0 = time.perf_counter()
-            run_shards(dirs[rung], corpus, params, Path(tmp) / "shards" / rung)
-            features, diagrams = read_tables(Path(tmp) / "shards" / rung)
-            print(f"features@{rung}: {time.perf_counter() - t0:.1f} s, {len(features)} rows, {len(diagrams)} bars")
-        stage_s = time.perf_counter() - start
+        stage_s = whole_stage(dirs, corpus, params, Path(tmp) / "shards")
         print(f"whole features, {len(ckpts)} checkpoints: {stage_s:.1f} s")
+        without = [name for name in args.without.split(",") if name]
+        if without:  # the same stage without some families, in the same run: the ratio is what they cost
+            fewer = dataclasses.replace(params, families=tuple(f for f in params.families if f not in without))
+            fewer_s = whole_stage(dirs, corpus, fewer, Path(tmp) / "shards-without")
+            extra = {"features_stage_s_without": round(fewer_s, 2), "without": without}
+            extra["features_stage_ratio"] = round(stage_s / fewer_s, 2)
+            print(f"whole features without {', '.join(without)}: {fewer_s:.1f} s -> {stage_s / fewer_s:.2f}x")
     print(
         json.dumps(
             {
@@ -260,6 +265,18 @@ def main(argv: list[str]) -> int:
                 "workers": params.workers,
                 "data": data,
             }
+            | (extra if without else {})
         )
     )
     return 0
+
+
+def whole_stage(dirs: dict[str, Path], corpus: Path, params: FeaturesParams, out: Path) -> float:
+    """Wall seconds of the features stage's work (:func:`run_shards`) on every rung's run folder into ``out``."""
+    start = time.perf_counter()
+    for rung, folder in dirs.items():
+        t0 = time.perf_counter()
+        run_shards(folder, corpus, params, out / rung)
+        features, diagrams = read_tables(out / rung)
+        print(f"features@{rung}: {time.perf_counter() - t0:.1f} s, {len(features)} rows, {len(diagrams)} bars")
+    return time.perf_counter() - start
