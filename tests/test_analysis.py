@@ -260,6 +260,27 @@ def test_verdict_on_one_seed_names_every_skip(con):
     assert verdict["verdict"].notna().all()
 
 
+def test_the_changepoint_inputs_are_the_window_changepoints_of_the_features_tables_series(con):
+    from topometrics.dynamics.changepoints import window_changepoints
+
+    params = AnalysisParams()
+    _, _, inputs = analysis._predictions_and_inputs(con, params, learned=False)
+    watched = [f for f in params.headline_features if f in ("vr_tp0", "vr_tp1", "np_norm", "rep_tp0")]
+    assert watched == ["vr_tp0", "vr_tp1", "np_norm", "rep_tp0"]  # the topological headline features
+    for row in inputs.itertuples():
+        frame = con.execute(
+            "SELECT feature, step, value FROM features WHERE rung = ? AND seed = ? AND layer = 'all' ORDER BY step",
+            [row.rung, row.seed],
+        ).df()
+        series = [(g["step"].to_numpy(), g["value"].to_numpy()) for f, g in frame.groupby("feature") if f in watched]
+        steps = con.execute("SELECT steps FROM runs WHERE rung = ? AND seed = ?", [row.rung, row.seed]).fetchone()[0]
+        expected = window_changepoints(series, row.fraction * steps, steps, params.changepoint_penalty)
+        np.testing.assert_array_equal([row.cp_count, row.cp_first], expected)
+    assert inputs["cp_count"].notna().any()  # the pipeline's runs are long enough to segment at some fraction
+    families = set(con.execute("SELECT family FROM topology_verdict").df()["family"])
+    assert "changepoints" in families
+
+
 def test_the_loss_curve_laws_read_each_runs_schedule_shape_from_its_config():
     from test_params import default_raw
 

@@ -12,6 +12,7 @@ from topometrics.dynamics.changepoints import (
     changepoints,
     run_changepoint_rows,
     series_changepoints,
+    window_changepoints,
 )
 from topometrics.models.lr_schedule import Schedule
 
@@ -128,3 +129,36 @@ def test_run_rows_give_first_steps_counts_and_lags_in_checkpoints():
     assert reasons == ["no lr log", "lr: no lr log"]
     flat = run_changepoint_rows({"val_loss": (steps, np.ones(40))}, "val_loss", "x")[0]
     assert flat["n"] == 0 and np.isnan(flat["estimate"]) and flat["reason"] == "no changepoint"
+
+
+def test_the_window_sees_only_the_checkpoints_up_to_the_cutoff():
+    steps = T * 100  # a 5,000-step run
+    level = steps_series()  # breaks at points 15 and 35: steps 1,500 and 3,500
+    count, first = window_changepoints([(steps, level)], cutoff=2500, total_steps=5000)
+    assert (count, first) == (1.0, 0.3)  # only the first break has happened by step 2,500
+    assert window_changepoints([(steps, level)], cutoff=5000, total_steps=5000) == (2.0, 0.3)
+    # the future cannot leak in: a series that differs only after the cutoff gives the same answer
+    changed = np.where(steps > 2500, level + 7.0 * np.sin(T), level)
+    assert window_changepoints([(steps, changed)], 2500, 5000) == (1.0, 0.3)
+
+
+def test_the_window_sums_counts_takes_the_earliest_break_and_reads_none_yet_as_the_cutoff():
+    steps = T * 100
+    early = steps_series(breaks=(10, 40))  # steps 1,000 and 4,000
+    flat = np.full(T.size, 3.0)
+    assert window_changepoints([(steps, steps_series()), (steps, early)], 5000, 5000) == (4.0, 0.2)
+    assert window_changepoints([(steps, flat)], 3000, 5000) == (0.0, 0.6)  # none yet: the cutoff's share
+    # unordered steps and non-finite values are handled as the per-series rows handle them
+    shuffled = np.random.default_rng(0).permutation(T.size)
+    with_gaps = np.where(T % 7 == 2, np.nan, early)  # not at a break
+    assert window_changepoints([(steps[shuffled], with_gaps[shuffled])], 5000, 5000) == (2.0, 0.2)
+
+
+def test_a_window_too_short_for_any_series_is_null_not_no_change():
+    steps = T * 100
+    count, first = window_changepoints([(steps, steps_series())], cutoff=(MIN_LENGTH - 2) * 100, total_steps=5000)
+    assert np.isnan(count) and np.isnan(first)
+    assert all(np.isnan(window_changepoints([], 5000, 5000)))
+    # one series long enough is enough: the short one is left out, not counted as unchanged
+    short = (steps[:3], np.array([0.0, 5.0, 0.0]))
+    assert window_changepoints([short, (steps, steps_series())], 5000, 5000) == (2.0, 0.3)

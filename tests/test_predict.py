@@ -85,6 +85,28 @@ def test_a_trajectory_dimension_is_an_input_at_a_fraction_where_only_its_last_wi
     assert np.isnan(at_20["traj_phdim_level"])  # no window with enough iterates yet: NULL, never a guess
 
 
+def test_the_changepoint_inputs_at_a_fraction_come_from_the_topological_headline_series_observed_by_then():
+    from collections import namedtuple
+
+    from topometrics.analysis import tables
+    from topometrics.params import AnalysisParams
+
+    run = namedtuple("Run", "rung variant seed actual")("tiny", "base", 1, 2.0)
+    t = np.arange(0, 1001, 50.0)
+    step_at_400 = np.where(t < 400, 1.0, 3.0)  # a topological headline feature with one break, at step 400
+    spectral = np.where(t < 200, 1.0, 9.0)  # w_spec breaks earlier, but is not topological: not watched
+    series = {
+        ("tiny", "base", 1): {"val_loss": (t, 4.0 - t / 1000), "vr_tp0": (t, step_at_400), "w_spec": (t, spectral)}
+    }
+    params = AnalysisParams()
+    assert "w_spec" in params.headline_features and "vr_tp0" in params.headline_features
+    at = {f: tables._curve_predictions(run, Schedule(1000, 100), f, series, params)[2] for f in (0.2, 0.3, 0.5)}
+    assert np.isnan(at[0.2]["cp_count"]) and np.isnan(at[0.2]["cp_first"])  # 5 checkpoints: too few to segment
+    assert (at[0.3]["cp_count"], at[0.3]["cp_first"]) == (0.0, 0.3)  # 7 checkpoints, no break yet
+    assert (at[0.5]["cp_count"], at[0.5]["cp_first"]) == (1.0, 0.4)
+    assert "cp_count" not in tables._curve_predictions(run, Schedule(1000, 100), 0.5, series)[2]  # no params
+
+
 # --- leave-one-group-out -------------------------------------------------------------------------
 
 

@@ -90,7 +90,12 @@ def test_the_verdict_families_declared_in_the_vocabulary_in_report_order():
             + tuple(f"gt_net_{unit}{key}" for unit in ("", "unit_") for key in GT_KEYS),
         ),
         ("trajectory", ("traj_phdim", "traj_ckpt_phdim")),
+        ("changepoints", ("cp_count", "cp_first")),
     ]  # fmt: skip
+    # a run-level summary (the changepoints by the cutoff) enters as itself: it has no level and rate
+    assert verdict.family_columns()["changepoints"] == ("cp_count", "cp_first")
+    assert verdict.family_columns()["trajectory"] == ("traj_phdim_level", "traj_phdim_rate") + (
+        "traj_ckpt_phdim_level", "traj_ckpt_phdim_rate")  # fmt: skip
     topological = [f for f in verdict_families() if f not in ("heavy_tail", "curvature")]
     # the geometric family (curvature) is a context row and, with the norm, every topological family's second baseline
     assert [(c["family"], c["baseline"]) for c in verdict.comparisons()] == [

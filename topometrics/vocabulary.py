@@ -22,7 +22,9 @@ the loss curve and the weight norm, never a topological row; ``other`` features 
 ``input`` is what a feature is computed from, and so which features are NULL together when that
 input is unusable (:func:`computed_from`): ``weights`` (the linear layers), ``forward`` (the fixed
 batch's forward and backward pass: gradients, loss), ``states`` (its hidden states), ``previous``
-(the run's earlier checkpoints: the previous one's diagrams, the iterates of a trailing window).
+(the run's earlier checkpoints: the previous one's diagrams, the iterates of a trailing window), ``run``
+(the run's series of other features up to a cutoff, summarised by the analysis at each ``analysis.fractions``
+point: never a row of the features tables, and so in no family the features stage computes).
 
 ``verdict`` names the family of inputs a family's features join in the between-run verdict
 (:mod:`topometrics.analysis.verdict`, :func:`verdict_families`); ``None`` leaves them out, and so does a
@@ -43,7 +45,7 @@ from typing import NamedTuple
 MODEL = "model"  # aggregate of a feature computed once per checkpoint (layer 'all' only)
 AGGREGATIONS = ("mean_std", "mean", "sum", "max", "norm", "mean_finite", MODEL)
 KINDS = ("topological", "spectral", "geometric", "other")
-WEIGHTS, FORWARD, STATES, PREVIOUS = INPUTS = ("weights", "forward", "states", "previous")
+WEIGHTS, FORWARD, STATES, PREVIOUS, RUN = INPUTS = ("weights", "forward", "states", "previous", "run")
 ALL = "all"  # the layer of model-level rows
 
 
@@ -104,6 +106,8 @@ GRADIENT_TOPOLOGY = Family("gradient_topology", "topological", "gt_", FORWARD, v
 FAMILIES = (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL, GRADIENT, REPRESENTATION, LANDSCAPE, CURVATURE)
 TRAJECTORY = Family("trajectory", "topological", "traj_", PREVIOUS, verdict="trajectory")
 FAMILIES += (GRADIENT_TOPOLOGY, DISTANCE, TRAJECTORY)
+# The analysis's, not the features stage's: what the changepoints of a run's topological series say by a cutoff
+CHANGEPOINTS = Family("changepoints", "topological", "cp_", RUN, verdict="changepoints")
 _VR_SUMMARY = (
     ("tp0", "sum", "total persistence of the finite H0 bars"),
     ("tp1", "sum", "total persistence of the H1 bars"),
@@ -259,6 +263,15 @@ FEATURES = (
     Feature(
         "traj_ckpt_phdim", TRAJECTORY, MODEL, "PH0 dimension of the checkpoints (as iterates) in the trailing window"
     ),
+    Feature(
+        "cp_count",
+        CHANGEPOINTS,
+        MODEL,
+        "changepoints (PELT) of the run's topological headline series in the checkpoints observed by the cutoff",
+    ),
+    Feature(
+        "cp_first", CHANGEPOINTS, MODEL, "the first of them as a share of the run's steps (the cutoff's while none)"
+    ),
 )
 
 _DECLARED = {feature.name: feature for feature in FEATURES}
@@ -316,6 +329,12 @@ def computed_from(*inputs: str, scales: int = 0) -> Rows:
         raise ValueError(f"unknown inputs {unknown}; one of {INPUTS}")
     features = tuple(f for f in FEATURES if (f.input or f.family.input) in inputs)
     return Rows(tuple(f.name for f in features if f.aggregate != MODEL), _layer_all_names(features, scales))
+
+
+def run_level(name: str) -> bool:
+    """Whether a feature is a summary of the run up to a cutoff (input ``run``), not a per-checkpoint value."""
+    feature = lookup(name)
+    return feature is not None and (feature.input or feature.family.input) == RUN
 
 
 def verdict_families() -> dict[str, tuple[str, ...]]:

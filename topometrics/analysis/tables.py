@@ -19,7 +19,7 @@ from topometrics.analysis import decisions, partial, predict, stats, verdict
 from topometrics.dynamics import changepoints
 from topometrics.models.lr_schedule import Schedule
 from topometrics.params import AnalysisParams, ParamsError
-from topometrics.vocabulary import kind, lookup, verdict_families
+from topometrics.vocabulary import kind, lookup, run_level, verdict_families
 
 LOSS_ONLY = "loss_power_law"
 # A checkpoint's validation loss in analysis.loss_unit (as final_checkpoints.loss): the loss curves the
@@ -210,7 +210,7 @@ def _predictions_and_inputs(con, params: AnalysisParams, learned: bool = True):
             continue
         schedule = run_schedule(run._asdict())
         for fraction in params.fractions:
-            rows, fit_rows, features = _curve_predictions(run, schedule, fraction, series)
+            rows, fit_rows, features = _curve_predictions(run, schedule, fraction, series, params)
             predictions += rows
             fits += fit_rows
             inputs.append(features)
@@ -286,7 +286,9 @@ def _fit_row(kind, target, fit: stats.Fit, *, layer=None, rung=None, seed=None, 
 
 def _run_series(con, params: AnalysisParams) -> dict[tuple, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Per (rung, variant, seed): name -> (steps, values) of val_loss, np, grad_norm, weight_norm, topology features."""
-    wanted = dict.fromkeys([*params.topology_features, *(f for fam in verdict_families().values() for f in fam)])
+    families = (f for fam in verdict_families().values() for f in fam if not run_level(f))
+    watched = (f for f in params.headline_features if kind(f) == "topological")  # the changepoint family's series
+    wanted = dict.fromkeys([*params.topology_features, *families, *watched])
     names = ", ".join(f"'{f}'" for f in wanted)
     frames = {
         "val_loss": f"SELECT rung, variant, seed, step, {CHOSEN_LOSS} AS value FROM checkpoints",
@@ -335,8 +337,9 @@ def _excluded_rows(run, params: AnalysisParams) -> tuple[list[dict], list[dict]]
     return predictions, fits
 
 
-def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict):
-    """Loss-curve predictions for one run and fraction, their fit rows, and the learned models' inputs."""
+def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict, params: AnalysisParams | None = None):
+    """Loss-curve predictions for one run and fraction, their fit rows, and the learned models' inputs (with
+    ``params``, also the changepoint family's, from ``analysis.headline_features`` of kind topological)."""
     run_values = series.get((run.rung, run.variant, run.seed), {})
     cutoff = fraction * schedule.steps
     t, loss = run_values.get("val_loss", (np.array([]), np.array([])))
@@ -362,6 +365,10 @@ def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict):
             features[f"{name}_level"], features[f"{name}_rate"] = predict.window_summary(steps, values, cutoff)
             if _trailing_window(name):  # its value at the last checkpoint is the window ending there
                 features[f"{name}_level"] = predict.value_at(steps, values, cutoff)
+    if params is not None:
+        watched = [run_values[f] for f in params.headline_features if kind(f) == "topological" and f in run_values]
+        found = changepoints.window_changepoints(watched, cutoff, schedule.steps, params.changepoint_penalty)
+        features["cp_count"], features["cp_first"] = found
     return rows, fits, features
 
 

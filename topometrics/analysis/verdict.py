@@ -40,7 +40,7 @@ import pandas as pd
 
 from topometrics.analysis import inference
 from topometrics.params import AnalysisParams, ParamsError
-from topometrics.vocabulary import kind, verdict_families
+from topometrics.vocabulary import kind, run_level, verdict_families
 
 LOSS_INPUTS = ("loss_drop", "mpl_drop", "tissue_drop")  # the per-run laws' predicted drop from the anchor
 NORM_INPUTS = ("weight_norm_level", "weight_norm_rate")
@@ -72,9 +72,11 @@ ERROR_COLUMNS = [
 
 
 def family_columns(families: dict[str, tuple[str, ...]] | None = None) -> dict[str, tuple[str, ...]]:
-    """Input columns of every family: ``<feature>_level`` and ``<feature>_rate`` (see ``predict.window_summary``)."""
+    """Input columns of every family: ``<feature>_level`` and ``<feature>_rate`` (see ``predict.window_summary``), or
+    the feature itself for a summary of the run up to the cutoff (:func:`topometrics.vocabulary.run_level`)."""
     families = verdict_families() if families is None else families
-    return {name: tuple(f"{f}_{k}" for f in feats for k in ("level", "rate")) for name, feats in families.items()}
+    columns = lambda f: (f,) if run_level(f) else (f"{f}_level", f"{f}_rate")  # noqa: E731
+    return {name: tuple(c for f in feats for c in columns(f)) for name, feats in families.items()}
 
 
 def family_kind(features: tuple[str, ...]) -> str:

@@ -5,5 +5,6 @@ Adams et al. 2020) and ``phdim.trailing_dimension`` (of the iterates in a traili
 ``changepoints.changepoints`` (the breaks of one series, ``ruptures``' PELT with
 ``jump=1``), ``changepoints.series_changepoints`` (first changepoint step and count) and
 ``changepoints.changepoint_lags`` (a feature's first changepoint against the validation loss's and the
-learning rate's). Pure functions of arrays; nothing here reads or writes a file.
+learning rate's); ``changepoints.window_changepoints`` (what several series' changepoints say by a
+cutoff step: the verdict's changepoint inputs). Pure functions of arrays; nothing here reads or writes a file.
 """

@@ -184,3 +184,29 @@ def run_changepoint_rows(
             rows.append({"kind": "changepoint_lag", "feature": name, "other": other, "estimate": lag} | {
                 "n": int(grid.size), "reason": "; ".join(missing) or None})  # fmt: skip
     return rows
+
+
+def window_changepoints(
+    series: Sequence[tuple[np.ndarray, np.ndarray]], cutoff: float, total_steps: float, penalty: float = 5.0
+) -> tuple[float, float]:
+    """What the changepoints of several series (each ``(steps (n,), values (n,))``) say by the step ``cutoff``:
+    ``(count, first)``, the number of changepoints found in the checkpoints at or before ``cutoff`` (finite
+    values), summed over the series, and the earliest of them as a share of ``total_steps``, or
+    ``cutoff / total_steps`` when none has one yet (a break is known not to come before the cutoff).
+
+    ``(NaN, NaN)`` when no series can be segmented in the window (each has fewer than :data:`MIN_LENGTH`
+    finite points): a count from too few points would read as "no change". The inputs of the between-run
+    verdict's changepoint family: only what was observed by the cutoff, so nothing of the future leaks in."""
+    count, first, segmented = 0, np.inf, False
+    for steps, values in series:
+        steps, values = np.asarray(steps, dtype=np.float64), np.asarray(values, dtype=np.float64)
+        keep = (steps <= cutoff) & np.isfinite(values)
+        order = np.argsort(steps[keep], kind="stable")
+        found = series_changepoints(steps[keep][order], values[keep][order], penalty)
+        if found.count is None:
+            continue
+        segmented, count = True, count + found.count
+        first = min(first, found.first_step) if found.count else first
+    if not segmented:
+        return np.nan, np.nan
+    return float(count), float(min(first, cutoff) / total_steps)
