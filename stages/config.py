@@ -6,12 +6,14 @@ Each file merges `train`, the run's variant (`variants.<name>`) and `ladder.<run
 dependencies cannot express that inheritance, so this cheap stage depends on those sections and the
 training stage depends on its files: a params change rewrites exactly the configs of the runs it
 changes, and the training stage retrains only those (the others are complete and are skipped). The
-model's vocabulary is the prepared corpus's (128 characters, or the BPE's size).
+model's vocabulary is the prepared corpus's (128 characters, or the BPE's size). The pre-registered
+`analysis.primary` is checked here against the vocabulary and `features.families`, before any run trains.
 """
 
 import json
 from pathlib import Path
 
+from topometrics.analysis.verdict import check_primary
 from topometrics.atomic import write_text
 from topometrics.errors import run_stage, stage_parser
 from topometrics.models.tokens import read_record, vocab_size
@@ -25,6 +27,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, required=True, help="directory of <run>.json files")
     args = parser.parse_args(argv)
     params = load_params(args.params)
+    check_primary(params.analysis, computed=params.features.families)  # a bad endpoint stops the sweep here
     vocab = vocab_size(read_record(args.corpus))
     args.out.mkdir(parents=True, exist_ok=True)
     for rung, variant, seed in params.runs():

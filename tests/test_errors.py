@@ -81,6 +81,18 @@ def test_stage_scripts_answer_mistakes_in_one_line(tmp_path):
     for (script, *args), message in cases.items():
         proc = _stage(script, args, tmp_path)
         assert (proc.returncode, proc.stderr) == (1, message + "\n"), proc.stderr
+    # a pre-registered endpoint the sweep cannot answer stops the config stage, before any run is trained
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["analysis"]["primary"] = {"family": "landscape", "features": ["ls_hess_tp"], "fraction": 0.3, "cv": "rung"}
+    params["features"]["families"] = [f for f in params["features"]["families"] if f != "landscape"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    proc = _stage("config.py", ["--corpus", "corpus", "--out", "config"], tmp_path)
+    assert (proc.returncode, proc.stderr) == (
+        1,
+        "error: analysis.primary: it reads the families ['landscape'], which "
+        "features.families leaves out; fix it in params.yaml before the sweep\n",
+    )
+    assert not (tmp_path / "config").exists()
     (tmp_path / "params.yaml").write_text("data: {corpus: x\n")
     proc = _stage("corpus.py", ["--out", "corpus"], tmp_path)
     assert proc.returncode == 1 and proc.stderr.startswith("error: params.yaml (line 2) is not valid YAML: ")

@@ -252,6 +252,19 @@ def test_a_primary_endpoint_not_in_the_vocabulary_is_one_params_error_before_any
         verdict.incremental_validity(synthetic_runs("topology"), AnalysisParams(primary=primary))
 
 
+def test_a_primary_endpoint_reading_a_family_the_features_stage_leaves_out_is_a_params_error():
+    everything = ("np", "vr", "spectral", "scale_free", "landscape", "curvature", "trajectory")
+    on_landscape = PrimaryParams("landscape", 0.3, "seed", ("ls_hess_tp",), baseline="norm+curvature")
+    verdict.check_primary(AnalysisParams(primary=on_landscape), computed=everything)  # all computed: no error
+    with pytest.raises(ParamsError, match=r"reads the families \['curvature'\], which features.families leaves out"):
+        verdict.check_primary(AnalysisParams(primary=on_landscape), computed=("landscape", "vr"))
+    with pytest.raises(ParamsError, match=r"reads the families \['landscape'\]"):
+        verdict.check_primary(AnalysisParams(primary=dataclasses.replace(on_landscape, baseline="norm")), computed=())
+    # the changepoint family is the analysis's own: no features-stage family to switch on
+    on_changes = PrimaryParams("changepoints", 0.3, "seed")
+    verdict.check_primary(AnalysisParams(primary=on_changes), computed=())
+
+
 def test_a_geometric_family_becomes_a_second_baseline_for_every_topological_family():
     families = {"weights_vr": ("vr_tp0",), "scale_free": ("vr_unit_tp0",), "norms": ("w_fro",)}
     with pytest.MonkeyPatch.context() as patch:  # w_fro stands in for a declared geometric feature

@@ -40,7 +40,7 @@ import pandas as pd
 
 from topometrics.analysis import inference
 from topometrics.params import AnalysisParams, ParamsError
-from topometrics.vocabulary import kind, run_level, verdict_families
+from topometrics.vocabulary import kind, lookup, run_level, verdict_families
 
 LOSS_INPUTS = ("loss_drop", "mpl_drop", "tissue_drop")  # the per-run laws' predicted drop from the anchor
 NORM_INPUTS = ("weight_norm_level", "weight_norm_rate")
@@ -108,18 +108,25 @@ def comparisons(families: dict[str, tuple[str, ...]] | None = None) -> list[dict
     return out + [row("everything", "(4) vs (2)", "context", NORM_BASELINE, everything)]
 
 
-def check_primary(params: AnalysisParams, families: dict[str, tuple[str, ...]] | None = None) -> None:
+def check_primary(
+    params: AnalysisParams, families: dict[str, tuple[str, ...]] | None = None, computed: tuple[str, ...] | None = None
+) -> None:
     """``analysis.primary``'s names against the vocabulary: a verdict family, whose features (<= 3 of them, or
-    the whole family when it has <= 3) it names, and a declared baseline; else one :class:`ParamsError` line."""
+    the whole family when it has <= 3) it names, and a declared baseline; else one :class:`ParamsError` line.
+    With ``computed`` (``features.families``), also that the features stage computes what the endpoint and its
+    baseline read: a family switched off has no values, and the sweep could not answer its own question."""
     p = params.primary
     if p is None:
         return
     families = verdict_families() if families is None else families
+    read = [*(p.features or families.get(p.family, ())), *families.get(p.baseline.partition("+")[2], ())]
+    off = sorted({lookup(f).family.name for f in read if lookup(f) and not run_level(f)} - set(computed or ()))
     problems = [
         (p.family not in families, f"family {p.family!r} is not a verdict family ({', '.join(families)})"),
         (not set(p.features) <= set(families.get(p.family, ())), f"features {list(p.features)} not all in {p.family}"),
         (len(p.features or families.get(p.family, ())) > 3, f"{p.family} has > 3 features: declare <= 3 in features"),
         (p.baseline not in baselines(families), f"baseline {p.baseline!r} is not one of {list(baselines(families))}"),
+        (computed is not None and bool(off), f"it reads the families {off}, which features.families leaves out"),
     ]  # fmt: skip
     for bad, why in problems:
         if bad:
