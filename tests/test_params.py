@@ -297,3 +297,34 @@ def test_a_loss_unit_other_than_nats_or_bpb_is_one_params_error_naming_the_key()
         parse_params(raw)
     raw["analysis"]["loss_unit"] = "bpb"
     assert parse_params(raw).analysis.loss_unit == "bpb"
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "message"),
+    [
+        (
+            {"kind": "bpe", "vocab_size": 256},
+            r"^data\.tokenizer\.vocab_size must be between 257 and 65535 \(256 bytes.*got 256$",
+        ),
+        (
+            {"kind": "bpe", "vocab_size": 65_536},
+            r"^data\.tokenizer\.vocab_size must be between 257 and 65535 .*got 65536$",
+        ),
+        (
+            {"kind": "wordpiece", "vocab_size": 512},
+            r"^data\.tokenizer\.kind must be char or bpe, got 'wordpiece'; e\.g\.",
+        ),
+        ("sentencepiece", r"^data\.tokenizer\.kind must be char or bpe, got 'sentencepiece'"),
+        ({"kind": "bpe", "vocab": 512}, r"data\.tokenizer.*vocab"),
+    ],
+)
+def test_a_bad_tokenizer_is_one_params_error_naming_the_key(tokenizer, message):
+    raw = default_raw()
+    raw["data"] = raw["data"] | {"tokenizer": tokenizer}
+    with pytest.raises(ParamsError, match=message) as caught:
+        parse_params(raw)
+    assert "\n" not in str(caught.value)
+    raw["data"]["tokenizer"] = {"kind": "bpe", "vocab_size": 257}  # the edges are valid
+    assert parse_params(raw).data.tokenizer.vocab_size == 257
+    raw["data"]["tokenizer"] = {"kind": "bpe", "vocab_size": 65_535}
+    assert parse_params(raw).data.tokenizer.vocab_size == 65_535
