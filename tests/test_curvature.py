@@ -93,6 +93,8 @@ def test_logistic_regression_curvature_is_xt_diag_sigma_one_minus_sigma_x_over_n
     p = torch.sigmoid(x @ torch.tensor(w0)).numpy()
     h = (x.numpy().T * (p * (1 - p))) @ x.numpy() / 80
     np.testing.assert_allclose(top_eigenpairs(hvp, 5, k=2, iters=5).values, np.linalg.eigvalsh(h)[::-1][:2], rtol=1e-6)
+    basis = np.eye(5)
+    assert sum(basis[i] @ hvp(basis[i]) for i in range(5)) == pytest.approx(np.trace(h), rel=1e-10)
 
 
 def test_a_tiny_networks_top_eigenvalues_and_trace_equal_its_full_hessians():
