@@ -201,6 +201,12 @@ def test_bare_safetensors_files_with_sidecar_steps_and_the_series_config(local_s
     frame = result.features
     rep = frame[frame["feature"] == "rep_tp0"]
     assert rep["value"].isna().all() and rep["reason"].str.contains("config.json").all()
+    # every forward-pass family (loss surface, curvature, gradient clouds) is NULL with that reason, none missing
+    forward = frame[frame["feature"].str.match(r"^(ls_|hess_|gt_)")]
+    assert {"ls_hess_saddles", "hess_eig1", "hess_trace", "gt_tp0", "gt_net_tp0", "gt_noise_scale"} <= set(
+        forward["feature"]
+    )
+    assert forward["value"].isna().all() and forward["reason"].str.contains("config.json").all()
     assert values(result.features, 10)[("all", "np_norm")] == values(local_result.features, 10)[("all", "np_norm")]
     # with the series' config.json and tokenizer beside the files, everything equals the folder run
     shutil.copy(root / "step0" / "config.json", bare)
