@@ -108,7 +108,14 @@ def test_a_non_finite_loss_on_the_slices_is_null_with_the_reason_and_the_rest_is
     features, _ = read_log(tmp_path)
     rows = surface_of(features).set_index("feature")
     slices = rows[rows.index.str.startswith("ls_")]
-    assert slices["value"].isna().all() and set(slices["reason"]) == {"non-finite loss at 25 of 25 slice points"}
+    overflow = "non-finite loss at 25 of 25 slice points"
+    assert slices["value"].isna().all() and set(slices.loc[slices.index.str.startswith("ls_rand_"), "reason"]) == {
+        overflow
+    }
+    # the Hessian slice first needs the top eigenvectors: whether their float64 products or the float32 slice
+    # overflow first depends on the CPU's kernels (both seen on CI machines); either way NULL with that reason
+    hess = set(slices.loc[slices.index.str.startswith("ls_hess_"), "reason"])
+    assert len(hess) == 1 and hess <= {overflow, "non-finite Hessian-vector product"}
     weights = features[~features["feature"].isin(SURFACE)]
     assert weights["value"].notna().any()  # the weight features of the same snapshot are there
 
