@@ -20,7 +20,7 @@ medians of 5, one before and one after the families. On CPU every time is this p
 run), so other work on a shared machine inflates neither side of a ratio (idle threads spinning under load
 would). ``float64_gradients`` counts the curvature's gradients (one at the weights, one per Hessian product);
 ``total_fb`` is per loss-surface checkpoint, ``total_fb_per_ladder_checkpoint`` the same spread over every
-checkpoint of a default-ladder run (``features.landscape_every``: 6 of its 51 checkpoints at k = 10).
+checkpoint of a default-ladder run (``features.landscape_every``: 11 of its 51 checkpoints at the default k = 5).
 ``--surface-runs DIR ...`` adds the last checkpoint of each run folder, on the first windows of ``--corpus``'s
 validation tokens (a trained checkpoint's Lanczos stops early; the random inits above run all ``hessian_iters`` steps).
 ``--central`` also times the curvature with central-difference products over all ``hessian_iters`` steps
