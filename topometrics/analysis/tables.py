@@ -287,8 +287,7 @@ def _fit_row(kind, target, fit: stats.Fit, *, layer=None, rung=None, seed=None, 
 def _run_series(con, params: AnalysisParams) -> dict[tuple, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Per (rung, variant, seed): name -> (steps, values) of val_loss, np, grad_norm, weight_norm, topology features."""
     families = (f for fam in verdict_families().values() for f in fam if not run_level(f))
-    watched = (f for f in params.headline_features if kind(f) == "topological")  # the changepoint family's series
-    wanted = dict.fromkeys([*params.topology_features, *families, *watched])
+    wanted = dict.fromkeys([*params.topology_features, *families, *changepoint_series(params)])
     names = ", ".join(f"'{f}'" for f in wanted)
     frames = {
         "val_loss": f"SELECT rung, variant, seed, step, {CHOSEN_LOSS} AS value FROM checkpoints",
@@ -339,7 +338,7 @@ def _excluded_rows(run, params: AnalysisParams) -> tuple[list[dict], list[dict]]
 
 def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict, params: AnalysisParams | None = None):
     """Loss-curve predictions for one run and fraction, their fit rows, and the learned models' inputs (with
-    ``params``, also the changepoint family's, from ``analysis.headline_features`` of kind topological)."""
+    ``params``, also the changepoint family's, from the series :func:`changepoint_series` names)."""
     run_values = series.get((run.rung, run.variant, run.seed), {})
     cutoff = fraction * schedule.steps
     t, loss = run_values.get("val_loss", (np.array([]), np.array([])))
@@ -366,10 +365,16 @@ def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict, p
             if _trailing_window(name):  # its value at the last checkpoint is the window ending there
                 features[f"{name}_level"] = predict.value_at(steps, values, cutoff)
     if params is not None:
-        watched = [run_values[f] for f in params.headline_features if kind(f) == "topological" and f in run_values]
+        watched = [run_values[f] for f in changepoint_series(params) if f in run_values]
         found = changepoints.window_changepoints(watched, cutoff, schedule.steps, params.changepoint_penalty)
         features["cp_count"], features["cp_first"] = found
     return rows, fits, features
+
+
+def changepoint_series(params: AnalysisParams) -> tuple[str, ...]:
+    """The series whose changepoints the verdict's ``changepoints`` family reads: the topological
+    ``analysis.headline_features``."""
+    return tuple(f for f in params.headline_features if kind(f) == "topological")
 
 
 def _trailing_window(name: str) -> bool:
