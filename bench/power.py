@@ -10,9 +10,9 @@ features (2k columns: level and rate). Three kinds of family:
 - ``nuisance`` null: every column a noisy copy of the weight norm or a loss law plus recipe-level offsets:
   a family that tracks training, as topology does, yet adds nothing.
 
-Each run set goes through the product's own code: :func:`topometrics.analysis.inference.family_test`
+Each run set goes through the product's own code: :func:`topometrics.verdict.inference.family_test`
 (orthogonalised family, Clark-West statistic, cell-block permutation p) and
-:func:`topometrics.analysis.verdict.word` (the primary endpoint's verdict: test and minimum effect).
+:func:`topometrics.verdict.verdict.word` (the primary endpoint's verdict: test and minimum effect).
 Printed: % of run sets called ``adds`` per layout x CV scheme x family, then the whole result as one JSON line.
 Options: ``--layouts 3x4x8,2x4x4`` ``--reps 100`` ``--perms 99`` ``--k 3`` ``--jobs 1`` ``--cvs seed,variant,rung``
 ``--out FILE`` ``--need 0.8`` (also the fewest seeds per cell, rungs and recipes fixed, that reach this power
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from topometrics.analysis import inference, verdict
+from topometrics.verdict import inference, verdict
 
 SHARES = (0.1, 0.3, 0.5)
 SEED = 20261124

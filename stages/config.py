@@ -13,12 +13,12 @@ model's vocabulary is the prepared corpus's (128 characters, or the BPE's size).
 import json
 from pathlib import Path
 
-from topometrics.analysis.verdict import check_primary
 from topometrics.atomic import write_text
 from topometrics.errors import run_stage, stage_parser
 from topometrics.models.tokens import read_record, vocab_size
 from topometrics.params import load_params
 from topometrics.training.train import build_run_config
+from topometrics.verdict.verdict import check_primary
 
 
 def main(argv: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""Tests of topometrics.analysis.decisions against brute force, scipy and numpy."""
+"""Tests of topometrics.verdict.decisions against brute force, scipy and numpy."""
 
 import dataclasses
 import itertools
@@ -10,10 +10,11 @@ import pytest
 import scipy.stats
 from sklearn.metrics import roc_auc_score
 
-from topometrics.analysis import decisions, warehouse
-from topometrics.analysis.decisions import noise_ceiling, outlier_runs, pair_order_accuracy, robust_z
+from topometrics.analysis import warehouse
 from topometrics.params import AnalysisParams
 from topometrics.report import verdict as report_verdict
+from topometrics.verdict import decisions
+from topometrics.verdict.decisions import noise_ceiling, outlier_runs, pair_order_accuracy, robust_z
 
 
 def brute_force_accuracy(predicted, final, within=None) -> float:

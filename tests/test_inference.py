@@ -1,4 +1,4 @@
-"""topometrics.analysis.inference: the verdict's fit, statistic, permutation p and bounds against independent
+"""topometrics.verdict.inference: the verdict's fit, statistic, permutation p and bounds against independent
 computations, and the regressions it guards (co-varying inputs, nominal rates, group-tuned penalties)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from sklearn.linear_model import Ridge
 from sklearn.preprocessing import StandardScaler
 
 from bench import power
-from topometrics.analysis import inference, verdict
 from topometrics.params import AnalysisParams
+from topometrics.verdict import inference, verdict
 
 
 def test_a_covarying_input_is_not_attenuated():

@@ -23,8 +23,9 @@ MAY_IMPORT = {  # folder -> the folders it may import (besides SHARED); lower fl
     "training": {"models", "execution"},
     "features": {"models", "measures", "landscape", "execution", "training", "dynamics"},  # training: log, sketch
     "series": {"models", "measures", "landscape", "execution", "training", "features"},
-    "analysis": {"models", "execution", "dynamics"},  # dynamics: the changepoints of a run's series
-    "report": {"analysis"},
+    "verdict": set(),  # pure statistics over tables of runs
+    "analysis": {"models", "execution", "dynamics", "verdict"},  # dynamics: the changepoints of a run's series
+    "report": {"analysis", "verdict"},
 }
 
 

@@ -1,6 +1,6 @@
 """topometrics.report.answer: the report opens with the verdict in sentences, or why not and the command for one.
 
-The verdict views are computed by the real analysis (topometrics.analysis.verdict) from the synthetic runs of
+The verdict views are computed by the real analysis (topometrics.verdict.verdict) from the synthetic runs of
 tests/test_verdict.py, so the reasons grouped here are the ones the analysis writes.
 """
 
@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 from test_verdict import synthetic_runs, warehouse_with
 
-from topometrics.analysis import remedy, verdict
 from topometrics.params import AnalysisParams, ParamsError, PrimaryParams, parse_params
 from topometrics.report import answer as answer_module
 from topometrics.report import contents as report
 from topometrics.report import frames as report_frames
 from topometrics.report import html as report_html
 from topometrics.report.answer import answer
+from topometrics.verdict import remedy, verdict
 
 FAMILIES = {"weights_vr": ("vr_tp0", "vr_tp1"), "scale_free": ("vr_unit_tp0",), "heavy_tail": ("w_alpha", "rep_alpha")}
 FAST = AnalysisParams(permutations=49)  # smallest p 0.02: passes Holm's 0.025 over 2 topology rows

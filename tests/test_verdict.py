@@ -1,4 +1,4 @@
-"""topometrics.analysis.verdict and the topology_verdict view: known answers on synthetic run sets, bad input."""
+"""topometrics.verdict.verdict and the topology_verdict view: known answers on synthetic run sets, bad input."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from topometrics.analysis import inference, remedy, verdict, warehouse
+from topometrics.analysis import warehouse
 from topometrics.landscape.sublevel import SUMMARY_KEYS
 from topometrics.params import AnalysisParams, ParamsError, PrimaryParams
+from topometrics.verdict import inference, remedy, verdict
 from topometrics.vocabulary import verdict_families
 
 FRACTIONS = (0.1, 0.3, 0.5)

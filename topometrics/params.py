@@ -386,7 +386,7 @@ def _parse_analysis(raw: object) -> AnalysisParams:
 
 def _check_primary(params: Params) -> None:
     """The primary endpoint's shape against the declared runs (its names against the vocabulary are
-    topometrics.analysis.verdict.check_primary's: training must not depend on it)."""
+    topometrics.verdict.verdict.check_primary's: training must not depend on it)."""
     p = params.analysis.primary
     if p is None:
         return

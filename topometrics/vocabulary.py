@@ -27,7 +27,7 @@ batch's forward and backward pass: gradients, loss), ``states`` (its hidden stat
 point: never a row of the features tables, and so in no family the features stage computes).
 
 ``verdict`` names the family of inputs a family's features join in the between-run verdict
-(:mod:`topometrics.analysis.verdict`, :func:`verdict_families`); ``None`` leaves them out, and so does a
+(:mod:`topometrics.verdict.verdict`, :func:`verdict_families`); ``None`` leaves them out, and so does a
 feature's ``in_verdict = False``.
 
 To add a measure: compute it in its module (a pure function of arrays), add a :class:`Feature`
@@ -338,7 +338,7 @@ def run_level(name: str) -> bool:
 
 
 def verdict_families() -> dict[str, tuple[str, ...]]:
-    """The between-run verdict's families (:mod:`topometrics.analysis.verdict`): family name -> the ``layer='all'``
+    """The between-run verdict's families (:mod:`topometrics.verdict.verdict`): family name -> the ``layer='all'``
     features whose level and rate it adds, in :data:`FEATURES` order (families with a ``verdict`` name,
     less the features declared ``in_verdict=False``)."""
     out: dict[str, tuple[str, ...]] = {}

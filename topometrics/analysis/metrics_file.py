@@ -10,12 +10,13 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from topometrics.analysis import predict, verdict, warehouse
+from topometrics.analysis import predict, warehouse
 from topometrics.analysis import tables as analysis
 from topometrics.analysis.tables import DIVERGED, diverged_runs
 from topometrics.atomic import write_parquet, write_text
 from topometrics.execution.shards import params_digest
 from topometrics.params import AnalysisParams, Params
+from topometrics.verdict import verdict
 
 
 def write_analysis(params: Params, configs, runs, corpus, features, out: Path, metrics: Path, log=print) -> str:
@@ -49,7 +50,7 @@ def build_metrics(con, params: AnalysisParams) -> dict:
     A column per rung at most, never one per run, so an experiment's row stays readable however many
     seeds and variants it trains: ``final_val_loss.<rung>`` (mean over the rung's seeds, diverged runs
     left out), ``rho.<feature>`` (mean over runs of the layer-'all' rho with the validation loss, for
-    ``analysis.headline_features``), ``verdict`` (:func:`topometrics.analysis.verdict.verdict_metrics`),
+    ``analysis.headline_features``), ``verdict`` (:func:`topometrics.verdict.verdict.verdict_metrics`),
     the counts of ``runs`` and ``diverged_runs``, and the ``corpus``. Every other number (per run, per
     method, per fraction, intervals over seeds, fits) is a table or view of the warehouse.
     """

@@ -15,10 +15,11 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from topometrics.analysis import decisions, partial, predict, stats, verdict
+from topometrics.analysis import partial, predict, stats
 from topometrics.dynamics import changepoints
 from topometrics.models.lr_schedule import Schedule
 from topometrics.params import AnalysisParams, ParamsError
+from topometrics.verdict import decisions, verdict
 from topometrics.vocabulary import kind, lookup, run_level, verdict_families
 
 LOSS_ONLY = "loss_power_law"
@@ -50,8 +51,8 @@ def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
 
 
 def between_run_tables(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
-    """The ``incremental_validity`` and ``incremental_errors`` tables (:mod:`topometrics.analysis.verdict`, and the
-    outlier rows of :func:`topometrics.analysis.decisions.outlier_verdict`) over every run in ``con``, all recipe
+    """The ``incremental_validity`` and ``incremental_errors`` tables (:mod:`topometrics.verdict.verdict`, and the
+    outlier rows of :func:`topometrics.verdict.decisions.outlier_verdict`) over every run in ``con``, all recipe
     variants together (leave-one-variant-out needs them)."""
     _, _, inputs = _predictions_and_inputs(con, params, learned=False)
     validity, errors = verdict.incremental_validity(inputs, params)

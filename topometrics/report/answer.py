@@ -2,10 +2,10 @@
 
 From the ``topology_verdict`` view and the params snapshot the warehouse keeps in ``meta``: what was
 tested, against which baseline, on how many runs, and the verdict of every topological family together
-at each fraction of training (:data:`topometrics.analysis.verdict.HEADLINE_FAMILY`, in the scheme of
-:func:`topometrics.analysis.verdict.headline_scheme`). When nothing could be compared, one paragraph
+at each fraction of training (:data:`topometrics.verdict.verdict.HEADLINE_FAMILY`, in the scheme of
+:func:`topometrics.verdict.verdict.headline_scheme`). When nothing could be compared, one paragraph
 gives the reasons grouped by cause and the ``dvc exp run`` that makes the verdict computable, derived
-from the params (:func:`topometrics.analysis.remedy.remedy`).
+from the params (:func:`topometrics.verdict.remedy.remedy`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from topometrics.analysis import remedy as analysis_remedy
-from topometrics.analysis import verdict as analysis_verdict
 from topometrics.report.frames import Missing
 from topometrics.report.verdict import CV_WORDS, FAMILY_WORDS, sentence
+from topometrics.verdict import remedy as analysis_remedy
+from topometrics.verdict import verdict as analysis_verdict
 from topometrics.vocabulary import verdict_families
 
 QUESTION = (

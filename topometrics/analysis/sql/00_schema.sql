@@ -118,7 +118,7 @@ CREATE TABLE tests (
     p_bonferroni DOUBLE, significant BOOLEAN, reason VARCHAR
 );
 
--- Between-run incremental validity (topometrics.analysis.verdict): per cv scheme x fraction x nested comparison,
+-- Between-run incremental validity (topometrics.verdict.verdict): per cv scheme x fraction x nested comparison,
 -- the paired difference of absolute final-loss errors (model with the family minus without).
 CREATE TABLE incremental_validity (
     cv VARCHAR NOT NULL,               -- leave-one-<cv>-out: seed, variant or rung
@@ -139,7 +139,7 @@ CREATE TABLE incremental_validity (
     bound_share DOUBLE,                -- -ci_low / mae_without: the largest gain the data allow
     seed_sd DOUBLE,                    -- pooled within-cell SD of the final loss (nats): the noise ceiling
     decision_without DOUBLE, decision_with DOUBLE, decision_current DOUBLE,  -- share of run pairs ordered right
-    n_outliers INTEGER,                -- role 'outlier' (topometrics.analysis.decisions): outlier runs among n
+    n_outliers INTEGER,                -- role 'outlier' (topometrics.verdict.decisions): outlier runs among n
     auroc_without DOUBLE, auroc_with DOUBLE,  -- ... within-cell AUROC of the predicted final loss for them
     auroc_low DOUBLE, auroc_high DOUBLE,      -- ... one-sided 95% bounds of auroc_with - auroc_without (cells)
     statistic DOUBLE,                  -- Clark-West mean 2 e_without (pred_with - pred_without), nats^2;

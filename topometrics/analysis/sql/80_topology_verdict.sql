@@ -1,6 +1,6 @@
 -- topology_verdict (view, v2): what each family of inputs adds to the prediction of a run's final
--- validation loss, per cross-validation scheme x training fraction (topometrics.analysis.verdict, which
--- computes the test, the bounds and the verdict word; topometrics.analysis.inference, the statistics).
+-- validation loss, per cross-validation scheme x training fraction (topometrics.verdict.verdict, which
+-- computes the test, the bounds and the verdict word; topometrics.verdict.inference, the statistics).
 -- role: 'primary' (the pre-registered endpoint, judged alone at alpha), 'topology' (exploratory:
 -- p_adjusted is Holm over the topology rows of the scheme), 'context' (baselines and the all-families
 -- row, uncorrected). Verdict words:
@@ -12,7 +12,7 @@
 --                               analysis.equivalence_margin
 --   no evidence                 otherwise
 -- Errors in units of the seed-to-seed SD of the final loss: mae_*_sd = mae_* / seed_sd.
--- role 'outlier' (topometrics.analysis.decisions.outlier_verdict, leave-one-seed-out): does the family make
+-- role 'outlier' (topometrics.verdict.decisions.outlier_verdict, leave-one-seed-out): does the family make
 -- the predicted final loss rank the outlier runs (final loss > analysis.outlier_sd robust SDs above their
 -- cell's other seeds) above their cell-mates? n_outliers, auroc_without / auroc_with (within-cell AUROC),
 -- auroc_low / auroc_high (one-sided 95% bounds of the gain, cell bootstrap), statistic = the AUROC gain;

@@ -13,8 +13,8 @@ import re
 
 import pandas as pd
 
-from topometrics.analysis.verdict import MIN_CHECKPOINTS, MIN_GROUPS
 from topometrics.params import FeaturesParams
+from topometrics.verdict.verdict import MIN_CHECKPOINTS, MIN_GROUPS
 
 SURFACE_FAMILIES = ("landscape", "curvature")  # computed every features.landscape_every-th checkpoint only
 SURFACE_POINTS = 3  # finite points a level and a rate need (topometrics.analysis.predict.window_summary)

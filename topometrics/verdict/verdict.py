@@ -7,7 +7,7 @@ at a different final loss than their loss curve so far and their weight norm alr
 Every comparison predicts each run's final validation loss (as the drop from the last observed one)
 with a base model and with the base plus a family of inputs (each feature's level and rate),
 leave-one-group-out (groups: seed, recipe variant, rung); the test, its p-value and its bounds are
-:mod:`topometrics.analysis.inference` (family orthogonalised on the base inside each training fold,
+:mod:`topometrics.verdict.inference` (family orthogonalised on the base inside each training fold,
 one-sided Clark-West statistic, p from refits with the family's rung x recipe cells permuted within
 their rung, one-sided 95 % bounds with the cells as units). The comparisons (:func:`comparisons`):
 
@@ -38,8 +38,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from topometrics.analysis import inference
 from topometrics.params import AnalysisParams, ParamsError
+from topometrics.verdict import inference
 from topometrics.vocabulary import kind, lookup, run_level, verdict_families
 
 LOSS_INPUTS = ("loss_drop", "mpl_drop", "tissue_drop")  # the per-run laws' predicted drop from the anchor

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from topometrics.analysis import inference, verdict
 from topometrics.params import AnalysisParams
+from topometrics.verdict import inference, verdict
 from topometrics.vocabulary import verdict_families
 
 MAD_TO_SD = 1.4826  # the median absolute deviation times this estimates the SD of a normal sample
@@ -247,7 +247,7 @@ def outlier_test(base, extra, target, anchor, outlier, groups, cells, n_perm: in
                  candidates=None, stop: int = 0, n_boot: int = 1000) -> OutlierTest:  # fmt: skip
     """Does ``extra`` make the out-of-fold predicted final loss rank the outlier runs above their cell-mates?
 
-    The models are the verdict's (:func:`topometrics.analysis.inference.base_folds` and ``with_family``:
+    The models are the verdict's (:func:`topometrics.verdict.inference.base_folds` and ``with_family``:
     leave-one-group-out, the family orthogonalised on the base inside each training fold); a run's score is
     ``anchor`` + its predicted drop (``target`` = final - anchor). Statistic: AUROC(with) - AUROC(without)
     (:func:`within_cell_auroc`); p from refits with the family's rows permuted among the seeds of each cell
@@ -299,13 +299,13 @@ def outlier_verdict(
 
     Parameters
     ----------
-    inputs : the verdict's inputs (:func:`topometrics.analysis.verdict.incremental_validity`)
+    inputs : the verdict's inputs (:func:`topometrics.verdict.verdict.incremental_validity`)
     params : ``outlier_sd``, ``outlier_min_gain``, ``permutations``, ``seed``, ``alpha``, ``bootstrap``
     families : family name -> features (default the vocabulary's verdict families; only topological ones run)
 
     Returns
     -------
-    DataFrame with :data:`topometrics.analysis.verdict.VERDICT_COLUMNS`; ``statistic`` is the AUROC gain.
+    DataFrame with :data:`topometrics.verdict.verdict.VERDICT_COLUMNS`; ``statistic`` is the AUROC gain.
     """
     params = AnalysisParams() if params is None else params
     families = verdict_families() if families is None else families

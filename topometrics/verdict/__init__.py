@@ -1,0 +1,7 @@
+"""The verdict: does a family predict a run's final loss beyond what the researcher already knows?
+
+Entry points: ``verdict.comparisons`` / ``verdict.word`` (between-run incremental validity: the
+comparisons, Holm, the verdict words); ``inference`` (its fit, Clark-West statistic, cell-block
+permutation p, cell bounds); ``decisions`` (pair-order accuracy, the seed-to-seed noise ceiling,
+outlier runs and ``outlier_verdict``); ``remedy`` (what makes the verdict computable).
+"""
