@@ -50,7 +50,8 @@ from bench.dynamics import dynamics_main
 from bench.train import bench_clock, median_seconds, synchronize
 from topometrics.execution.compute import map_jobs
 from topometrics.features.checkpoint import loss_surface, validation_batch, weight_features
-from topometrics.features.run_shards import read_tables, run_shards
+from topometrics.features.run_shards import read_tables
+from topometrics.features.sweep import run_shards
 from topometrics.landscape.slice import random_direction
 from topometrics.landscape.surface import SurfaceSettings, curvature_values, slice_values
 from topometrics.models.checkpoints import list_checkpoints, load_model, load_state, save_checkpoint

@@ -89,7 +89,7 @@ LIVE_VIEW_ONLY = {"train": REPO / "topometrics" / "features" / "monitor.py"}
 def test_stage_deps_are_the_import_closure_of_its_script(stage):
     deps = STAGES[stage]["deps"]
     name = re.match(r"python stages/(\w+)\.py", STAGES[stage]["cmd"]).group(1)
-    assert name == stage or stage.endswith(f"_{name}")  # variant_features: a second matrix of features.py
+    assert name == stage
     script = REPO / "stages" / f"{name}.py"
     assert f"stages/{name}.py" in deps
     excluded = frozenset({LIVE_VIEW_ONLY[stage]} if stage in LIVE_VIEW_ONLY else ())

@@ -19,7 +19,8 @@ from topometrics.features.checkpoint import (
     validation_batch,
 )
 from topometrics.features.distances import distance_features
-from topometrics.features.run_shards import read_tables, run_shards
+from topometrics.features.run_shards import read_tables
+from topometrics.features.sweep import run_shards
 from topometrics.models.checkpoints import save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names
 from topometrics.params import FeaturesParams
@@ -56,6 +57,26 @@ def write_run(root, steps):
             "train_loss": 4.0,
         }
         save_checkpoint(root / "run", tiny_model(step), meta)
+
+
+def stage_project(root, steps, features: dict) -> list[str]:
+    """A folder the features stage runs in: one run ``runs/tiny-42`` (``write_run``), the corpus, and a
+    params.yaml declaring only that run, with ``features`` overrides; returns the stage's command line."""
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    write_run(root, steps)
+    (root / "runs").mkdir()
+    (root / "run").rename(root / "runs" / "tiny-42")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["features"] |= features
+    params |= {"ladder": {"tiny": {}}, "variants": {}}
+    params["train"]["seeds"] = [42]
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return [sys.executable, str(repo / "stages/features.py"), "--runs", "runs", "--corpus", "corpus", "--out", "out"]
 
 
 def run_tables(run_dir, corpus, out, params=PARAMS):
@@ -190,20 +211,15 @@ def test_kill_9_of_the_features_stage_leaves_no_process_behind(tmp_path):
     import os
     import signal
     import subprocess
-    import sys
     import time
     from pathlib import Path
 
     import psutil
-    import yaml
 
     repo = Path(__file__).resolve().parents[1]
-    write_run(tmp_path, range(0, 4000, 100))  # 40 checkpoints: seconds of work for two workers
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["features"] |= {"workers": 2, "rep_points": 60, "rep_batch": 4, "betti_scales": 4}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    cmd = [sys.executable, str(repo / "stages/features.py"), "--runs", "run", "--corpus", "corpus"]
-    stage = subprocess.Popen([*cmd, "--out", "out"], cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(repo)})
+    features = {"workers": 2, "rep_points": 60, "rep_batch": 4, "betti_scales": 4}
+    cmd = stage_project(tmp_path, range(0, 4000, 100), features)  # 40 checkpoints: seconds of work for two workers
+    stage = subprocess.Popen(cmd, cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(repo)})
     family = []
     try:
         deadline = time.time() + 600  # a guard against a hang only

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 from distributed import Client
 from test_cluster import worker_pids
-from test_features import PARAMS, run_tables, write_run
+from test_features import PARAMS, run_tables, stage_project, write_run
 
 from topometrics.execution.cluster import local_cluster
 from topometrics.execution.shards import ShardKey, params_digest, scan
-from topometrics.features.run_shards import run_shards
+from topometrics.features.sweep import run_shards
 from topometrics.params_sources import ComputeParams
 
 STEPS = (0, 100, 200, 300)
@@ -113,27 +113,21 @@ def test_on_a_dask_cluster_with_a_worker_killed_mid_run_nothing_is_missing_or_tw
 
 def test_a_failed_checkpoint_fails_the_stage_in_one_line_after_the_others_are_written(tmp_path):
     import subprocess
-    import sys
-    from pathlib import Path
 
-    import yaml
-
-    repo = Path(__file__).resolve().parents[1]
-    write_run(tmp_path, (0, 100, 200))
-    damaged = tmp_path / "run" / "step_000100.safetensors"
+    cmd = stage_project(tmp_path, (0, 100, 200), {"workers": 1, "rep_points": 60, "rep_batch": 4, "betti_scales": 4})
+    damaged = tmp_path / "runs/tiny-42/step_000100.safetensors"
     damaged.write_bytes(damaged.read_bytes()[:100])
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["features"] |= {"workers": 1, "rep_points": 60, "rep_batch": 4, "betti_scales": 4}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    cmd = [sys.executable, str(repo / "stages/features.py"), "--runs", "run", "--corpus", "corpus", "--out", "out"]
     stage = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert stage.returncode == 1, stage.stderr
-    assert "features@run: 3 checkpoints, 2 computed, 0 already current, 1 failed" in stage.stdout
+    assert "features@tiny-42: 3 checkpoints, 2 computed, 0 already current, 1 failed" in stage.stdout
     (error,) = [line for line in stage.stderr.splitlines() if line.startswith("error: ")]  # the others: progress
-    assert error.startswith("error: features@run: 1 checkpoints failed (step 100: step_000100.safetensors: truncated (")
+    assert error.startswith("error: features@tiny-42: 1 checkpoints failed (step 100: step_000100.safetensors: trunc")
     assert "`dvc repro` recomputes it (the train stage, identically)" in error
     assert error.endswith("; the others are written, re-run to retry them") and "Traceback" not in stage.stderr
-    assert sorted(p.parent.name for p in (tmp_path / "out").glob("**/features.parquet")) == ["step=0", "step=200"]
+    assert sorted(p.parent.name for p in (tmp_path / "out/tiny-42").glob("**/features.parquet")) == [
+        "step=0",
+        "step=200",
+    ]
 
 
 def test_a_checkpoint_changed_after_training_is_named_and_not_read_and_one_without_a_hash_is_read_unverified(tmp_path):
@@ -175,3 +169,36 @@ def test_a_resumed_stage_counts_the_checkpoints_it_reuses_as_current_not_compute
     run = run_shards(root / "run", root / "corpus", PARAMS, out, progress=lines.append)
     assert f"{len(STEPS)} checkpoints, 0 computed, {len(STEPS)} already current, 0 failed" in lines[-1]
     assert len(run.computed) == len(STEPS)  # the distance shards, written again
+
+
+def test_one_sweep_over_several_runs_writes_each_runs_shards_as_alone_and_names_a_run_without_checkpoints(
+    tiny, tmp_path
+):
+    import json
+    import shutil
+
+    from topometrics.features.sweep import RunShards, sweep_shards
+    from topometrics.models.checkpoints import CheckpointError
+
+    root, features, diagrams = tiny
+    shutil.copytree(root / "run", tmp_path / "a")
+    shutil.copytree(root / "run", tmp_path / "b")
+    for sidecar in (tmp_path / "b").glob("step_*.json"):  # the same weights, recorded as another seed
+        sidecar.write_text(json.dumps(json.loads(sidecar.read_text()) | {"seed": 7}))
+    (tmp_path / "empty").mkdir()
+    runs = [RunShards(tmp_path / name, tmp_path / "out" / name) for name in ("a", "b", "empty")]
+    lines = []
+    with pytest.raises(CheckpointError, match=r"empty: no complete checkpoints"):
+        sweep_shards(runs, root / "corpus", PARAMS, progress=lines.append)
+    for name, seed in (("a", 42), ("b", 7)):  # written before the error, each as run_shards alone writes it
+        got_features, got_diagrams = read_back(tmp_path / "out" / name)
+        assert set(got_features["seed"]) == {seed}
+        same_rows(got_features.assign(seed=42), features, ["step", "layer", "feature"])
+        same_rows(got_diagrams.assign(seed=42), diagrams, ["step", "source", "layer", "dim", "birth", "death"])
+    assert "features@a: 4 checkpoints, 4 computed, 0 already current, 0 failed" in lines[0]
+    assert lines[-1].startswith("features: 3 runs, 8 checkpoints, 0 failed, 1 runs without checkpoints")
+
+    lines = []  # every shard current: nothing computed, no line per run, one summary
+    done = sweep_shards(runs[:2], root / "corpus", PARAMS, progress=lines.append)
+    assert all(not r.computed and {k.step for k in r.reused} == set(STEPS) for r in done.values())
+    assert len(lines) == 1 and lines[0].startswith("features: 2 runs, 8 checkpoints, 0 failed, 0 runs without")

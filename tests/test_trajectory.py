@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from topometrics.dynamics.phdim import trailing_dimension
-from topometrics.features.run_shards import read_tables, run_shards
+from topometrics.features.run_shards import read_tables
+from topometrics.features.sweep import run_shards
 from topometrics.features.trajectory import NO_SKETCH, Iterates, checkpoint_iterates, trajectory_values, window
 from topometrics.models.checkpoints import save_checkpoint
 from topometrics.models.model import GPT, GPTConfig

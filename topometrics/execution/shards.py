@@ -277,6 +277,7 @@ class Task:
     key: ShardKey
     fingerprint: Fingerprint
     job: object
+    root: Path | None = None  # its shard root when not the one compute_shards is given (one sweep, many runs)
 
 
 @dataclass
@@ -302,7 +303,7 @@ class ShardRun:
 
 
 def compute_shards(
-    root: Path,
+    root: Path | None,
     tasks: list[Task],
     fn: Callable,
     map_jobs: Callable[[Callable, list], Iterator[tuple[int, object]]],
@@ -315,12 +316,14 @@ def compute_shards(
     checkpoint's failure; ``map_jobs(fn, jobs)`` runs it wherever the execution seam says and
     yields ``(index, result)``. Each result is written as soon as it arrives, so a killed run keeps
     what it finished. A shard whose pages changed after it was written is recomputed and listed in
-    ``damaged``.
+    ``damaged``. A task with its own ``root`` is written there (``root`` may then be None): the jobs of
+    every run of a sweep share one pool.
     """
-    remove_temporaries(root)
+    for folder in {task.root or root for task in tasks}:
+        remove_temporaries(folder)
     run, todo = ShardRun(), []
     for task in tasks:
-        state = shard_state(root, task.key, task.fingerprint, tables)
+        state = shard_state(task.root or root, task.key, task.fingerprint, tables)
         if state is None:
             run.reused.append(task.key)
             continue
@@ -332,7 +335,7 @@ def compute_shards(
         if isinstance(result, BaseException):
             run.failed[task.key] = str(result)
             continue
-        write_shard(root, task.key, task.fingerprint, {t: result[t] for t in tables}, result.get("info"))
+        write_shard(task.root or root, task.key, task.fingerprint, {t: result[t] for t in tables}, result.get("info"))
         run.computed.append(task.key)
     return run
 

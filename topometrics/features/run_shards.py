@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +34,6 @@ from topometrics.execution.shards import (
     Task,
     compute_shards,
     is_current,
-    module_source_hash,
-    params_digest,
-    prune,
     stored_info,
 )
 from topometrics.features.checkpoint import (
@@ -56,15 +52,11 @@ from topometrics.features.gradient_cloud import gradient_batch
 from topometrics.features.trajectory import NO_SKETCH, Iterates, trajectory_values, window
 from topometrics.models.checkpoints import (
     Checkpoint,
-    CheckpointError,
     content_problem,
-    list_checkpoints,
     load_state,
     safetensors_problem,
 )
-from topometrics.models.model import linear_layer_names
-from topometrics.models.tokens import load_tokens, read_record, token_bytes
-from topometrics.params import BASE_VARIANT, FeaturesParams
+from topometrics.params import FeaturesParams
 from topometrics.params_sources import ComputeParams
 from topometrics.training.sketch import read_sketch
 
@@ -94,62 +86,6 @@ class DistanceJob:
     extra: dict  # the series/revision columns of its feature shard ({} for our runs)
     params: FeaturesParams | None = None  # features.families: distances switched off are NULL with the reason
     iterates: tuple[Iterates | str, Iterates | str] = (NO_SKETCH, "no checkpoint iterates given")  # trajectory
-
-
-def run_shards(
-    run_dir: Path,
-    corpus_dir: Path,
-    params: FeaturesParams,
-    out: Path,
-    compute: ComputeParams | None = None,
-    progress: Callable[[str], None] = lambda line: None,
-) -> ShardRun:
-    """Feature, diagram and distance shards of every checkpoint of one run directory, under ``out``.
-
-    Each shard's rung, variant and seed are those its checkpoint records (checkpoints describe
-    themselves). Shards of checkpoints the run no longer has are deleted, and so is the shard of a checkpoint
-    that failed this time (never a stale one left to be read). Returns what was computed and reused;
-    ``progress`` gets one summary line. Raises :class:`CheckpointError` for a run without checkpoints and,
-    after writing the others, when a checkpoint failed (its distances to its neighbours are not computed).
-    """
-    start = time.monotonic()
-    ckpts = list_checkpoints(Path(run_dir))
-    if not ckpts:
-        raise CheckpointError(f"{run_dir}: no complete checkpoints (step_*.safetensors + .json); run training first")
-    tokens = load_tokens(corpus_dir, "val")
-    record = read_record(corpus_dir) if (Path(corpus_dir) / "source.json").exists() else {}
-    lengths = token_bytes(Path(corpus_dir), record, tokens)
-    code, digest = module_source_hash(__name__), params_digest(params)
-    batch = hashlib.sha256(tokens.tobytes()).hexdigest()[:16]
-    tasks, label, changed = [], f"features@{Path(run_dir).name}", ShardRun()
-    weights, damaged = verified_weights(ckpts, label, progress)
-    for index, ckpt in enumerate(ckpts):
-        name, variant = ckpt.meta.get("rung", Path(run_dir).name), ckpt.meta.get("variant", BASE_VARIANT)
-        key = ShardKey(name, variant, int(ckpt.meta.get("seed", -1)), ckpt.step)
-        due = index % params.landscape_every == 0  # in the inputs: a removed checkpoint shifts the others
-        fingerprint = Fingerprint(f"weights {weights[ckpt.step]} tokens {batch} surface {due}", digest, code)
-        tasks.append(Task(key, fingerprint, CheckpointJob(ckpt, key, tokens, params, index, lengths)))
-        if ckpt.step in damaged:
-            changed.failed[key] = damaged[ckpt.step]
-    todo = [t for t in tasks if t.key not in changed.failed]
-    own = changed.merge(compute_shards(out, todo, _checkpoint_tables, mapper(params, compute, "features"), TABLES))
-    layers = linear_layer_names(ckpts[0].config.layers)
-    fine = [t for t in tasks if t.key not in own.failed]
-    iterates = run_iterates(Path(run_dir), out, fine, params)
-    run = own.merge(distance_shards(out, fine, layers, params, compute, iterates))
-    prune(out, [t.key for t in tasks if t.key not in run.failed])
-    keys, computed = {t.key for t in tasks}, set(own.computed)  # renewed distances alone are not a computed checkpoint
-    progress(
-        f"{label}: {len(keys)} checkpoints, {len(computed)} computed, {len(keys - computed - set(run.failed))} "
-        f"already current, {len(run.failed)} failed, {time.monotonic() - start:.1f} s -> {out}{run.damage_note()}"
-    )
-    if run.failed:
-        first, reason = next(iter(run.failed.items()))
-        raise CheckpointError(
-            f"{label}: {len(run.failed)} checkpoints failed (step {first.step}: {reason}); "
-            "the others are written, re-run to retry them"
-        )
-    return run
 
 
 def verified_weights(ckpts: list[Checkpoint], label: str, progress: Callable[[str], None]) -> tuple[dict, dict]:
@@ -217,6 +153,18 @@ def distance_shards(
     so a recomputed checkpoint also renews its successor's distances. Jobs carry the two diagram tables (read
     here) and the window's iterates.
     """
+    tasks = distance_tasks(root, tasks, layers, params, iterates)
+    return compute_shards(root, tasks, distance_tables, mapper(params, compute, "distances"), ("distances",))
+
+
+def distance_tasks(
+    root: Path,
+    tasks: list[Task],
+    layers: list[str],
+    params: FeaturesParams,
+    iterates: tuple[Iterates | str, Iterates | str] = (NO_SKETCH, "no checkpoint iterates given"),
+) -> list[Task]:
+    """:func:`distance_shards`' tasks (a job only where the shard is not current), shards under ``root``."""
     jobs, prev = [], None
     for task in tasks:
         before = prev.fingerprint.digest if prev else "none"
@@ -231,9 +179,9 @@ def distance_shards(
             previous = None if prev is None else read_table(root, prev.key, "diagrams")
             current = read_table(root, task.key, "diagrams")
             job = DistanceJob(previous, current, layers, task.key, _extra(root, task.key), params, windows)
-        jobs.append(Task(task.key, fingerprint, job))
+        jobs.append(Task(task.key, fingerprint, job, root))
         prev = task
-    return compute_shards(root, jobs, _distance_tables, mapper(params, compute, "distances"), ("distances",))
+    return jobs
 
 
 def read_tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -259,7 +207,7 @@ def read_tables(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 # ---------------------------------------------------------------------------
 
 
-def _checkpoint_tables(job: CheckpointJob) -> dict:
+def checkpoint_tables(job: CheckpointJob) -> dict:
     batch = validation_batch(job.tokens, job.ckpt.config.context, job.params.rep_batch)
     surface = surface_batch(job.tokens, job.ckpt.config.context, job.params, job.index)
     n_bytes = None if job.token_bytes is None else float(job.token_bytes[batch[1].numpy()].sum())
@@ -269,7 +217,7 @@ def _checkpoint_tables(job: CheckpointJob) -> dict:
     return frames(result, job.key, {})
 
 
-def _distance_tables(job: DistanceJob) -> dict:
+def distance_tables(job: DistanceJob) -> dict:
     prev = None if job.previous is None else _diagrams(job.previous)
     result = distance_features(prev, _diagrams(job.current), job.layers)
     if job.params is not None:
