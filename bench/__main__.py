@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-BENCHMARKS = ("train", "np", "features", "series", "scale", "monitor", "verify", "power")
+BENCHMARKS = ("train", "np", "features", "series", "scale", "monitor", "verify", "power", "sweep")
 
 
 def main(argv: list[str]) -> int:

@@ -88,7 +88,7 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
     a_files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (project / "data/runs/a-42").iterdir()}
     exp = run(["dvc", "exp", "run", "-S", "train.hidden=16", "analysis"], project)
     assert "1 complete, 1 to train" in exp and "[b-42] step 40/40" in exp and "[a-42] step" not in exp
-    assert "Running stage 'features@b-42'" in exp and "Running stage 'features@a-42'" not in exp
+    assert "features@b-42: 5 checkpoints, 5 computed" in exp and "features@a-42:" not in exp  # a's shards: current
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (project / "data/runs/a-42").iterdir()} == a_files
     assert "train.hidden" in run(["dvc", "exp", "show", "--no-pager", "--csv"], project)
     diff = run(["dvc", "metrics", "diff", "--all", "--md"], project)
@@ -99,14 +99,14 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
     # overriding one rung re-runs only its chain; adding a rung adds its stages
     exp = run(["dvc", "exp", "run", "-S", "ladder.a.hidden=12", "-S", "ladder.a.heads=2", "train"], project)
     assert "[a-42] step 40/40" in exp and "[b-42] step" not in exp
-    exp = run(["dvc", "exp", "run", "-S", "+ladder.c={hidden: 4, layers: 1, heads: 1}", "features@c-42"], project)
-    assert "[c-42] step 40/40" in exp and "[a-42] step" not in exp and "Running stage 'features@c-42'" in exp
+    exp = run(["dvc", "exp", "run", "-S", "+ladder.c={hidden: 4, layers: 1, heads: 1}", "features"], project)
+    assert "[c-42] step 40/40" in exp and "[a-42] step" not in exp and "features@c-42: 5 checkpoints, 5 computed" in exp
     back_to_baseline(project)
 
     # a second seed trains only the new runs, and one warehouse holds both seeds with across-seed CIs
     exp = run(["dvc", "exp", "run", "-S", "train.seeds=[42,7]"], project)
-    assert "2 complete, 2 to train" in exp and "Running stage 'features@b-7'" in exp
-    assert "[a-42] step" not in exp and "Running stage 'features@b-42'" not in exp
+    assert "2 complete, 2 to train" in exp and "features@b-7: 5 checkpoints, 5 computed" in exp
+    assert "[a-42] step" not in exp and "features@b-42:" not in exp
     with duckdb.connect(str(project / "data/warehouse.duckdb"), read_only=True) as con:
         seeds = con.execute("select rung, list(distinct seed order by seed) from checkpoints group by rung").fetchall()
         assert sorted(seeds) == [("a", [7, 42]), ("b", [7, 42])]
@@ -121,8 +121,8 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
 
     # a recipe variant adds only its runs; the warehouse keys every run by variant, the analysis reads one variant
     exp = run(["dvc", "exp", "run", "-S", "+variants.lr_hi={lr: 0.006}"], project)
-    assert "2 complete, 2 to train" in exp and "Running stage 'variant_features@b-lr_hi-42'" in exp
-    assert "Running stage 'features@b-42'" not in exp
+    assert "2 complete, 2 to train" in exp and "features@b-lr_hi-42: 5 checkpoints, 5 computed" in exp
+    assert "features@b-42:" not in exp
     with duckdb.connect(str(project / "data/warehouse.duckdb"), read_only=True) as con:
         runs = con.execute("select rung, variant, seed, lr from runs where kind = 'ladder' order by all").fetchall()
         assert runs == [("a", "base", 42, 0.003), ("a", "lr_hi", 42, 0.006), ("b", "base", 42, 0.003),
