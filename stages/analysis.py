@@ -13,6 +13,8 @@ warehouse stage to load, plus the metrics that `dvc metrics diff` compares. The 
 
 from pathlib import Path
 
+import checkout  # noqa: F401 (first: this checkout's topometrics, not the environment's)
+
 from topometrics.analysis.metrics_file import write_analysis
 from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params

@@ -13,6 +13,8 @@ model's vocabulary is the prepared corpus's (128 characters, or the BPE's size).
 import json
 from pathlib import Path
 
+import checkout  # noqa: F401 (first: this checkout's topometrics, not the environment's)
+
 from topometrics.atomic import write_text
 from topometrics.errors import run_stage, stage_parser
 from topometrics.models.tokens import read_record, vocab_size

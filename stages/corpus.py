@@ -9,6 +9,8 @@ data.tokenizer: {kind: bpe, vocab_size: N} it trains a byte-level BPE on the tra
 
 from pathlib import Path
 
+import checkout  # noqa: F401 (first: this checkout's topometrics, not the environment's)
+
 from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params
 from topometrics.training.corpus import prepare, summary

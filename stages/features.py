@@ -13,6 +13,8 @@ stage after the others are written.
 
 from pathlib import Path
 
+import checkout  # noqa: F401 (first: this checkout's topometrics, not the environment's)
+
 from topometrics.errors import run_stage, stage_parser
 from topometrics.features.sweep import RunShards, sweep_shards
 from topometrics.params import load_params

@@ -8,6 +8,8 @@ Reads the warehouse read-only; a missing status file of the series stage is show
 import time
 from pathlib import Path
 
+import checkout  # noqa: F401 (first: this checkout's topometrics, not the environment's)
+
 from topometrics.errors import run_stage, stage_parser
 from topometrics.report.html import write_report
 

@@ -9,6 +9,7 @@ filled cache) computes what was skipped.
 import json
 from pathlib import Path
 
+import checkout  # noqa: F401 (first: this checkout's topometrics, not the environment's)
 from threadpoolctl import threadpool_limits
 from transformers.utils import logging as hf_logging
 

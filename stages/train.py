@@ -16,6 +16,8 @@ A run directory that holds another run is refused, untouched.
 
 from pathlib import Path
 
+import checkout  # noqa: F401 (first: this checkout's topometrics, not the environment's)
+
 from topometrics.errors import run_stage, stage_parser
 from topometrics.params import FeaturesParams, TrainParams, load_params
 from topometrics.training.run_queue import ObserverFactory, TrainPaths, train_declared

@@ -9,6 +9,8 @@ The only writer of the DuckDB file. Built in a temporary file and renamed into p
 
 from pathlib import Path
 
+import checkout  # noqa: F401 (first: this checkout's topometrics, not the environment's)
+
 from topometrics.analysis import warehouse
 from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params

@@ -18,7 +18,9 @@ and neither is anything else secret.
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +30,7 @@ from topometrics.params_sources import SecurityParams
 
 LOCAL = "local"
 _ADDRESS = re.compile(r"^(tcp|tls)://[^/\s]+:\d+$")
+_MAX_GREETING = 2**20  # bytes: a scheduler's first message (its handshake) is a few dozen
 
 
 class ClusterError(TopometricsError, RuntimeError):
@@ -83,6 +86,7 @@ def connect(cluster: str, tls: SecurityParams | None = None, timeout_s: float = 
 
     where = describe(cluster)
     kwargs = _client_kwargs(cluster, tls)
+    _check_answers_as_dask(kwargs, where, timeout_s)
     try:
         client = Client(timeout=timeout_s, set_as_default=False, **kwargs)
     except (OSError, TimeoutError, ValueError, TypeError) as err:
@@ -101,6 +105,73 @@ def connect(cluster: str, tls: SecurityParams | None = None, timeout_s: float = 
         yield client
     finally:
         client.close()
+
+
+def check_workers(client, cluster: str, visible: list[Path], resources: dict[str, float]) -> None:
+    """Before any job: every worker sees each folder of ``visible`` (a filesystem shared with this machine),
+    and some worker declares each resource of ``resources`` (``dask worker --resources GPU=1``).
+
+    Raises :class:`ClusterError` naming the first worker and path it cannot see, or the missing resource:
+    a job would otherwise fail on that worker, or wait for a worker that never comes.
+    """
+    where = describe(cluster)
+    if visible:
+        missing = client.run(_missing, [str(p) for p in visible])
+        for worker, path in sorted(missing.items()):
+            if path is not None:
+                raise ClusterError(
+                    f"the Dask worker {worker} of {where} cannot see {path}; run the workers on a filesystem "
+                    "shared with this workspace (same path), or set compute.cluster: local"
+                )
+    declared = {name for info in client.scheduler_info()["workers"].values() for name in info.get("resources", {})}
+    for name in sorted(set(resources) - declared):
+        raise ClusterError(
+            f"no worker of the Dask scheduler at {where} declares the {name} resource; start GPU workers with "
+            f"`dask worker --resources {name}=1` or set train.device: cpu"
+        )
+
+
+def _missing(paths: list[str]) -> str | None:
+    """On a worker: the first of ``paths`` that is not a folder it can list, or None."""
+    import os
+
+    return next((p for p in paths if not (os.path.isdir(p) and os.access(p, os.R_OK | os.X_OK))), None)
+
+
+def _check_answers_as_dask(kwargs: dict, where: str, timeout_s: float) -> None:
+    """A plain ``tcp://`` scheduler greets a new connection at once with a Dask frame (8 bytes: its small
+    length); anything else there (an HTTP server waits for a request, another protocol sends text) would
+    make the client hang or read text as a frame length. Raises :class:`ClusterError` naming the address.
+    TLS addresses are left to the TLS handshake."""
+    address = kwargs.get("address")
+    if address is None and kwargs.get("scheduler_file"):
+        try:
+            address = json.loads(Path(kwargs["scheduler_file"]).read_text()).get("address")
+        except (OSError, ValueError, AttributeError):
+            why = "is not a Dask scheduler file (JSON with an address); fix compute.cluster"
+            raise ClusterError(f"{where} {why}") from None
+    if not address or not address.startswith("tcp://"):
+        return
+    host, port = address[len("tcp://") :].rsplit(":", 1)
+    greeting = b""
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            while len(greeting) < 8 and (part := sock.recv(8 - len(greeting))):
+                greeting += part
+    except TimeoutError:
+        pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ClusterError(
+            f"cannot reach the Dask scheduler at {where} within {timeout_s:g} s ({reason}); "
+            "check compute.cluster and compute.security, or set compute.cluster: local"
+        ) from None
+    if len(greeting) < 8 or int.from_bytes(greeting, "little") > _MAX_GREETING:
+        raise ClusterError(
+            f"{address} answers but is not a Dask scheduler (no Dask greeting within {timeout_s:g} s: another "
+            "service, or a tls:// one); check compute.cluster (the scheduler's port, usually 8786, not the dashboard's)"
+        )
 
 
 def _client_kwargs(cluster: str, tls: SecurityParams | None) -> dict:

@@ -18,14 +18,15 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 import torch
 from threadpoolctl import threadpool_limits
 
-from topometrics.execution.cluster import connect, map_on_cluster
+from topometrics.execution.cluster import check_workers, connect, map_on_cluster
 from topometrics.execution.lifeline import die_with
 from topometrics.params_sources import ComputeParams
 
@@ -94,6 +95,53 @@ def each_result(
         with _executor(fn, workers, len(jobs)) as pool:
             yield from _local_results(pool, fn, jobs, progress)
     progress.close()
+
+
+@contextmanager
+def whole_job_executor(
+    compute: ComputeParams | None,
+    workers: int,
+    initializer: Callable,
+    initargs: tuple,
+    *,
+    visible: Sequence[Path] = (),
+    resources: dict[str, float] | None = None,
+) -> Iterator[Executor]:
+    """Where whole jobs run (training runs: minutes each, one submitted per run): a
+    :class:`concurrent.futures.Executor` the caller submits to and waits on as usual.
+
+    ``compute.cluster: local`` (or None): ``workers`` spawned processes here, each first running
+    ``initializer(*initargs)`` (spawn: CUDA-safe, and no torch state inherited from this process). A Dask
+    cluster: its executor (jobs are tasks, ``pure=False``, each declaring ``resources``, e.g.
+    ``{"GPU": 0.25}`` for four runs per GPU worker); the initializer is not run there, so a job sets its own
+    threads. Before any job, every worker of the cluster must see each path of ``visible`` (the workspace
+    the jobs read and write: a shared filesystem) and, with ``resources``, some worker must declare each
+    one (:func:`topometrics.execution.cluster.check_workers`: one-line errors naming the path or resource).
+    A worker that dies mid-job has its job run again on another (Dask's ``allowed-failures``).
+    """
+    if compute is None or compute.cluster == "local":
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, context, initializer, initargs) as pool:
+            yield pool
+        return
+    with connect(compute.cluster, compute.security, compute.connect_timeout_s) as client:
+        check_workers(client, compute.cluster, [Path(p).resolve() for p in visible], resources or {})
+        yield client.get_executor(pure=False, resources=resources)
+
+
+def job_print(line: str) -> None:
+    """Print one progress line of a job where its caller sees it: stdout here or in a local worker, the
+    client's stdout when the job runs on a Dask worker (``distributed.print`` forwards it)."""
+    try:
+        from distributed import get_worker
+
+        get_worker()
+    except (ImportError, ValueError):  # not in a Dask task
+        print(line, flush=True)
+        return
+    from distributed import print as forwarded
+
+    forwarded(line, flush=True)
 
 
 def _local_results(pool: ProcessPoolExecutor | None, fn: Callable, jobs: Sequence, progress) -> Iterator:

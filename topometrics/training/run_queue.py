@@ -28,12 +28,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -42,11 +41,14 @@ import torch
 
 from topometrics.atomic import write_text
 from topometrics.errors import NO_SPACE, TopometricsError, disk_full
+from topometrics.execution.cluster import LOCAL, ClusterError, describe
+from topometrics.execution.compute import job_print, whole_job_executor
 from topometrics.execution.lifeline import die_with
 from topometrics.models.checkpoints import CheckpointError, list_checkpoints, verify_checkpoint
 from topometrics.models.model import GPT, count_parameters
 from topometrics.models.tokens import load_tokens, read_record, token_bytes, tokenizer_sha256, vocab_size
 from topometrics.params import Params, ParamsError
+from topometrics.params_sources import ComputeParams
 from topometrics.training.live_relay import LiveRelay
 from topometrics.training.monitor_log import MONITOR_DIR, latest_measurement
 from topometrics.training.run_dir import trained_tokenizers
@@ -91,9 +93,13 @@ class Pool:
     workers: int
     threads: int
     devices: tuple[str, ...]  # assigned round-robin to the runs in queue order
+    compute: ComputeParams | None = None  # compute.cluster names a Dask cluster: the runs are its tasks
+    resources: dict[str, float] | None = None  # what each run's task declares there (a share of a GPU)
 
     def describe(self) -> str:
         where = ", ".join(sorted(set(self.devices)))
+        if self.compute is not None and self.compute.cluster != LOCAL:
+            return f"the Dask cluster at {describe(self.compute.cluster)} ({self.threads} thread(s) per run, {where})"
         return f"{self.workers} processes x {self.threads} thread(s) on {where}"
 
 
@@ -102,12 +108,18 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def plan_pool(device: str, workers: int, threads: int, n_runs: int) -> Pool:
+def plan_pool(device: str, workers: int, threads: int, n_runs: int, compute: ComputeParams | None = None) -> Pool:
     """The pool for ``n_runs`` runs under params ``train.device/workers/threads`` (0 = automatic).
 
     CPU: one process per usable core, one thread each. CUDA: ``GPU_RUNS_PER_DEVICE`` processes per
-    visible GPU, runs spread over the GPUs. Never more processes than runs.
+    visible GPU, runs spread over the GPUs. Never more processes than runs. On a Dask cluster
+    (``compute.cluster``) every run is a task and the device is the worker's: ``cuda`` declares
+    ``1 / GPU_RUNS_PER_DEVICE`` of a ``GPU`` resource (``dask worker --resources GPU=1`` takes that many runs
+    at once), ``auto`` takes the worker's GPU when it has one, ``cpu`` its CPU; ``train.workers`` is not used.
     """
+    if compute is not None and compute.cluster != LOCAL:
+        gpu = {"GPU": 1 / GPU_RUNS_PER_DEVICE} if device == "cuda" else None
+        return Pool(n_runs, threads or 1, (device,), compute, gpu)
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if cuda:
         gpus = max(1, torch.cuda.device_count())
@@ -197,15 +209,18 @@ def _init_worker(threads: int, caller: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _print(line: str) -> None:
-    print(line, flush=True)
-
-
 def _train_one(
-    run: RunFiles, corpus_dir: Path, corpus_sha256: str, device: str, observe: Sequence[ObserverFactory]
+    run: RunFiles,
+    corpus_dir: Path,
+    corpus_sha256: str,
+    device: str,
+    observe: Sequence[ObserverFactory],
+    threads: int = 1,
 ) -> dict:
     """Worker: train or resume one run watched by the observers ``observe`` opens (each closed however
-    training ends), then write its checkpoint table and summary into its run directory."""
+    training ends), then write its checkpoint table and summary into its run directory. Sets its own torch
+    threads (a Dask worker runs no initializer); its lines reach the caller (``job_print``)."""
+    torch.set_num_threads(threads)
     with contextlib.ExitStack() as opened:
         observers = []
         for factory in observe:
@@ -219,7 +234,7 @@ def _train_one(
             run.run_dir,
             corpus_sha256,
             device,
-            log=_print,
+            log=job_print,
             progress_bar=False,
             observers=observers,
             tokenizer=tokenizer_sha256(record),
@@ -296,14 +311,18 @@ def train_runs(
     if todo:
         for split in ("train", "val"):  # checked once here: a changed token file is one line, not one per run
             load_tokens(corpus_dir, split)
-        context = mp.get_context("spawn")  # CUDA-safe, and no torch state inherited from this process
-        observe = tuple(observers)
-        workers = min(pool.workers, len(todo))
-        with ProcessPoolExecutor(workers, context, _init_worker, (pool.threads, os.getpid())) as executor:
+        observe, workers = tuple(observers), min(pool.workers, len(todo))
+        for run in todo:
+            run.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        corpus, parents = corpus_dir.resolve(), sorted({r.run_dir.parent.resolve() for r in todo})
+        where = {"visible": [corpus, *parents], "resources": pool.resources}
+        init = (pool.threads, os.getpid())
+        with whole_job_executor(pool.compute, workers, _init_worker, init, **where) as executor:
             futures: dict[Future, RunFiles] = {
-                executor.submit(_train_one, r, corpus_dir, sha, pool.devices[i % len(pool.devices)], observe): r
+                executor.submit(_train_one, replace(r, run_dir=r.run_dir.resolve()), corpus, sha,
+                                pool.devices[i % len(pool.devices)], observe, pool.threads): r
                 for i, r in enumerate(todo)
-            }
+            }  # fmt: skip
             pending = set(futures)
             while pending:
                 timeout = min(progress_s, live_s) if relay else progress_s
@@ -312,6 +331,8 @@ def train_runs(
                     relay.poll()
                 for future in finished:
                     run = futures[future]
+                    if future.cancelled():  # only the cluster cancels: its scheduler is gone
+                        raise ClusterError(_scheduler_gone(pool, len(summaries) - len(done), len(todo)))
                     summaries[run.config.name] = _outcome(future, run)
                     log(_finished_line(run, summaries[run.config.name], len(summaries), len(runs), t0))
                     last_line = time.monotonic()
@@ -355,7 +376,7 @@ def train_declared(
         for n in only or names
     ]  # fmt: skip
     t = params.train
-    pool = plan_pool(t.device, t.workers, t.threads, len(runs))
+    pool = plan_pool(t.device, t.workers, t.threads, len(runs), params.compute)
     summaries = train_runs(runs, paths.corpus, pool, log=log, observers=observers, live=paths.live)
     bad = {n: s["status"] for n, s in summaries.items() if s["status"] != "complete"}
     log(f"train: {len(summaries) - len(bad)}/{len(summaries)} runs complete"
@@ -365,6 +386,14 @@ def train_declared(
     if failed := [n for n, status in bad.items() if status.startswith("failed")]:
         raise TopometricsError(f"{len(failed)} of {len(summaries)} runs failed ({', '.join(failed)}; see above)")
     return summaries
+
+
+def _scheduler_gone(pool: Pool, finished: int, n_todo: int) -> str:
+    where = describe(pool.compute.cluster) if pool.compute else "the cluster"
+    return (
+        f"the Dask scheduler at {where} went away; {finished} of {n_todo} runs to train had finished and are kept, "
+        "the others resume from their last checkpoint on the next `dvc repro` (restart the scheduler first)"
+    )
 
 
 def _outcome(future: Future, run: RunFiles) -> dict:
