@@ -4,8 +4,9 @@ Entry points: ``checkpoint.checkpoint_features`` (linear weights + an optional f
 the one per-checkpoint path of our runs and external series); ``distances.distance_features`` (each
 diagram's distance to the previous checkpoint's); ``gradient_cloud.gradient_rows`` (the per-example gradient
 clouds' rows, from the forward pass); ``trajectory.trajectory_values`` (the PH0 dimension of the run's iterates
-in a trailing window, beside the distances); ``run_shards.run_shards`` (every checkpoint of
-one run directory -> shards, what the features stage runs) and ``run_shards.read_tables`` (the shards read back);
+in a trailing window, beside the distances); ``sweep.sweep_shards`` (every checkpoint of
+every run -> shards in one batch, what the features stage runs; ``sweep.run_shards`` for one run) and
+``run_shards.read_tables`` (the shards read back);
 ``monitor.TopologyMonitor`` / ``monitor.TopologyCallback`` (weight features every N steps of a training
 loop or a Hugging Face Trainer, written to a monitor log; with ``monitor_surface.SurfaceSource`` also the
 loss surface, by ``monitor_surface.surface_rows`` in the monitor's worker).
