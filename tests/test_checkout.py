@@ -37,4 +37,3 @@ def test_a_stage_imports_the_topometrics_of_its_own_checkout_whatever_comes_firs
         assert proc.returncode == 0, proc.stderr
         imported = [line for line in proc.stdout.splitlines() if line.startswith("topometrics from ")]
         assert imported == [f"topometrics from {own / 'topometrics' / '__init__.py'}"]
-
