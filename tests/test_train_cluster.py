@@ -26,8 +26,7 @@ pytestmark = pytest.mark.slow
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
-    """A dask CLI process in its own process group (so it and its nanny's worker stop together), running
-    this checkout's code."""
+    """A dask CLI process in its own process group, running this checkout's code."""
     env = dict(os.environ, PYTHONPATH=str(REPO), DASK_DISTRIBUTED__WORKER__DAEMON="False")
     dask = Path(sys.executable).parent / "dask"
     with log.open("w") as out:
@@ -37,7 +36,7 @@ def start(args: list[str], log: Path) -> subprocess.Popen:
 
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own group: the nanny and its worker process
+        os.killpg(proc.pid, signal.SIGKILL)  # its own group, started here
     proc.wait()
 
 
@@ -54,7 +53,8 @@ def dask_cluster(tmp_path):
     address = f"tcp://127.0.0.1:{free_port()}"
     port = address.rsplit(":", 1)[1]
     scheduler = start(["scheduler", "--host", "127.0.0.1", "--port", port, "--no-dashboard"], tmp_path / "s.log")
-    worker = ["worker", address, "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"]
+    # No nanny: the worker is the process started here, so killing it kills the worker (a nanny's child survives it)
+    worker = ["worker", address, "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1", "--no-nanny"]
     workers = [start(worker, tmp_path / f"w{i}.log") for i in range(2)]
     try:
         wait_for_workers(address, 2)
