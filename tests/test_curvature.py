@@ -136,7 +136,8 @@ def test_two_passes_find_the_dense_top_eigenpairs_where_ghosts_appear():
     two = top_eigenpairs(lambda v: d * v, len(d), k=3, iters=60, tol=1e-6, basis_bytes=0)
     np.testing.assert_allclose(two.values, [100.0, 50.0, 20.0], rtol=1e-10)
     np.testing.assert_allclose(two.values, kept.values, rtol=1e-10)
-    assert two.converged.all() and two.products == 2 * 60 - 1 and two.vectors.dtype == np.float32
+    assert two.converged.all() and two.vectors.dtype == np.float32
+    assert 60 <= (two.products + 1) // 2 <= 120  # steps on spurious copies do not count, up to twice the steps
     for i in range(3):  # the unit eigenvectors e_0, e_1, e_2, to float32 rounding
         assert abs(two.vectors[i, i]) == pytest.approx(1.0, abs=1e-6)
         assert abs(float(two.vectors[:, i].astype(np.float64) @ kept.vectors[:, i])) == pytest.approx(1.0, abs=1e-6)
@@ -146,7 +147,7 @@ def test_two_passes_stop_early_where_the_kept_basis_does_with_the_same_values():
     h = np.diag(np.concatenate([[10.0, 7.0, 5.0], np.linspace(0.0, 1.0, 300)]))
     kept = top_eigenpairs(lambda v: h @ v, 303, k=3, iters=60, tol=1e-6, stop_early=True)
     two = top_eigenpairs(lambda v: h @ v, 303, k=3, iters=60, tol=1e-6, stop_early=True, basis_bytes=0)
-    assert two.converged.all() and two.products == 2 * kept.products - 1
+    assert two.converged.all() and two.products == 2 * kept.products - 1  # no copy before convergence here
     np.testing.assert_allclose(two.values, kept.values, rtol=1e-9)
     np.testing.assert_allclose(np.abs(two.vectors), np.abs(kept.vectors), atol=1e-6)
 
@@ -180,3 +181,19 @@ def test_memory_is_bounded_by_the_vector_not_the_steps():
     # three float64 Lanczos vectors, a product and its temporaries, three float32 sums: under 8 vectors,
     # where the kept basis alone would be 24
     assert peak < 8 * vector
+
+
+def test_two_passes_on_a_gpts_difference_products_equal_the_kept_basis_at_the_surface_settings():
+    from test_slice import gpt_loss, params_of
+
+    from topometrics.landscape.slice import difference_hvp
+    from topometrics.landscape.surface import LANCZOS_TOL
+
+    model, _, _, loss = gpt_loss()
+    hvp, dim = difference_hvp(loss, params_of(model), one_sided=True)
+    kept = top_eigenpairs(hvp, dim, 3, 20, 0, LANCZOS_TOL, stop_early=True)
+    two = top_eigenpairs(hvp, dim, 3, 20, 0, LANCZOS_TOL, stop_early=True, basis_bytes=0)
+    assert kept.converged.all() and two.converged.all()
+    np.testing.assert_allclose(two.values, kept.values, rtol=1e-5)  # two orders below LANCZOS_TOL
+    cosines = np.abs(np.sum(two.vectors.astype(np.float64) * kept.vectors, axis=0))
+    np.testing.assert_allclose(cosines, 1.0, atol=1e-5)  # the hess slice's directions, up to sign

@@ -91,7 +91,7 @@ def _kept_basis(hvp: Operator, q: np.ndarray, k: int, steps: int, tol: float, st
         w = w - (stacked @ w) @ stacked
         beta = float(np.linalg.norm(w))
         betas.append(beta)
-        if _stop(alphas, betas, k, steps, tol, stop_early):
+        if _stop(alphas, betas, k, j + 1 == steps, tol, stop_early):
             break
         basis[j + 1] = w / beta
     theta, s, converged = _checked_ritz(alphas, betas, k, tol)
@@ -103,11 +103,14 @@ def _two_pass(hvp: Operator, q: np.ndarray, k: int, steps: int, tol: float, stop
     """Lanczos keeping three vectors: the recurrence for the tridiagonal matrix, then again for the Ritz vectors."""
     alphas, betas = [], []
     previous, current = None, q
-    for _ in range(steps):  # first pass: the coefficients only
+    most = min(2 * steps, len(q))
+    for _ in range(most):  # first pass: the coefficients only
         alpha, w = _recurrence_step(hvp, previous, current, betas[-1] if betas else 0.0)
         alphas.append(alpha)
         betas.append(float(np.linalg.norm(w)))
-        if _stop(alphas, betas, k, steps, tol, stop_early, genuine=True):
+        # a step spent on a spurious copy adds no dimension to the Krylov space: it does not count
+        last = len(alphas) - _spurious(alphas, betas, tol) >= steps or len(alphas) == most
+        if _stop(alphas, betas, k, last, tol, stop_early, genuine=True):
             break
         w /= betas[-1]
         previous, current = current, w
@@ -148,16 +151,20 @@ def _recurrence_step(
 
 
 def _stop(
-    alphas: list[float], betas: list[float], k: int, steps: int, tol: float, stop_early: bool, genuine=False
+    alphas: list[float], betas: list[float], k: int, last: bool, tol: float, stop_early: bool, genuine=False
 ) -> bool:
-    """Whether the run ends after this step: an invariant subspace, the last step, or (``stop_early``) converged."""
-    j = len(alphas) - 1
-    if betas[-1] <= 1e-12 * max(1.0, abs(alphas[-1])) or j + 1 == steps:
+    """Whether the run ends after this step: an invariant subspace, the ``last`` step, or (``stop_early``) converged."""
+    if betas[-1] <= 1e-12 * max(1.0, abs(alphas[-1])) or last:
         return True
-    if not stop_early or j + 1 < k:
+    if not stop_early or len(alphas) < k:
         return False
     converged = _ritz(alphas, betas, k, tol, genuine)[2]
     return len(converged) == k and bool(converged.all())
+
+
+def _spurious(alphas: list[float], betas: list[float], tol: float) -> int:
+    """How many Ritz values after these steps are spurious copies (:func:`_genuine`)."""
+    return len(alphas) - len(_ritz(alphas, betas, len(alphas), tol, genuine=True)[0])
 
 
 def _checked_ritz(alphas: list[float], betas: list[float], k: int, tol: float, genuine: bool = False):
@@ -180,12 +187,14 @@ def _ritz(
     order = np.argsort(theta)[::-1]
     residual = np.abs(betas[m - 1] * s[m - 1])
     if genuine:
-        order = _genuine(theta, residual, order, tridiagonal)
+        order = _genuine(theta, residual, order, tridiagonal, tol)
     top = order[:k]
     return theta[top], s[:, top], residual[top] <= tol * np.maximum(1.0, np.abs(theta[top]))
 
 
-def _genuine(theta: np.ndarray, residual: np.ndarray, order: np.ndarray, tridiagonal: np.ndarray) -> np.ndarray:
+def _genuine(
+    theta: np.ndarray, residual: np.ndarray, order: np.ndarray, tridiagonal: np.ndarray, tol: float
+) -> np.ndarray:
     """``order`` less the spurious Ritz values of a Lanczos run without re-orthogonalisation (Cullum and
     Willoughby, "Lanczos algorithms for large symmetric eigenvalue computations", 1985, ch. 4).
 
@@ -194,12 +203,18 @@ def _genuine(theta: np.ndarray, residual: np.ndarray, order: np.ndarray, tridiag
     eigenvalue of the matrix less its first row and column is spurious. "Numerically": within
     ``1000 m eps ||T||``; spurious copies sit at a few ``eps ||T||``, genuine values about ``s_{1,i}^2`` times
     their gap away (``s_{1,i}`` the start vector's component, ``1/sqrt(dim)`` for a random start).
+    Products by differences of gradients are not exactly linear, so copies there differ by more than that:
+    a value within ``tol max(1, |theta|)`` of a higher converged one is also taken for its copy (the two-pass
+    path does not resolve eigenvalues closer than the tolerance to a converged one).
     """
     m = len(theta)
     close = 1e3 * m * np.finfo(np.float64).eps * max(float(np.abs(theta).max()), np.finfo(np.float64).tiny)
     hat = np.linalg.eigvalsh(tridiagonal[1:, 1:]) if m > 1 else np.empty(0)
     kept: list[int] = []
     for i in order:
+        near = tol * np.maximum(1.0, np.abs(theta[kept]))
+        if np.any((np.abs(theta[kept] - theta[i]) <= near) & (residual[kept] <= near)):
+            continue  # a copy of a converged eigenvalue, at the tolerance
         copies = np.flatnonzero(np.abs(theta - theta[i]) <= close)
         if len(copies) > 1:
             if not any(j in copies for j in kept):
