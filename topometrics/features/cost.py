@@ -80,11 +80,12 @@ def available_bytes() -> int:
 
 
 def unaffordable(costs: list[FamilyCost], available: int) -> dict[str, str]:
-    """Family key -> why it is skipped: its estimated peak exceeds ``available`` bytes (one line, with the GB)."""
+    """Family key -> why it is skipped: what it adds to the running process (its peak less :data:`FIXED_BYTES`,
+    already resident) exceeds ``available`` bytes (one line, with the GB)."""
     return {
         c.family: f"needs ~{c.peak_bytes / GIB:.1f} GB at peak, {available / GIB:.1f} GB available (estimated)"
         for c in costs
-        if c.peak_bytes > available
+        if c.peak_bytes - FIXED_BYTES > available
     }
 
 
@@ -93,10 +94,12 @@ def skipped_families(families: Iterable[str], too_big: dict[str, str]) -> tuple[
     return tuple(f for f in families if GROUP.get(f, f) in too_big)
 
 
-def plan_line(parameters: int, costs: list[FamilyCost], checkpoints: int = 1) -> str:
-    """One line: the model's size, each family's seconds and peak GB, and the total for ``checkpoints``."""
+def plan_line(parameters: int, costs: list[FamilyCost], checkpoints: int = 1, surface_every: int = 1) -> str:
+    """One line: the model's size, each family's seconds and peak GB, and the total for ``checkpoints``, of which
+    every ``surface_every``-th from the first has the loss surface (``features.landscape_every``)."""
     parts = ", ".join(f"{c.family} {c.seconds:.0f} s / {c.peak_bytes / GIB:.1f} GB" for c in costs)
-    total = sum(c.seconds for c in costs) * checkpoints
+    surfaced = -(-checkpoints // surface_every)
+    total = sum(c.seconds * (surfaced if c.family in ("landscape", "curvature") else checkpoints) for c in costs)
     peak = max((c.peak_bytes for c in costs), default=FIXED_BYTES)
     return (
         f"estimate for {parameters / 1e6:.1f}M parameters (one thread, per checkpoint): {parts}; "
@@ -107,7 +110,7 @@ def plan_line(parameters: int, costs: list[FamilyCost], checkpoints: int = 1) ->
 def one_layer_line(largest_elements: int, available: int) -> str | None:
     """Why a checkpoint cannot be measured at all (its largest tensor, stored and as float64, exceeds
     ``available`` bytes), or None."""
-    need = FIXED_BYTES + 12 * largest_elements  # the tensor as stored (float32 at most) and its float64 copy
+    need = 12 * largest_elements  # the tensor as stored (float32 at most) and its float64 copy
     if need <= available:
         return None
     return f"its largest tensor needs ~{need / GIB:.1f} GB to read, {available / GIB:.1f} GB available"

@@ -175,7 +175,7 @@ def affordable(
         return params, why
     costs = cost.checkpoint_costs(sum(sizes), params.families)
     count = sum(not isinstance(c, dict) for c in checkpoints)
-    progress(f"{name}: {cost.plan_line(sum(sizes), costs, count)}")
+    progress(f"{name}: {cost.plan_line(sum(sizes), costs, count, params.landscape_every)}")
     too_big = cost.unaffordable(costs, available)
     for family, why in too_big.items():
         progress(f"{name}: {family} skipped on every checkpoint: {why}")
