@@ -1,5 +1,6 @@
 """docs/params.md against params.yaml: every key params.yaml sets is documented, with the value it has there."""
 
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ def _split_top_level(text: str) -> list[str]:
     return [*parts, current.strip()]
 
 
+@cache
 def documented() -> dict[str, str]:
     """``key`` -> the default column of docs/params.md's tables (rows ``| `key` | default | meaning |``)."""
     rows = {}
