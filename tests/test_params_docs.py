@@ -27,7 +27,7 @@ def _split_top_level(text: str) -> list[str]:
     """``"1000, [10, 20], 1.0"`` -> ``["1000", "[10, 20]", "1.0"]``: commas outside brackets and braces."""
     parts, depth, current = [], 0, ""
     for char in text:
-        depth += char in "[{" and 1 or char in "]}" and -1 or 0
+        depth += (char in "[{") - (char in "]}")
         if char == "," and depth == 0:
             parts, current = [*parts, current.strip()], ""
         else:
