@@ -1,8 +1,7 @@
 """Between-run incremental validity: does topology predict a run's final loss beyond its loss curve and weight norm?
 
-Within one run every quantity that grows with training correlates with the loss, so the question can
-only be asked *between* runs: at a fraction of training, do runs whose topology looks different end
-at a different final loss than their loss curve so far and their weight norm already say?
+Within one run everything that grows with training correlates with the loss, so the question is asked
+*between* runs: do runs whose topology looks different end differently than what is known already says?
 
 Every comparison predicts each run's final validation loss (as the drop from the last observed one)
 with a base model and with the base plus a family of inputs (each feature's level and rate),
@@ -12,20 +11,21 @@ one-sided Clark-West statistic, p from refits with the family's rung x recipe ce
 their rung, one-sided 95 % bounds with the cells as units). The comparisons (:func:`comparisons`):
 
 - ``primary`` (role ``primary``): the pre-registered endpoint ``analysis.primary`` (its family or
-  feature, fraction, scheme and baseline), judged alone at ``analysis.alpha``;
-- each verdict family of kind topological against each baseline: "loss curve + weight norm" and
-  "loss curve + weight norm + <family>" for every verdict family of kind geometric (role ``topology``,
-  exploratory: Holm-corrected together per scheme, and only they);
-- context rows, uncorrected: the weight norm over the loss curve, each other family (geometric,
-  spectral) over the loss curve + weight norm, and every topological family together.
+  feature, fraction, scheme, level and baseline), judged alone at ``analysis.alpha``;
+- each verdict family of kind topological against the baselines of :mod:`topometrics.verdict.baselines`:
+  ``recipe`` (loss curve + weight norm + recipe) and ``recipe+<geometric family>`` (role ``topology``,
+  exploratory: Holm-corrected together per scheme and level, and only they);
+- context rows, uncorrected: the weight norm over the loss curve, the recipe over the norm, each other
+  family over ``recipe``, the topological families over the older ``norm`` baselines, all of them together.
+Each runs between cells and, leave-one-seed-out, within cells (``level``, :mod:`topometrics.verdict.levels`).
 
-The verdict word (:func:`word`): ``adds`` needs the test (p below the level) *and* a minimum effect (a
-gain of at least ``analysis.min_effect`` of the baseline MAE); ``hurts`` when the 95 % bound shows
-worse predictions; ``ruled out (> X %)`` when the upper bound on the gain is within
-``analysis.equivalence_margin`` of the baseline MAE; ``not enough runs`` when the smallest p the
-permutations can give cannot pass the level; otherwise ``no evidence``. Each row also gives the
-seed-to-seed SD of the final loss (the noise ceiling) and the share of run pairs each model orders
-correctly by final loss, beside ranking by the current loss.
+The verdict word (:func:`word`): ``adds`` needs the test (p below the level) *and* a minimum effect (a gain of
+at least ``analysis.min_effect`` of the baseline MAE); ``hurts`` when the 95 % bound shows worse predictions
+and the reverse one-sided test passes; ``ruled out (> X %)`` (for a linear use) when the upper bound on the
+gain is within ``analysis.equivalence_margin`` of the baseline MAE; ``not enough runs`` when the smallest p
+the permutations can give cannot pass the level; otherwise ``no evidence``. Each row also gives the seed-to-
+seed SD of the final loss (the noise ceiling) and the share of run pairs each model orders correctly by final
+loss, beside ranking by the current loss.
 
 Anything that cannot be compared is a row with ``status = 'skipped'`` and its reason. Pure functions
 over DataFrames.
