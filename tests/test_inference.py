@@ -118,7 +118,10 @@ def test_a_1e7_difference_is_never_adds():
     assert verdict.word(row, 0.002, 0.05, 0.05, 0.01) == "ruled out (> 0.0 %)"
     assert verdict.word(row | {"bound_share": 0.2}, 0.002, 0.05, 0.05, 0.01) == "no evidence"
     assert verdict.word(row | {"gain_share": 0.02}, 0.002, 0.05, 0.05, 0.01) == "adds"
-    assert verdict.word(row | {"ci_low": 1e-3}, 0.5, 0.05, 0.05, 0.01) == "hurts"
+    # worse predictions alone are what a useless family earns: 'hurts' needs the reverse test too
+    assert verdict.word(row | {"ci_low": 1e-3}, 0.5, 0.05, 0.05, 0.01) == "no evidence"
+    assert verdict.word(row | {"ci_low": 1e-3, "p_reverse": 0.3}, 0.5, 0.05, 0.05, 0.01) == "no evidence"
+    assert verdict.word(row | {"ci_low": 1e-3, "p_reverse": 0.01}, 0.5, 0.05, 0.05, 0.01) == "hurts"
     assert verdict.word(row | {"min_p": 0.05}, 0.002, 0.05, 0.05, 0.01).startswith("not enough runs")
 
 

@@ -41,9 +41,10 @@ def test_a_short_single_seed_run_says_why_in_one_paragraph_and_gives_the_command
     got = answer(skipped, meta())
     assert not got.computed and len(got.sentences) == 2
     assert got.sentences[0].startswith("Tested: whether adding the topology of a run's weights and representations")
+    between = int((skipped.level == "between").sum())  # the opening answers the between-cell question
     assert got.sentences[1] == (
-        f"The verdict cannot be computed yet: none of its {len(skipped)} comparisons could run: by 10% of training "
-        f"the runs have at most 3 checkpoints; a comparison needs 4 ({len(skipped)} comparisons)."
+        f"The verdict cannot be computed yet: none of its {between} comparisons could run: by 10% of training "
+        f"the runs have at most 3 checkpoints; a comparison needs 4 ({between} comparisons)."
     )
     # 40 steps, a checkpoint every 10: 2 steps give 4 checkpoints by 20%; 1 seed, 1 recipe and 2 rungs: 3 seeds
     assert got.command == "dvc exp run -S train.ckpt_every=2 -S 'train.seeds=[42,43,44]'"

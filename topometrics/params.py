@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
-from math import prod
 from pathlib import Path
 
 import yaml
 
-from topometrics.params_schema import ParamsError, at_least, build, non_negative, positive, reject_unknown, within
+from topometrics.params_schema import (
+    ParamsError,
+    at_least,
+    build,
+    check_primary_shape,
+    non_negative,
+    positive,
+    reject_unknown,
+    within,
+)
 from topometrics.params_sources import (
     ComputeParams,
     SeriesParams,
@@ -194,13 +202,16 @@ class FeaturesParams:
 
 @dataclass(frozen=True)
 class PrimaryParams:
-    """analysis.primary: the one pre-registered test (family or <= 3 of its features, fraction, scheme, baseline)."""
+    """analysis.primary: the one pre-registered test (family or <= 3 of its features, fraction, scheme, level,
+    baseline)."""
 
     family: str = ""
     fraction: float = 0.0
     cv: str = ""
     features: tuple[str, ...] = ()  # empty: the whole family (which must have <= 3 features)
-    baseline: str = "norm"  # 'norm' (loss curve + weight norm) or 'norm+<geometric verdict family>'
+    # 'recipe' (loss curve + weight norm + recipe), 'norm' (loss curve + weight norm), either + '+<geometric family>'
+    baseline: str = "recipe"
+    level: str = "between"  # between (which recipe/size ends better) | within (which seed of a cell ends better)
     power: float | None = None  # `bench power`'s share of 'adds' at s = 0.3 for the sweep's layout, recorded with it
     needed_runs: int | None = None  # below 80 % power: the runs `bench power --need 0.8` says would reach it
 
@@ -387,22 +398,9 @@ def _parse_analysis(raw: object) -> AnalysisParams:
 def _check_primary(params: Params) -> None:
     """The primary endpoint's shape against the declared runs (its names against the vocabulary are
     topometrics.verdict.verdict.check_primary's: training must not depend on it)."""
-    p = params.analysis.primary
-    if p is None:
-        return
-    groups = {"seed": len(params.train.seeds), "variant": 1 + len(params.variants), "rung": len(params.ladder)}
-    problems = [
-        (not p.family or len(p.features) > 3, f"declare a family and at most 3 features, got {p.family!r}"),
-        (p.fraction not in params.analysis.fractions, f"fraction {p.fraction} is not in analysis.fractions"),
-        (groups.get(p.cv, 0) < 3, f"cv {p.cv!r} needs >= 3 groups among the declared runs ({groups})"),
-        (p.baseline.split("+")[0] != "norm", f"baseline {p.baseline!r}: 'norm' or 'norm+<family>'"),
-        (p.power is not None and not 0 < p.power <= 1, f"power {p.power} is not a share in (0, 1]"),
-        (p.needed_runs is not None and (p.power is None or p.power >= 0.8 or p.needed_runs <= prod(groups.values())),
-         f"needed_runs {p.needed_runs} goes with a power below 0.8 and more than the {prod(groups.values())} runs"),
-    ]  # fmt: skip
-    for bad, why in problems:
-        if bad:
-            raise ParamsError(f"analysis.primary: {why}; fix it in params.yaml before the sweep")
+    if params.analysis.primary is not None:
+        groups = {"seed": len(params.train.seeds), "variant": 1 + len(params.variants), "rung": len(params.ladder)}
+        check_primary_shape(params.analysis.primary, groups, params.analysis.fractions, params.analysis.alpha)
 
 
 def _parse_variants(raw: object) -> dict[str, Variant]:
