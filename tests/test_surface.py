@@ -143,3 +143,14 @@ def test_the_grid_in_one_vmapped_pass_gives_the_plain_loops_summaries():
     batched, _ = slice_values(loss, params, d, SETTINGS._replace(chunk=grid_chunk(params, SETTINGS.grid)))
     looped, _ = slice_values(loss, params, d, SETTINGS)  # 0: a plain loop on CPU
     assert batched == pytest.approx(looped, rel=1e-12, abs=1e-12)
+
+
+def test_the_global_range_is_the_radius_one_slices_range_on_the_coarse_grid_and_at_most_the_fine_ones():
+    loss, params = mlp_loss()
+    landscape, _ = surface_values(loss, params, SETTINGS)
+    gen = torch.Generator().manual_seed(SETTINGS.seed)  # the rand slice's directions, drawn as surface_values draws
+    rand = (random_direction(params, gen), random_direction(params, gen))
+    coarse, _ = slice_values(loss, params, rand, SETTINGS._replace(radius=1.0, grid=5))
+    fine, _ = slice_values(loss, params, rand, SETTINGS._replace(radius=1.0, grid=13))  # 5 points are among its 13
+    assert landscape.values["rand_range_global"] == coarse["range"]
+    assert landscape.values["rand_range"] < coarse["range"] <= fine["range"]  # radius 0.5 < 1 on this network

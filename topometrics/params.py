@@ -164,7 +164,8 @@ class FeaturesParams:
     unit_points: int = 64  # unit rows per layer for vr_unit_* (farthest-point subsample)
     families: tuple[str, ...] = FEATURE_FAMILIES  # those computed; the others are NULL with a reason
     landscape_grid: int = 13  # loss-slice points per axis (odd: the weights at the centre)
-    landscape_radius: float = 1.0  # slice half-width, in units of the filter-normalised directions
+    landscape_radius: float = 0.1  # slice half-width, in units of the filter-normalised directions (local)
+    landscape_global_grid: int = 5  # points per axis of the radius-1 random slice (ls_rand_range_global)
     landscape_batch: int = 4  # validation windows of the fixed loss-surface batch (landscape and curvature)
     landscape_every: int = 5  # every k-th checkpoint of a run (the first included) gets landscape and curvature
     hessian_top: int = 3  # Hessian eigenvalues kept (hess_eig1..3); Lanczos finds at least 2 (the hess directions)
@@ -184,6 +185,7 @@ class FeaturesParams:
         if len({s for s in self.phdim_sizes if s >= 8}) < 3:  # topometrics.dynamics.phdim: MIN_SIZES, MIN_SIZE
             raise ParamsError(f"features.phdim_sizes needs 3 distinct sizes >= 8, got {list(self.phdim_sizes)}")
         at_least(self, "features", ("landscape_grid",), 3, "a local minimum needs neighbours on both sides")
+        at_least(self, "features", ("landscape_global_grid",), 3, "the global range needs the centre and both sides")
         at_least(self, "features", ("hessian_iters",), 3, "Lanczos needs more steps than the eigenvalues it keeps")
         non_negative(self, "features", ("seed", "significance"))
         within(self, "features", "significance", 0.0, 1.0, "a share of the longest bar's persistence")

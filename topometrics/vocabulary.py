@@ -221,6 +221,15 @@ FEATURES = (
         for pair, where in (("rand", "random filter-normalised directions"), ("hess", "top-2 Hessian eigenvectors"))
         for key, text in _SLICE_SUMMARY
     ),
+    Feature(
+        "ls_rand_range_global",
+        LANDSCAPE,
+        MODEL,
+        "max - min loss (nats) of the random directions' slice at radius 1 (features.landscape_global_grid points "
+        "per axis): mostly the loss of a destroyed network, not local sharpness",
+        kind="geometric",
+        in_verdict=False,
+    ),
     *(
         Feature(
             f"hess_eig{i}", CURVATURE, MODEL, f"{label} eigenvalue of the Hessian of the fixed-batch loss (Lanczos)"

@@ -230,6 +230,7 @@ def surface_features(surface: LossSurface | str, params: FeaturesParams) -> Chec
         params.hessian_probes,
         params.hessian_iters,
         params.seed,
+        global_grid=params.landscape_global_grid,
     )
     try:
         found = surface_values(surface.loss, surface.params, settings)

@@ -9,7 +9,9 @@ at the checkpoint's weights:
    probes);
 2. two ``landscape_grid`` x ``landscape_grid`` loss slices of half-width ``landscape_radius``: ``rand``
    along two seeded Gaussian directions, ``hess`` along the top-2 eigenvectors, both filter-normalised;
-3. :func:`topometrics.landscape.sublevel.slice_summary` of each slice.
+3. :func:`topometrics.landscape.sublevel.slice_summary` of each slice;
+4. ``rand_range_global``: the loss range of the ``rand`` directions' slice at radius :data:`GLOBAL_RADIUS` on a
+   coarse ``global_grid`` x ``global_grid`` grid (:func:`global_range`).
 
 Every value set comes back with a reason or None; a reason makes its values NULL. Reasons: a Lanczos
 run whose kept Ritz values did not converge (the residual bound above :data:`LANCZOS_TOL` relative) NULLs
@@ -48,6 +50,10 @@ PAIRS = ("rand", "hess")
 # model. On CPU the grid is a plain loop: one thread's CPU time per point was 0.42 forward+backward passes
 # looped against 1.2-1.7 vmapped on the math kernel (xl, ``python -m bench features --surface``).
 GRID_PARAMETERS = 1 << 26
+# Half-width of the global random slice (rand_range_global), in filter-normalised units: radius 1 moves every
+# weight row by its own norm, so its range is mostly the loss of a destroyed network (the features' old
+# landscape_radius, kept under a name that says so); the local slices use landscape_radius.
+GLOBAL_RADIUS = 1.0
 
 
 class SurfaceSettings(NamedTuple):
@@ -60,6 +66,7 @@ class SurfaceSettings(NamedTuple):
     iters: int
     seed: int
     chunk: int = 0  # grid points per vmap call; 0: a plain loop on CPU, grid_chunk on a GPU
+    global_grid: int = 5  # points per axis of the radius-GLOBAL_RADIUS random slice (rand_range_global)
 
 
 class Values(NamedTuple):
@@ -81,7 +88,29 @@ def surface_values(loss: LossOfParams, params: Params, settings: SurfaceSettings
         landscape.values.update({f"{pair}_{k}": v for k, v in summary.items()})
         if reason:
             landscape.reasons.update({f"{pair}_{k}": reason for k in summary})
+    landscape.values["rand_range_global"], reason = global_range(loss, params, rand, settings)
+    if reason:
+        landscape.reasons["rand_range_global"] = reason
     return landscape, curvature
+
+
+def global_range(
+    loss: LossOfParams, params: Params, directions: tuple[Params, Params], settings: SurfaceSettings
+) -> tuple[float, str | None]:
+    """``max - min`` loss (nats) of the ``global_grid`` x ``global_grid`` slice of half-width :data:`GLOBAL_RADIUS`
+    along ``directions``, or NaN and why (a non-finite loss on it).
+
+    With an odd ``global_grid`` the centre is on the grid, and when ``global_grid - 1`` divides
+    ``landscape_grid - 1`` its points are a subset of a ``landscape_grid`` slice of the same radius (5 in 13), so
+    the coarse range is at most the fine one: the price of 25 points instead of 169 (docs/performance.md)."""
+    on_gpu = next(iter(params.values())).is_cuda
+    n = settings.global_grid
+    chunk = settings.chunk or (grid_chunk(params, n) if on_gpu else 1)
+    grid = loss_grid(loss, params, *directions, GLOBAL_RADIUS, n, chunk)
+    bad = int((~np.isfinite(grid)).sum())
+    if bad:
+        return np.nan, f"non-finite loss at {bad} of {grid.size} slice points"
+    return float(grid.max() - grid.min()), None
 
 
 def curvature_values(
