@@ -25,6 +25,10 @@ checkpoint of a default-ladder run (``features.landscape_every``: 11 of its 51 c
 validation tokens (a trained checkpoint's Lanczos stops early; the random inits above run all ``hessian_iters`` steps).
 ``--central`` also times the curvature with central-difference products over all ``hessian_iters`` steps
 (``curvature_central_all_steps_fb``: the products before one-sided differences and the early stop).
+Each checkpoint also reports the trace beside the old fixed 8 Rademacher probes (:func:`trace_costs`: ``trace_fb``
+against ``trace_old8_fb``, their ratio ``trace_cost_ratio``, the products, both relative standard errors and the
+old estimate's error against the new), and the radius-1 global range's cost (``global_range_fb``, its share of
+the landscape family).
 A CUDA device is used when one is present (``--device``).
 
 ``--dynamics`` measures instead the training-dynamics families (``gradient_topology``, ``trajectory``,
