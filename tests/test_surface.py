@@ -92,6 +92,7 @@ def test_a_non_finite_loss_on_the_slice_is_null_with_the_reason_and_the_curvatur
     assert np.isnan(landscape.values["rand_minima"])
     assert landscape.reasons["rand_minima"].startswith("non-finite loss at ")
     assert "of 49 slice points" in landscape.reasons["rand_range"]
+    assert landscape.reasons["rand_curv"] == landscape.reasons["rand_range"]  # a NULL slice has no curvature
     assert not curvature.reasons and np.isfinite(curvature.values["eig1"])
 
 

@@ -93,20 +93,21 @@ def surface_values(loss: LossOfParams, params: Params, settings: SurfaceSettings
     curvature, eig = _curvature_values(hvp, dim, params, settings)
     gen = torch.Generator().manual_seed(settings.seed)
     rand = (random_direction(params, gen), random_direction(params, gen))
-    landscape = Values({}, {})
+    landscape, slice_reasons = Values({}, {}), {}
     for pair, directions in (("rand", rand), ("hess", eig)):
         if isinstance(directions, str):
             summary, reason = dict.fromkeys(SUMMARY_KEYS, np.nan), directions
         else:
             summary, reason = slice_values(loss, params, directions, settings)
         landscape.values.update({f"{pair}_{k}": v for k, v in summary.items()})
+        slice_reasons[pair] = reason
         if reason:
             landscape.reasons.update({f"{pair}_{k}": reason for k in summary})
     landscape.values["rand_range_global"], reason = global_range(loss, params, rand, settings)
     if reason:
         landscape.reasons["rand_range_global"] = reason
-    for pair, directions in (("rand", rand), ("hess", eig)):
-        landscape.values[f"{pair}_curv"], reason = slice_curvature(hvp, directions)
+    for pair, directions in (("rand", rand), ("hess", eig)):  # a NULL slice has no curvature either
+        landscape.values[f"{pair}_curv"], reason = slice_curvature(hvp, slice_reasons[pair] or directions)
         if reason:
             landscape.reasons[f"{pair}_curv"] = reason
     return landscape, curvature
@@ -128,7 +129,8 @@ def global_range(
 
 def slice_curvature(hvp, directions: tuple[Params, Params] | str) -> tuple[float, str | None]:
     """``(d1^T H d1 + d2^T H d2) / 2`` (nats per squared filter-normalised unit): the slice's mean second
-    derivative along its two axes at the centre, or NaN and why (no directions, a non-finite product).
+    derivative along its two axes at the centre, or NaN and why (``directions`` is the reason: no directions, a
+    NULL slice; a non-finite product).
 
     The directions are the slice's own, unscaled, so this is the curvature the slice's grid shows at the
     weights (its second differences tend to it, tests); ``d^T H d / ||d||^2`` would be a Rayleigh quotient
