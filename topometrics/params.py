@@ -155,7 +155,7 @@ class Variant:
 
 
 STRICTLY_POSITIVE_FEATURES = """max_points rep_points rep_dim rep_batch betti_scales workers null_draws unit_points
-    landscape_radius landscape_batch landscape_every hessian_probes grad_dim phdim_window phdim_alpha"""
+    landscape_radius landscape_batch landscape_every hessian_trace_rse grad_dim phdim_window phdim_alpha"""
 
 
 @dataclass(frozen=True)
@@ -172,11 +172,14 @@ class FeaturesParams:
     unit_points: int = 64  # unit rows per layer for vr_unit_* (farthest-point subsample)
     families: tuple[str, ...] = FEATURE_FAMILIES  # those computed; the others are NULL with a reason
     landscape_grid: int = 13  # loss-slice points per axis (odd: the weights at the centre)
-    landscape_radius: float = 1.0  # slice half-width, in units of the filter-normalised directions
+    landscape_radius: float = 0.1  # slice half-width, in units of the filter-normalised directions (local)
     landscape_batch: int = 4  # validation windows of the fixed loss-surface batch (landscape and curvature)
     landscape_every: int = 5  # every k-th checkpoint of a run (the first included) gets landscape and curvature
     hessian_top: int = 3  # Hessian eigenvalues kept (hess_eig1..3); Lanczos finds at least 2 (the hess directions)
-    hessian_probes: int = 8  # Rademacher probes of the Hutchinson trace
+    hessian_probes: int = 8  # the least Rademacher probes of a Hutchinson trace (at least 2: a standard error)
+    hessian_probes_max: int = 400  # the most; probes are added until the standard error is hessian_trace_rse
+    hessian_trace_rse: float = 0.05  # target standard error of an estimated trace, as a share of it
+    hessian_exact_max: int = 10_000  # models with at most this many parameters get the exact trace
     hessian_iters: int = 20  # most Lanczos steps (Hessian products); it stops once the kept eigenvalues converge
     grad_batch: int = 16  # validation windows whose per-example gradients form the gradient clouds
     grad_dim: int = 64  # JL projection dimension of the whole network's gradient cloud
@@ -193,7 +196,8 @@ class FeaturesParams:
             raise ParamsError(f"features.phdim_sizes needs 3 distinct sizes >= 8, got {list(self.phdim_sizes)}")
         at_least(self, "features", ("landscape_grid",), 3, "a local minimum needs neighbours on both sides")
         at_least(self, "features", ("hessian_iters",), 3, "Lanczos needs more steps than the eigenvalues it keeps")
-        non_negative(self, "features", ("seed", "significance"))
+        within(self, "features", "hessian_probes", 2, self.hessian_probes_max, "a standard error needs 2 probes")
+        non_negative(self, "features", ("seed", "significance", "hessian_exact_max"))
         within(self, "features", "significance", 0.0, 1.0, "a share of the longest bar's persistence")
         loop = "fewer points cannot form a loop, so every H1 feature would be 0 whatever the weights"
         at_least(self, "features", ("max_points", "rep_points", "unit_points", "grad_batch"), MIN_CLOUD_POINTS, loop)
@@ -286,9 +290,7 @@ class Params:
 
     def runs(self) -> list[tuple[str, str, int]]:
         """Every training run params.yaml declares, as (rung, variant, seed): ladder x variants x seeds.
-
-        The base variant (``train``'s own recipe) comes first, then ``variants`` in file order.
-        """
+        The base variant (``train``'s own recipe) comes first, then ``variants`` in file order."""
         variants = [BASE_VARIANT, *self.variants]
         return [(rung, v, seed) for v in variants for rung in self.ladder for seed in self.train.seeds]
 
@@ -321,11 +323,9 @@ class Params:
 
 
 def run_name(rung: str, seed: int, variant: str = BASE_VARIANT) -> str:
-    """Name of one training run (data/runs/<name>, data/config/<name>.json, features@<name>).
-
+    """Name of one training run (data/runs/<name>, data/config/<name>.json, features@<name>):
     ``<rung>-<seed>`` for the base variant, as DVC's matrix over ladder x train.seeds keys it;
-    ``<rung>-<variant>-<seed>`` for the others (the key of the matrix over ladder x variants x seeds).
-    """
+    ``<rung>-<variant>-<seed>`` for the others (the key of the matrix over ladder x variants x seeds)."""
     return f"{rung}-{seed}" if variant == BASE_VARIANT else f"{rung}-{variant}-{seed}"
 
 

@@ -231,14 +231,49 @@ FEATURES = (
         for pair, where in (("rand", "random filter-normalised directions"), ("hess", "top-2 Hessian eigenvectors"))
         for key, text in _SLICE_SUMMARY
     ),
+    Feature(
+        "ls_rand_range_global",
+        LANDSCAPE,
+        MODEL,
+        "max - min loss (nats) of the random directions' slice at radius 1 on a 5 x 5 grid: mostly the loss of a "
+        "destroyed network, not local sharpness",
+        kind="geometric",
+        in_verdict=False,
+    ),
+    *(
+        Feature(
+            f"ls_{pair}_curv",
+            LANDSCAPE,
+            MODEL,
+            f"(d1^T H d1 + d2^T H d2) / 2 along the {where} (filter-normalised, unscaled): the slice's curvature "
+            "at the weights (nats per squared direction unit)",
+            kind="geometric",
+            in_verdict=False,
+        )
+        for pair, where in (("rand", "random slice's directions"), ("hess", "Hessian slice's eigenvectors"))
+    ),
     *(
         Feature(
             f"hess_eig{i}", CURVATURE, MODEL, f"{label} eigenvalue of the Hessian of the fixed-batch loss (Lanczos)"
         )
         for i, label in ((1, "largest"), (2, "second largest"), (3, "third largest"))
     ),
-    Feature("hess_trace", CURVATURE, MODEL, "trace of the Hessian of the fixed-batch loss (Hutchinson, Rademacher)"),
+    Feature(
+        "hess_trace",
+        CURVATURE,
+        MODEL,
+        "trace of the Hessian of the fixed-batch loss (exact up to features.hessian_exact_max parameters, else "
+        "deflated Hutchinson to a relative standard error of features.hessian_trace_rse)",
+    ),
     Feature("hess_eig1_over_trace", CURVATURE, MODEL, "hess_eig1 / hess_trace: the top direction's share"),
+    Feature(
+        "hess_trace_se",
+        CURVATURE,
+        MODEL,
+        "standard error of hess_trace (0 when exact; the Hutchinson probes' when estimated)",
+        kind="geometric",
+        in_verdict=False,
+    ),
     *(
         Feature(f"gt_{unit}{key}", GRADIENT_TOPOLOGY, agg, f"{text} of the layer's per-example weight gradients{what}")
         for unit, what in (("", ""), ("unit_", " scaled to unit norm"))
