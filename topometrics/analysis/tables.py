@@ -54,12 +54,13 @@ def between_run_tables(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
     """The ``incremental_validity`` and ``incremental_errors`` tables (:mod:`topometrics.verdict.verdict`, and the
     outlier rows of :func:`topometrics.verdict.decisions.outlier_verdict`) over every run in ``con``, all recipe
     variants together (leave-one-variant-out needs them), and the decisions drawn from them
-    (:func:`topometrics.analysis.decide.decision_tables`)."""
+    (:func:`topometrics.analysis.decide.decision_tables`); ``verdict_inputs``, the per run x fraction inputs
+    (not a warehouse table: the analysis stage fits the live forecaster on them)."""
     _, _, inputs = _predictions_and_inputs(con, params, learned=False)
     validity, errors = verdict.incremental_validity(inputs, params)
     if len(inputs):
         validity = pd.concat([validity, decisions.outlier_verdict(inputs, params)], ignore_index=True)
-    tables = {"incremental_validity": validity, "incremental_errors": errors}
+    tables = {"incremental_validity": validity, "incremental_errors": errors, "verdict_inputs": inputs}
     return tables | decide.decision_tables(con, inputs, validity, errors, params)  # intervals, stopping
 
 
