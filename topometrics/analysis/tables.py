@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from topometrics.analysis import partial, predict, stats
+from topometrics.analysis import decide, partial, predict, stats
 from topometrics.dynamics import changepoints
 from topometrics.models.lr_schedule import Schedule
 from topometrics.params import AnalysisParams, ParamsError
@@ -53,12 +53,15 @@ def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
 def between_run_tables(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
     """The ``incremental_validity`` and ``incremental_errors`` tables (:mod:`topometrics.verdict.verdict`, and the
     outlier rows of :func:`topometrics.verdict.decisions.outlier_verdict`) over every run in ``con``, all recipe
-    variants together (leave-one-variant-out needs them)."""
+    variants together (leave-one-variant-out needs them), and the decisions drawn from them
+    (:func:`topometrics.analysis.decide.decision_tables`); ``verdict_inputs``, the per run x fraction inputs
+    (not a warehouse table: the analysis stage fits the live forecaster on them)."""
     _, _, inputs = _predictions_and_inputs(con, params, learned=False)
     validity, errors = verdict.incremental_validity(inputs, params)
     if len(inputs):
         validity = pd.concat([validity, decisions.outlier_verdict(inputs, params)], ignore_index=True)
-    return {"incremental_validity": validity, "incremental_errors": errors}
+    tables = {"incremental_validity": validity, "incremental_errors": errors, "verdict_inputs": inputs}
+    return tables | decide.decision_tables(con, inputs, validity, errors, params)  # intervals, stopping
 
 
 def partial_tests(con, params: AnalysisParams) -> pd.DataFrame:
