@@ -145,12 +145,14 @@ def test_only_topology_questions_are_corrected_together():
 def test_the_bench_machinery_reports_rates_for_every_cv_and_family_on_a_small_case():
     table = power.rates((2, 4, 3), ["seed", "variant"], k=1, reps=2, n_perm=19)
     assert set(table) == {
-        f"{cv}/{f}" for cv in ("seed", "variant") for f in ("noise", "nuisance", "s=0.1", "s=0.3", "s=0.5")
+        f"{cv}/{f}"
+        for cv in ("seed", "variant")
+        for f in ("noise", "nuisance", "recipe proxy", "s=0.1", "s=0.3", "s=0.5")
     }
     assert all(0 <= v["adds_pct"] <= 100 and v["reps"] == 2 for v in table.values())
     runs = power.simulate((3, 4, 2), 2, 0.5, "signal", np.random.default_rng(0))
     assert (
-        runs.base.shape == (24, 5)
+        runs.base.shape == (24, 10)
         and runs.extra.shape == (24, 4)
         and len(set(zip(runs.rung, runs.recipe, strict=True))) == 12
     )
