@@ -1,12 +1,14 @@
 """topometrics.features.cost: per-family estimates linear in the parameter count, the families a memory cannot
 hold, and a series told (and skipped) before anything is allocated."""
 
+import tracemalloc
 from types import SimpleNamespace
 
 import numpy as np
 from safetensors.numpy import save_file
 
 from topometrics.features import cost
+from topometrics.landscape.trace import adaptive_trace
 from topometrics.params import FeaturesParams
 from topometrics.series.source_shards import affordable
 
@@ -23,7 +25,7 @@ def test_costs_are_linear_in_the_parameters_and_group_the_weight_families():
 
 def test_a_pythia_160m_curvature_is_told_it_does_not_fit_24_gb_less_what_others_use():
     costs = cost.checkpoint_costs(162_322_944, ["np", "curvature"])
-    too_big = cost.unaffordable(costs, 12 * cost.GIB)  # curvature adds ~14.9 GB, gradient_topology ~3.6
+    too_big = cost.unaffordable(costs, 12 * cost.GIB)  # curvature adds ~15.7 GB, gradient_topology ~3.6
     assert list(too_big) == ["curvature"] and "GB available" in too_big["curvature"]
     assert cost.skipped_families(["np", "vr", "curvature"], too_big) == ("curvature",)
     line = cost.plan_line(162_322_944, costs, checkpoints=19)
@@ -31,6 +33,25 @@ def test_a_pythia_160m_curvature_is_told_it_does_not_fit_24_gb_less_what_others_
     weights, curvature = costs
     every_fifth = cost.plan_line(162_322_944, costs, checkpoints=19, surface_every=5)  # 4 of 19 get the surface
     assert f"~{(19 * weights.seconds + 4 * curvature.seconds) / 3600:.2f} h" in every_fifth
+
+
+def test_the_curvature_peak_holds_the_trace_deflated_by_three_float32_ritz_vectors():
+    dim = 100_000
+    ritz = np.random.default_rng(0).standard_normal((3, dim)).astype(np.float32).T  # as the two-pass Lanczos gives
+
+    def product(v):  # a difference product's ~5 float64 temporaries, its result among them
+        temporaries = [v * 1.0 for _ in range(4)]
+        return temporaries[0] * 2.0
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        adaptive_trace(product, dim, 8, 0.05, 8, seed=0, basis=ritz)
+        trace_bytes = (tracemalloc.get_traced_memory()[1] - before) / dim
+    finally:
+        tracemalloc.stop()
+    held = 4 + 8 + 8 + 3 * 4  # the model, its float64 copy, the gradient at the weights, the Ritz vectors
+    assert 71 < trace_bytes <= cost.BYTES_PER_PARAMETER["curvature"] - held + 0.1  # + a few small arrays
 
 
 def checkpoints_of(tmp_path, rows, cols):
