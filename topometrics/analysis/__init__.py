@@ -5,4 +5,5 @@ Entry points: ``warehouse.build_warehouse`` / ``populate`` (the DuckDB store, wi
 :mod:`topometrics.verdict` for the verdict); ``predict`` (final-loss predictors); ``partial``
 (partial Spearman within runs); ``stats`` (p-values, bootstrap CIs, robust fits);
 ``metrics_file.build_metrics`` (the summary ``dvc metrics diff`` compares).
+``query.main`` (``python -m topometrics.analysis.query "SQL"``: ad hoc SQL on the warehouse, read-only).
 """
