@@ -305,14 +305,14 @@ def test_trainer_callback_logs_what_the_saved_checkpoints_hold_and_the_trainers_
     logged = {(int(e["topology/step"]), k[len("topology/") :]): v for e in history for k, v in e.items()
               if "topology/step" in e and k != "topology/step" and k.startswith("topology/")}  # fmt: skip
     assert logged == {(int(r.step), r.feature): pytest.approx(r.value) for r in everything.itertuples()}
-    # the event file TensorBoard wrote, read back by TensorBoard's own reader
+    # the event file TensorBoard wrote, read back by its own reader (the integration prefixes train/)
     (events,) = (tmp_path / "tb").glob("events.out.tfevents.*")
     board = EventAccumulator(str(events))
     board.Reload()
-    steps = [round(e.value) for e in board.Scalars("topology/step")]
+    steps = [round(e.value) for e in board.Scalars("train/topology/step")]
     assert steps == [50, 100, 150, 200]  # every measurement, in order, before the writer closed
     np_norm = everything[everything["feature"] == "np_norm"].set_index("step")["value"]
-    got = [e.value for e in board.Scalars("topology/np_norm")]
+    got = [e.value for e in board.Scalars("train/topology/np_norm")]
     assert got == pytest.approx(np_norm.loc[steps].tolist(), rel=1e-6)  # float32 in the event file
     assert sorted(features["step"].unique()) == [50, 100, 150, 200]
     run = scan_run_folder(run_dir)
