@@ -332,6 +332,34 @@ def test_trainer_callback_logs_what_the_saved_checkpoints_hold_and_the_trainers_
         assert logged["val_loss"] == pytest.approx(table.set_index("step").loc[ckpt.step, "val_loss"])
 
 
+def test_a_measurement_logged_at_a_logging_step_keeps_the_trainers_own_loss_row(tmp_path):
+    # Trainer.log clears control.should_log; the callback waits for (and logs) the last step's measurement
+    # in on_step_end, after the flow callback set the flag, so the Trainer used to skip that step's loss
+    pytest.importorskip("accelerate", reason="the Hugging Face Trainer needs accelerate, not installed here")
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    windows = torch.randint(0, 32, (8, 8), generator=torch.Generator().manual_seed(0))
+    model = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=32, n_positions=8))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "run"), max_steps=2, per_device_train_batch_size=4, logging_steps=2,
+        save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0,
+    )  # fmt: skip
+    threads = torch.get_num_threads()
+    with TopologyMonitor(tmp_path / "live", every=2, params=PARAMS, log=lambda _: None) as monitor:
+        try:
+            train = [{"input_ids": w, "labels": w} for w in windows]
+            trainer = Trainer(model=model, args=args, train_dataset=train, callbacks=[OneThread()])
+            trainer.add_callback(TopologyCallback(monitor, trainer))
+            trainer.train()
+        finally:
+            torch.set_num_threads(threads)
+    history = trainer.state.log_history
+    assert [e["step"] for e in history if "topology/step" in e] == [2]
+    assert [e["step"] for e in history if "loss" in e] == [2]  # the Trainer's own row of the same step
+    _, losses = read_log(tmp_path / "live")
+    assert losses["step"].tolist() == [2] and losses["train_loss"].notna().all()
+
+
 def test_a_diverged_snapshot_gives_null_rows_with_the_reason(tmp_path):
     model = GPT(GPTConfig(hidden=16, layers=1, heads=2))
     with torch.no_grad():

@@ -303,8 +303,15 @@ class TopologyCallback(TrainerCallback):
             monitor.sinks.append(self.to_trainer)
 
     def to_trainer(self, step: int, values: dict[str, float]) -> None:
-        """Log one measurement through the Trainer's own ``log`` (its integrations' ``on_log``)."""
+        """Log one measurement through the Trainer's own ``log`` (its integrations' ``on_log``).
+
+        ``Trainer.log`` clears ``control.should_log`` (its callback handler's ``on_log`` does). Called from
+        ``on_step_end`` at a logging step, after the flow callback set the flag, that would drop the Trainer's
+        own ``loss`` row of that step (the last step's, always: the callback waits there), so the flag is put back.
+        """
+        should_log = self.trainer.control.should_log
         self.trainer.log({f"topology/{name}": value for name, value in values.items()} | {"topology/step": step})
+        self.trainer.control.should_log = should_log
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.monitor.step(model, state.global_step):
