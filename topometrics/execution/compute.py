@@ -117,14 +117,14 @@ def _local_results(pool: ProcessPoolExecutor | None, fn: Callable, jobs: Sequenc
 
 def _in_one_thread(fn: Callable, job):
     """``fn(job)`` with one torch and one BLAS thread, as in a local worker (so results match)."""
-    with _one_thread():
+    with one_thread():
         return fn(job)
 
 
 @contextmanager
 def _executor(fn: Callable, workers: int, jobs: int) -> Iterator[ProcessPoolExecutor | None]:
     if workers <= 1 or jobs < MIN_JOBS_PER_WORKER * workers:
-        with _one_thread():
+        with one_thread():
             yield None
         return
     context = _pool_context(fn.__module__)
@@ -207,7 +207,7 @@ def _pool_context(preload: str) -> multiprocessing.context.BaseContext:
 
 
 @contextmanager
-def _one_thread():
+def one_thread():
     """torch and BLAS on one thread, as in a worker (so results match), restored afterwards."""
     threads = torch.get_num_threads()
     try:

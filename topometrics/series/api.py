@@ -2,7 +2,9 @@
 
 :func:`features_of` runs :func:`topometrics.series.checkpoint.series_checkpoint_features`, the series stage's
 per-checkpoint path, on each checkpoint and returns :func:`topometrics.features.checkpoint.features_frame`'s
-long rows (``rung, seed, step, layer, feature, value, reason``). A model in memory is written once to a
+long rows (``rung, seed, step, layer, feature, value, reason``). It runs with one torch and one BLAS thread,
+as the stage's jobs do (:func:`topometrics.execution.compute.map_jobs`), so its values are the stage's to the
+last bit (float32 sums in another thread's order are not). A model in memory is written once to a
 temporary folder with ``save_pretrained`` (safetensors) and read back like any checkpoint, so it takes the
 same path too. The distances to the previous checkpoint (``*_prev``) and the trajectory's dimension need
 a whole series: the ``series`` stage computes them (``series.sources``, docs/series.md).
@@ -17,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from topometrics.errors import TopometricsError
+from topometrics.execution.compute import one_thread
 from topometrics.features.checkpoint import FEATURE_COLUMNS, features_frame
 from topometrics.params import FeaturesParams
 from topometrics.series.checkpoint import series_checkpoint_features
@@ -58,7 +61,7 @@ def features_of(
     if families is not None:
         params = replace(params, families=tuple(families))
         params.check()
-    with tempfile.TemporaryDirectory(prefix="features_of-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="features_of-") as tmp, one_thread():
         checkpoints = _checkpoints(model_or_folder, Path(tmp))
         if tokenizer is not None:
             tokenizer.save_pretrained(Path(tmp) / "tokenizer")
