@@ -358,3 +358,16 @@ def test_a_bad_tokenizer_is_one_params_error_naming_the_key(tokenizer, message):
     assert parse_params(raw).data.tokenizer.vocab_size == 257
     raw["data"]["tokenizer"] = {"kind": "bpe", "vocab_size": 65_535}
     assert parse_params(raw).data.tokenizer.vocab_size == 65_535
+
+
+def test_a_train_shape_key_every_rung_overrides_is_one_line_at_the_config_stage():
+    from stages.config import inherited_by_no_run
+
+    assert inherited_by_no_run(parse_params(default_raw())) is None  # xl inherits train's shape
+    raw = default_raw()
+    raw["ladder"] = {"a": {"hidden": 8, "layers": 1, "heads": 1}, "b": {"hidden": 16, "heads": 2}}
+    raw["train"]["hidden"] = 64
+    assert inherited_by_no_run(parse_params(raw)) == (
+        "config: note: train.hidden = 64, train.heads = 4: no run inherits it (every ladder rung sets its own), "
+        "so changing it changes nothing; set ladder.<rung>.hidden instead"
+    )  # train.layers is b's, so it is not named

@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
 
+from topometrics import vocabulary
 from topometrics.features import checkpoint as feat
 from topometrics.features.run_shards import read_tables
 from topometrics.models.checkpoints import CheckpointError
@@ -616,3 +617,46 @@ def test_a_series_trajectory_dimension_is_from_its_checkpoints_through_the_per_c
     assert got["value"] == pytest.approx(est.dimension, rel=1e-9)
     early = rows.loc[(50, "traj_ckpt_phdim")]  # six checkpoints in (-950, 50]: too few, NULL with the reason
     assert np.isnan(early["value"]) and "6 points allow" in early["reason"]
+
+
+# ---------------------------------------------------------------------------
+# One call: topometrics.features_of
+# ---------------------------------------------------------------------------
+
+
+def test_features_of_a_folder_or_a_model_are_the_series_stages_rows(local_series, local_result):
+    import topometrics
+
+    root, models_by_step = local_series
+    keys = ["rung", "seed", "step", "layer", "feature"]
+    got = topometrics.features_of(root, text=TEXT, params=PARAMS, seq_len=SEQ_LEN, name="tiny")
+    stored = local_result.features  # the stage's shards, the rows the warehouse loads
+    both = stored.merge(got, on=keys, how="outer", suffixes=("_stage", "_call"), indicator=True)
+    only_stage = both[both["_merge"] == "left_only"]
+    assert set(only_stage["feature"].map(lambda f: vocabulary.lookup(f).family.name)) <= {"distance", "trajectory"}
+    assert (both["_merge"] != "right_only").all() and len(got) == len(both) - len(only_stage)
+    common = both[both["_merge"] == "both"]
+    stage, call = common["value_stage"], common["value_call"]
+    same = (stage == call) | (stage.isna() & call.isna())
+    assert same.all() and (common["reason_stage"].fillna("") == common["reason_call"].fillna("")).all()
+    # a model in memory, with its tokenizer passed: the same rows as its saved folder at step 0
+    model = topometrics.features_of(models_by_step[0], tokenizer=AutoTokenizer.from_pretrained(root), text=TEXT,
+                                    params=PARAMS, seq_len=SEQ_LEN, name="tiny")  # fmt: skip
+    pd.testing.assert_frame_equal(model, got[got["step"] == 0].reset_index(drop=True))
+    weights_only = topometrics.features_of(root / "step0", params=PARAMS, families=["np", "vr"])
+    assert {"grad_norm", "rep_tp0"}.isdisjoint(weights_only["feature"]) and weights_only["value"].notna().any()
+    off = weights_only[weights_only["feature"] == "w_fro"]
+    assert set(off["reason"]) == {"family switched off (features.families)"}
+
+
+def test_features_of_anything_else_is_one_line_saying_what_it_accepts(tmp_path):
+    import topometrics
+    from topometrics.errors import TopometricsError
+    from topometrics.series.api import ACCEPTS
+
+    things = [(object(), "got a object"), (tmp_path / "absent", "is not a folder"), (tmp_path, "no checkpoint")]
+    for thing, start in things:
+        with pytest.raises(TopometricsError) as err:
+            topometrics.features_of(thing)
+        assert start in str(err.value) and str(err.value).endswith(f"it accepts {ACCEPTS}")
+        assert "\n" not in str(err.value)

@@ -6,4 +6,5 @@ Entry points: ``warehouse.build_warehouse`` / ``populate`` (the DuckDB store, wi
 (partial Spearman within runs); ``stats`` (p-values, bootstrap CIs, robust fits);
 ``metrics_file.build_metrics`` (the summary ``dvc metrics diff`` compares); ``forecast.load_forecaster`` /
 ``forecast_line`` (the stage's live forecaster read back: a new run's predicted final loss, standard library only).
+``query.main`` (``python -m topometrics.analysis.query "SQL"``: ad hoc SQL on the warehouse, read-only).
 """

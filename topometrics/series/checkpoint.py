@@ -217,14 +217,14 @@ def causal_lm_forward(
 
 def series_checkpoint_features(
     ckpt: SeriesCheckpoint,
-    text: str,
+    text: str | None,
     params: FeaturesParams,
     seq_len: int,
     layers: Mapping[str, str] | None = None,
     index: int = 0,
 ) -> tuple[CheckpointFeatures, list[str]]:
     """All features of one checkpoint but the distances; also returns its layer names. ``index``: its
-    place in the series (``features.landscape_every``).
+    place in the series (``features.landscape_every``); ``text`` None: no forward pass (weight features only).
 
     The weights are streamed: pass 1 reads each linear layer's ``max |w|`` (for neural
     persistence's global maximum), pass 2 is :func:`topometrics.features.checkpoint.linear_and_forward_features`
@@ -238,7 +238,7 @@ def series_checkpoint_features(
         reason = "diverged: non-finite weights in a linear layer"
         warnings.warn(f"{ckpt.revision}: {reason}", RuntimeWarning, stacklevel=2)
         return null_features(list(layers), params, reason), list(layers)
-    forward = functools.partial(causal_lm_forward, ckpt, text, params, seq_len, index)
+    forward = None if text is None else functools.partial(causal_lm_forward, ckpt, text, params, seq_len, index)
     return linear_and_forward_features(loaders, global_max, forward, params), list(layers)
 
 
