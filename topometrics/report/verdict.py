@@ -54,6 +54,15 @@ def _added(family: str) -> str:
 
 
 LOSS_UNITS = {"nats": "nats", "bpb": "bits per byte"}  # analysis.loss_unit as the sentences name it
+# A change in MAE this small a share of the baseline MAE is float round-off (float64 carries ~16 digits; the fits'
+# solvers lose a few), not a result: the sentence says "identical" rather than printing the noise as a number.
+PRECISION = 1e-9
+
+
+def identical(delta, mae_without) -> bool:
+    """Whether ``delta`` (a change in MAE) is below numerical precision relative to the baseline's MAE."""
+    scale = abs(mae_without) if mae_without is not None and not pd.isna(mae_without) else 1.0
+    return abs(float(delta)) <= PRECISION * max(scale, 1e-12)
 
 
 def loss_unit(final) -> str:
@@ -74,6 +83,10 @@ def sentence(row, unit: str = "nats") -> str:
     delta = row.get("delta_mae")
     if delta is None or pd.isna(delta):
         return f"{when}, {what} was not tested ({cv}, {role}): {row['verdict']}."
+    if identical(delta, row.get("mae_without")):
+        return (f"{when}, {what} leaves the predictions identical to the baseline's to numerical precision "
+                f"(|ΔMAE| below {PRECISION:g} of its MAE; {cv}, {role}): "
+                f"{row['verdict']}.")
     p = row.get("p_adjusted")
     kind = "Holm p" if row.get("role") == "topology" else "p"
     p_text = "no p-value" if p is None or pd.isna(p) else f"one-sided {kind}={_num(p, 2)}"
