@@ -515,12 +515,12 @@ def test_grouped_lines_and_the_advice_for_a_hub_series():
     records += [{"revision": "step5000", "step": 5000, "status": "computed", "reason": None}]
     records += [{"revision": "step9000", "step": 9000, "status": "reused", "reason": None}]
     assert grouped_lines("pythia", records) == ["pythia: 2 skipped: " + reason, "pythia: 1 computed"]
-    series = {"name": "pythia", "model": "EleutherAI/pythia-14m", "computed": 1, "reused": 1, "skipped": 2}
-    assert summary_line(series | {"checkpoints": records}) == (
+    series = {"name": "pythia", "model": "EleutherAI/pythia-14m", "computed": 2, "skipped": 2}
+    assert summary_line(series | {"checkpoints": records}, reused=1) == (
         "series pythia: 1 computed, 1 reused, 2 skipped (see status.json; rerun `dvc repro` when the hub or cache "
         "has them)"
     )
-    assert summary_line(series | {"skipped": 0, "checkpoints": []}) == "series pythia: 1 computed, 1 reused, 0 skipped"
+    assert summary_line(series | {"skipped": 0, "checkpoints": []}, 1) == "series pythia: 1 computed, 1 reused, 0 skipped"
 
 
 def test_one_hostile_source_never_stops_the_others_and_each_bad_file_is_a_skip_with_its_reason(local_series, tmp_path):
@@ -616,3 +616,59 @@ def test_a_series_trajectory_dimension_is_from_its_checkpoints_through_the_per_c
     assert got["value"] == pytest.approx(est.dimension, rel=1e-9)
     early = rows.loc[(50, "traj_ckpt_phdim")]  # six checkpoints in (-950, 50]: too few, NULL with the reason
     assert np.isnan(early["value"]) and "6 points allow" in early["reason"]
+
+
+def run_series_stage(tmp_path: Path, sources: dict) -> tuple[subprocess.CompletedProcess, dict]:
+    """``stages/series.py`` in ``tmp_path`` over ``sources`` (params.yaml's series.sources); its run and status."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["features"].update(max_points=20, rep_points=60, rep_dim=5, rep_batch=2, betti_scales=4, workers=1)
+    params["series"] = {"seq_len": SEQ_LEN, "sources": sources}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    (tmp_path / "data" / "corpus").mkdir(parents=True, exist_ok=True)
+    encode(TEXT).tofile(tmp_path / "data" / "corpus" / "val.u8")
+    cmd = [sys.executable, str(REPO / "stages" / "series.py"), "--corpus", "data/corpus", "--out", "data/series"]
+    run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    status = tmp_path / "data" / "series" / "status.json"
+    return run, json.loads(status.read_text()) if status.is_file() else {}
+
+
+def test_an_entry_that_cannot_be_stated_and_signed_step_names_are_skipped_and_the_stage_writes_its_status(
+    local_series, tmp_path
+):
+    """One entry the system refuses to stat (a link whose target name is too long: ENAMETOOLONG even for root, as
+    /proc/1/cwd is EACCES for a user), a source folder that cannot be listed, and step names that are no plain
+    non-negative integer (``checkpoint--5``, ``step_-1``): each a skip with its reason; ``checkpoint-1`` keeps step 1,
+    the good source is computed, status.json is written."""
+    root, _ = local_series
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for folder in (good, bad):
+        folder.mkdir()
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (root / name).exists():
+                shutil.copy(root / name, folder / name)
+    shutil.copytree(root / "step0", good / "step0")
+    shutil.copytree(root / "step0", bad / "checkpoint-1")
+    shutil.copytree(root / "step0", bad / "checkpoint--5")
+    shutil.copy(root / "step0" / "config.json", bad / "config.json")
+    shutil.copy(root / "step_000010" / "model.safetensors", bad / "step_-1.safetensors")
+    (bad / "unreadable").symlink_to("x" * 300)  # stat: [Errno 36] File name too long
+    (tmp_path / "nowhere").symlink_to("y" * 300)
+    sources = {"good": {"path": str(good)}, "bad": {"path": str(bad)}, "gone": {"path": str(tmp_path / "nowhere")}}
+    run, status = run_series_stage(tmp_path, sources)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    by_name = {s["name"]: s for s in status["series"]}
+    assert (by_name["good"]["computed"], by_name["good"]["skipped"]) == (1, 0)
+    checkpoints = {c["revision"]: c for c in by_name["bad"]["checkpoints"]}
+    assert (checkpoints["checkpoint-1"]["status"], checkpoints["checkpoint-1"]["step"]) == ("computed", 1)
+    assert checkpoints["unreadable"]["reason"] == (
+        f"{bad / 'unreadable'}: cannot be read (File name too long); make it readable or move it out of the series "
+        "folder"
+    )
+    for name in ("checkpoint--5", "step_-1.safetensors"):
+        assert checkpoints[name]["status"] == "skipped" and checkpoints[name]["step"] is None
+        assert checkpoints[name]["reason"] == (
+            f"{bad / name}: a step name ends in a plain non-negative integer (step_1, checkpoint-5); rename it"
+        )
+    (gone,) = by_name["gone"]["checkpoints"]
+    assert gone["status"] == "skipped" and "cannot be read (File name too long)" in gone["reason"]
+    assert "series good: 1 computed, 0 reused, 0 skipped" in run.stdout
