@@ -520,7 +520,8 @@ def test_grouped_lines_and_the_advice_for_a_hub_series():
         "series pythia: 1 computed, 1 reused, 2 skipped (see status.json; rerun `dvc repro` when the hub or cache "
         "has them)"
     )
-    assert summary_line(series | {"skipped": 0, "checkpoints": []}, 1) == "series pythia: 1 computed, 1 reused, 0 skipped"
+    line = summary_line(series | {"skipped": 0, "checkpoints": []}, 1)
+    assert line == "series pythia: 1 computed, 1 reused, 0 skipped"
 
 
 def test_one_hostile_source_never_stops_the_others_and_each_bad_file_is_a_skip_with_its_reason(local_series, tmp_path):
