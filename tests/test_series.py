@@ -673,3 +673,44 @@ def test_an_entry_that_cannot_be_stated_and_signed_step_names_are_skipped_and_th
     (gone,) = by_name["gone"]["checkpoints"]
     assert gone["status"] == "skipped" and "cannot be read (File name too long)" in gone["reason"]
     assert "series good: 1 computed, 0 reused, 0 skipped" in run.stdout
+
+
+def test_a_tokenizer_wrong_for_its_model_costs_only_the_families_that_need_it_naming_the_file_and_the_fix(
+    local_series, tmp_path
+):
+    """tokenizer.json truncated, without its 'added_tokens', or giving ids beyond the model's embedding (another
+    model's): the checkpoint is computed, its weight families have values, and the forward-pass families are NULL
+    with a reason naming the file and the fix (the stage, its status and shards)."""
+    root, _ = local_series
+    tokenizer = json.loads((root / "tokenizer.json").read_text())
+    shifted = tokenizer | {"model": tokenizer["model"] | {"vocab": {t: i + 1000 for t, i in tokenizer["model"]["vocab"]
+                                                                     .items()}}}  # fmt: skip
+    broken = {
+        "truncated": (root / "tokenizer.json").read_text()[:2000],
+        "keys": json.dumps({k: v for k, v in tokenizer.items() if k != "added_tokens"}),
+        "beyond": json.dumps(shifted),
+    }
+    for name, text in broken.items():
+        shutil.copytree(root / "step0", tmp_path / name / "step0")
+        shutil.copy(root / "tokenizer_config.json", tmp_path / name / "tokenizer_config.json")
+        (tmp_path / name / "tokenizer.json").write_text(text)
+    shutil.copytree(root / "step0", tmp_path / "unknown" / "step0")  # and a model_type transformers does not know
+    config = json.loads((root / "step0" / "config.json").read_text()) | {"model_type": "no-such-model"}
+    (tmp_path / "unknown" / "step0" / "config.json").write_text(json.dumps(config))
+    sources = {name: {"path": str(tmp_path / name)} for name in [*broken, "unknown"]}
+    run, status = run_series_stage(tmp_path, sources)
+    assert run.returncode == 0, run.stderr
+    by_name = {s["name"]: s for s in status["series"]}
+    assert {(n, by_name[n]["computed"], by_name[n]["skipped"]) for n in broken} == {(n, 1, 0) for n in broken}
+    (unknown,) = by_name["unknown"]["checkpoints"]
+    assert unknown["status"] == "skipped" and "model_type 'no-such-model'" in unknown["reason"]
+    assert "`layers:` option" in unknown["reason"] and len(unknown["reason"]) < 400
+    assert max(len(line) for line in run.stdout.splitlines()) < 500  # not every transformers model type
+    features, _ = read_tables(tmp_path / "data" / "series")
+    for name in broken:
+        rows = features[(features["rung"] == name) & (features["layer"] == "all")].set_index("feature")
+        assert np.isfinite(rows.loc["np_norm", "value"])  # a weight family, computed from the file
+        reason = rows.loc["rep_tp0", "reason"]
+        assert pd.isna(rows.loc["rep_tp0", "value"]) and reason.startswith(str(tmp_path / name / "tokenizer.json"))
+        assert reason.endswith("give the series the tokenizer files the model was trained with") and len(reason) < 300
+    assert "is beyond the model's 300 embeddings" in features[features["rung"] == "beyond"]["reason"].dropna().iloc[0]

@@ -245,7 +245,12 @@ def _rules_for_config(config_json: str) -> tuple[TensorRule, ...]:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     except (ValueError, KeyError, TypeError, AssertionError) as err:
-        raise ArchitectureError(f"transformers has no causal LM for model_type {model_type!r} ({err})") from err
+        # transformers' own message for an unknown type lists every type it knows (12,000 characters): its start only
+        why = (str(err).splitlines() or [type(err).__name__])[0][:100]
+        raise ArchitectureError(
+            f"config.json: transformers has no causal LM for model_type {repr(model_type)[:60]} ({why}...); "
+            "map the layers with the source's `layers:` option (docs/series.md, Any decoder)"
+        ) from err
     return tuple(rules_from_layers(module_layers(model)))
 
 
