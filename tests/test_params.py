@@ -270,24 +270,54 @@ def test_a_rung_without_residual_connections_says_so_and_the_others_keep_their_s
         ({"fraction": 0.3, "cv": "rung"}, "declare a family"),
         ({"family": "weights_np", "fraction": 0.4, "cv": "rung"}, "fraction 0.4 is not in analysis.fractions"),
         ({"family": "weights_np", "fraction": 0.3, "cv": "seed"}, "cv 'seed' needs >= 3 groups"),
-        ({"family": "weights_np", "fraction": 0.3, "cv": "rung", "baseline": "x"}, "baseline 'x': 'norm' or"),
+        ({"family": "weights_np", "fraction": 0.3, "cv": "rung", "baseline": "x"}, "baseline 'x': 'recipe', 'norm' or"),
         ({"family": "weights_np", "cv": "rung"}, "fraction 0.0 is not in analysis.fractions"),
     ],
 )
 def test_a_primary_endpoint_the_sweep_does_not_compute_is_a_params_error(primary, message):
-    raw = default_raw()
+    raw = default_raw() | {"variants": RECIPES}
     raw["analysis"]["primary"] = primary
     with pytest.raises(ParamsError, match=message):
         parse_params(raw)
 
 
+RECIPES = {"lr_lo": {"lr": 0.001}, "lr_hi": {"lr": 0.006}}  # 3 recipes per rung: cell permutations can pass 5 %
+
+
 def test_a_primary_endpoint_of_up_to_three_declared_features_loads():
-    raw = default_raw()
+    raw = default_raw() | {"variants": RECIPES}
     raw["analysis"]["primary"] = {"family": "weights_vr", "features": ["vr_tp0"], "fraction": 0.3, "cv": "rung"}
     primary = parse_params(raw).analysis.primary
-    assert (primary.family, primary.features, primary.fraction, primary.cv, primary.baseline) == (
-        "weights_vr", ("vr_tp0",), 0.3, "rung", "norm"
+    assert (primary.family, primary.features, primary.fraction, primary.cv, primary.baseline, primary.level) == (
+        "weights_vr", ("vr_tp0",), 0.3, "rung", "recipe", "between"
     )  # fmt: skip
+
+
+def test_the_coming_sweeps_endpoint_between_cells_over_recipe_and_curvature_loads():
+    raw = default_raw() | {"variants": {f"r{i:02d}": {"lr": 0.001 * (i + 1)} for i in range(15)}}
+    raw["ladder"] = {name: raw["ladder"][name] for name in ("tiny", "small", "medium")}
+    raw["train"]["seeds"] = [1, 2]
+    endpoint = {"family": "landscape", "features": ["ls_rand_range"], "fraction": 0.2, "level": "between"}
+    raw["analysis"]["primary"] = endpoint | {"cv": "variant", "baseline": "recipe+curvature"}
+    raw["analysis"]["fractions"] = [0.2, 0.3, 0.5]
+    primary = parse_params(raw).analysis.primary
+    assert (primary.level, primary.cv, primary.baseline) == ("between", "variant", "recipe+curvature")
+
+
+@pytest.mark.parametrize(
+    ("recipes", "seeds", "level", "message"),
+    [
+        ({}, [1, 2, 3], "between", r"1 recipes per rung give a smallest p above alpha=0.05; declare >= 3 recipes"),
+        (RECIPES, [1], "within", r"1 seed per cell; declare >= 2 seeds"),
+        (RECIPES, [1, 2], "sideways", r"level 'sideways' is not 'between' or 'within'"),
+    ],
+)
+def test_a_primary_endpoint_at_a_level_the_runs_cannot_carry_is_one_params_line(recipes, seeds, level, message):
+    raw = default_raw() | {"variants": recipes}
+    raw["train"]["seeds"] = seeds
+    raw["analysis"]["primary"] = {"family": "weights_vr", "fraction": 0.3, "cv": "rung", "level": level}
+    with pytest.raises(ParamsError, match=message):
+        parse_params(raw)
 
 
 def test_a_loss_unit_other_than_nats_or_bpb_is_one_params_error_naming_the_key():

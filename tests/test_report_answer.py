@@ -41,9 +41,10 @@ def test_a_short_single_seed_run_says_why_in_one_paragraph_and_gives_the_command
     got = answer(skipped, meta())
     assert not got.computed and len(got.sentences) == 2
     assert got.sentences[0].startswith("Tested: whether adding the topology of a run's weights and representations")
+    between = int((skipped.level == "between").sum())  # the opening answers the between-cell question
     assert got.sentences[1] == (
-        f"The verdict cannot be computed yet: none of its {len(skipped)} comparisons could run: by 10% of training "
-        f"the runs have at most 3 checkpoints; a comparison needs 4 ({len(skipped)} comparisons)."
+        f"The verdict cannot be computed yet: none of its {between} comparisons could run: by 10% of training "
+        f"the runs have at most 3 checkpoints; a comparison needs 4 ({between} comparisons)."
     )
     # 40 steps, a checkpoint every 10: 2 steps give 4 checkpoints by 20%; 1 seed, 1 recipe and 2 rungs: 3 seeds
     assert got.command == "dvc exp run -S train.ckpt_every=2 -S 'train.seeds=[42,43,44]'"
@@ -54,9 +55,11 @@ def test_too_few_groups_in_every_scheme_are_grouped_by_reason():
     runs = synthetic_runs("topology").query("rung != 'c' and seed <= 2 and variant == 'x' and fraction > 0.1")
     got = answer(view(runs.drop(columns="variant")), meta(train={"steps": 5000, "ckpt_every": 100, "seeds": [1, 2]}))
     assert got.sentences[1] == (
-        "The verdict cannot be computed yet: none of its 15 comparisons could run: "  # 1 fraction x 5 comparisons
-        "leave-one-rung-out needs at least 3 rungs, got 2 (5 comparisons); leave-one-seed-out needs at least 3 "
-        "seeds, got 2 (5 comparisons); runs have no variant column (a single recipe) (5 comparisons)."
+        # 1 fraction x 8 comparisons per scheme: 6 between cells (loss, norm, recipe context rows, 2 families,
+        # every family) and 2 within
+        "The verdict cannot be computed yet: none of its 24 comparisons could run: "
+        "leave-one-rung-out needs at least 3 rungs, got 2 (8 comparisons); leave-one-seed-out needs at least 3 "
+        "seeds, got 2 (8 comparisons); runs have no variant column (a single recipe) (8 comparisons)."
     )
     assert got.command == "dvc exp run -S 'train.seeds=[1,2,3]'"
 
@@ -67,7 +70,7 @@ def test_a_computed_verdict_reads_as_quotable_sentences():
     assert got.sentences[0].endswith(": 36 runs, leave-one-seed-out (4 seeds).")
     assert "weights-VR, scale-free, heavy-tail families" in got.sentences[0]
     at_50 = next(s for s in got.sentences if s.startswith("At 50% of training"))
-    assert "adding every family to the loss curve + weight norm changes MAE by" in at_50 and "(n=36 runs" in at_50
+    assert "adding every family to the loss curve + weight norm + recipe changes MAE by" in at_50 and "(n=36 runs" in at_50
     assert not any(s.startswith("At 10%") for s in got.sentences)  # skipped there: the table says why
     families = got.sentences[-1]
     assert families.startswith("Single families (leave-one-seed-out): ") and "scale-free adds at" in families
@@ -75,14 +78,14 @@ def test_a_computed_verdict_reads_as_quotable_sentences():
 
 def test_the_lead_sentence_names_the_strongest_baseline_the_topology_rows_were_tested_against():
     frame = view(synthetic_runs("topology"))
-    assert "to its loss curve and weight norm predicts" in answer(frame, meta()).sentences[0]
+    assert "to its loss curve, weight norm and recipe predicts" in answer(frame, meta()).sentences[0]
     topology = frame[frame["role"] == "topology"]
-    stronger = pd.concat([frame, topology.assign(baseline="norm+curvature")], ignore_index=True)
+    stronger = pd.concat([frame, topology.assign(baseline="recipe+curvature")], ignore_index=True)
     assert (
-        "to its loss curve and weight norm and, the strongest baseline, to its loss curve, weight norm and "
-        "curvature predicts" in answer(stronger, meta()).sentences[0]
+        "to its loss curve, weight norm and recipe and, the strongest baseline, to its loss curve, weight norm, "
+        "recipe and curvature predicts" in answer(stronger, meta()).sentences[0]
     )
-    skipped = topology.assign(baseline="norm+curvature", verdict="skipped: family curvature has no usable values")
+    skipped = topology.assign(baseline="recipe+curvature", verdict="skipped: family curvature has no usable values")
     assert "the strongest baseline" not in answer(pd.concat([frame, skipped]), meta()).sentences[0]
 
 
@@ -91,7 +94,8 @@ def test_without_the_all_families_row_the_families_that_ran_lead():
     frame = frame[frame["family"] != verdict.HEADLINE_FAMILY]
     got = answer(frame, meta())
     assert got.computed and got.sentences[0].endswith(": 36 runs, leave-one-seed-out (4 seeds).")
-    assert sum(s.startswith("At 50% of training, adding") for s in got.sentences) == 3  # weight norm + 2 families
+    # the weight norm's context row; each family over the loss curve + weight norm (context) and + recipe
+    assert sum(s.startswith("At 50% of training, adding") for s in got.sentences) == 5
 
 
 def test_not_enough_runs_says_how_many_recipes_per_rung_would_do():
@@ -132,7 +136,7 @@ def test_the_page_opens_with_the_answer_and_folds_the_verdict_table_away():
     assert answer_at < page.index('<table class="banner') < page.index("<h2>Figures</h2>")
     command = "dvc exp run -S train.ckpt_every=2 -S &#x27;train.seeds=[42,43,44]&#x27;"  # HTML-escaped quotes
     assert f"To make it computable: <code>{command}</code>" in page
-    table = page.index('<details id="verdict-table"><summary>Verdict per scheme, fraction and family (15 comparisons')
+    table = page.index('<details id="verdict-table"><summary>Verdict per scheme, fraction and family (32 comparisons')
     assert page.index("<h2>Figures</h2>") < table
     assert page.count("The verdict cannot be computed yet") == 1
 
@@ -180,7 +184,7 @@ def test_the_power_recorded_with_the_endpoint_sits_beside_its_verdict(power, nee
 
 
 def test_a_power_outside_zero_one_is_one_params_error():
-    raw = {"analysis": {"primary": {"family": "weights_vr", "fraction": 0.3, "cv": "seed", "power": 84}}}
+    raw = {"analysis": {"primary": {"family": "weights_vr", "fraction": 0.3, "cv": "seed", "level": "within", "power": 84}}}
     raw |= {"train": {"seeds": [1, 2, 3]}, "ladder": {"tiny": {"hidden": 8}}}
     with pytest.raises(ParamsError, match=r"analysis.primary: power 84.0 is not a share in \(0, 1\]"):
         parse_params(raw)
@@ -188,7 +192,7 @@ def test_a_power_outside_zero_one_is_one_params_error():
 
 def test_needed_runs_without_a_short_power_or_within_the_declared_runs_is_one_params_error():
     raw = {"train": {"seeds": [1, 2, 3]}, "ladder": {"tiny": {"hidden": 8}}}
-    primary = {"family": "weights_vr", "fraction": 0.3, "cv": "seed"}
+    primary = {"family": "weights_vr", "fraction": 0.3, "cv": "seed", "level": "within"}
     for recorded in ({"power": 0.9, "needed_runs": 144}, {"power": 0.5, "needed_runs": 3}, {"needed_runs": 144}):
         with pytest.raises(ParamsError, match=r"needed_runs \d+ goes with a power below 0.8 and more than the 3 runs"):
             parse_params(raw | {"analysis": {"primary": primary | recorded}})

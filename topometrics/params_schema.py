@@ -4,7 +4,7 @@
 checks each value against its field's type (a float must be finite: YAML's ``.nan`` and ``.inf`` are
 refused, since no param means anything at either); :func:`positive`, :func:`non_negative` and
 :func:`within` check ranges. Every failure is a :class:`ParamsError` whose message names the key and
-the fix.
+the fix. :func:`check_primary_shape` holds the pre-registered endpoint to the runs the params declare.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 import types
 import typing
 from dataclasses import fields
+from math import factorial, prod
 
 from topometrics.errors import TopometricsError
 
@@ -135,3 +136,39 @@ def check_run_names(runs: list[str], rungs: list[str], series: list[str]) -> Non
     if both := sorted(set(rungs) & set(series)):
         raise ParamsError(f"series.sources.{both[0]}: a series may not share a rung's name (its rows would mix into "
                           f"ladder.{both[0]}'s); rename the series, e.g. {both[0]}-series")  # fmt: skip
+
+
+def check_primary_shape(p, groups: dict[str, int], fractions: tuple[float, ...], alpha: float) -> None:
+    """``analysis.primary`` (a PrimaryParams) against the declared runs: ``groups`` = seeds, recipes per rung
+    (``variant``) and rungs. A level the runs cannot carry (too few recipes per rung for the cell permutations
+    to reach ``alpha``, one seed per cell for the within-cell test) is one :class:`ParamsError` naming what it needs."""
+    need = _cells_needed(groups["rung"], alpha)
+    problems = [
+        (not p.family or len(p.features) > 3, f"declare a family and at most 3 features, got {p.family!r}"),
+        (p.fraction not in fractions, f"fraction {p.fraction} is not in analysis.fractions"),
+        (p.level not in ("between", "within"), f"level {p.level!r} is not 'between' or 'within'"),
+        (p.level == "between" and groups.get(p.cv, 0) < 3,
+         f"cv {p.cv!r} needs >= 3 groups among the declared runs ({groups})"),
+        (p.level == "between" and groups["variant"] < need,
+         f"the between-cell test permutes recipes within each rung: {groups['variant']} recipes per rung give a "
+         f"smallest p above alpha={alpha}; declare >= {need} recipes per rung (variants)"),
+        (p.level == "within" and groups["seed"] < 2,
+         f"the within-cell test shuffles seeds within each cell: {groups['seed']} seed per cell; declare >= 2 seeds"),
+        (p.baseline.split("+")[0] not in ("recipe", "norm"),
+         f"baseline {p.baseline!r}: 'recipe', 'norm' or either + '+<geometric family>'"),
+        (p.power is not None and not 0 < p.power <= 1, f"power {p.power} is not a share in (0, 1]"),
+        (p.needed_runs is not None and (p.power is None or p.power >= 0.8 or p.needed_runs <= prod(groups.values())),
+         f"needed_runs {p.needed_runs} goes with a power below 0.8 and more than the {prod(groups.values())} runs"),
+    ]  # fmt: skip
+    for bad, why in problems:
+        if bad:
+            raise ParamsError(f"analysis.primary: {why}; fix it in params.yaml before the sweep")
+
+
+def _cells_needed(rungs: int, alpha: float) -> int:
+    """The fewest recipes per rung whose cell-block permutations can give a p below ``alpha``: the smallest c
+    with (c!)^rungs > 1 / alpha (and >= 3, for leave-one-recipe-out)."""
+    c = 3
+    while factorial(c) ** max(rungs, 1) * alpha <= 1:
+        c += 1
+    return c

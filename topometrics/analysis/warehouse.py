@@ -36,7 +36,9 @@ SCHEMA_VERSION = 4  # 2: runs lost the always-NULL fingerprint column; 3: a vari
 # 4: checkpoints.val_bpb and settings.loss_unit
 SQL_DIR = Path(__file__).parent / "sql"
 # Analysis tables the warehouse stage loads from the analysis stage's Parquet files.
-ANALYSIS_TABLES = ("predictions", "fits", "tests", "incremental_validity", "incremental_errors")
+ANALYSIS_TABLES = (
+    "predictions", "fits", "tests", "incremental_validity", "incremental_errors", "prediction_intervals", "stopping",
+)  # fmt: skip
 # Columns a Parquet file may lack (they become NULL), per table: why a value or a loss is NULL.
 _OPTIONAL_COLUMNS = {"features": {"reason": "VARCHAR"}, "checkpoints": {"reason": "VARCHAR", "val_bpb": "DOUBLE"}}
 

@@ -27,6 +27,7 @@ QUESTION = (
     "predicts the run's final validation loss better, between runs"
 )
 NORM_BASELINE_WORDS = "its loss curve and weight norm"
+BASELINE_WORDS = {"norm": NORM_BASELINE_WORDS, "recipe": "its loss curve, weight norm and recipe"}
 SCHEME_GROUPS = {"seed": "seeds", "variant": "recipe variants", "rung": "rungs"}
 
 
@@ -47,6 +48,8 @@ def answer(verdict, meta) -> Answer:
     if isinstance(verdict, Missing):
         return Answer((f"No verdict yet: {verdict.reason}.",), "dvc repro", "runs the analysis and the warehouse")
     verdict = verdict[verdict["role"] != "outlier"] if "role" in verdict else verdict  # the report's table has them
+    if "level" in verdict:  # the opening answers the between-cell question (and states a within-cell endpoint)
+        verdict = verdict[(verdict["level"].fillna("between") == "between") | (verdict["role"] == "primary")]
     scheme = analysis_verdict.headline_scheme(verdict)
     if scheme is None:
         return _not_computable(verdict, params)
@@ -144,11 +147,14 @@ def _baselines(verdict: pd.DataFrame) -> str:
     if "baseline" not in verdict or "role" not in verdict:
         return NORM_BASELINE_WORDS
     ran = verdict[(verdict["role"] != "context") & ~verdict["verdict"].astype(str).str.startswith("skipped")]
-    extra = sorted({str(b).split("+", 1)[1] for b in ran["baseline"] if str(b).startswith("norm+")})
+    bases = {str(b).partition("+")[0] for b in ran["baseline"].dropna()}
+    base = "recipe" if "recipe" in bases else "norm"
+    extra = sorted({str(b).split("+", 1)[1] for b in ran["baseline"] if str(b).startswith(f"{base}+")})
     if not extra:
-        return NORM_BASELINE_WORDS
+        return BASELINE_WORDS[base]
     words = " and ".join(FAMILY_WORDS.get(e, e.replace("_", "-")) for e in extra)
-    return f"{NORM_BASELINE_WORDS} and, the strongest baseline, to its loss curve, weight norm and {words}"
+    strongest = BASELINE_WORDS[base].removeprefix("its ").replace(" and ", ", ")
+    return f"{BASELINE_WORDS[base]} and, the strongest baseline, to its {strongest} and {words}"
 
 
 def _families(verdict: pd.DataFrame, scheme: str) -> str:

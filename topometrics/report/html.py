@@ -100,10 +100,16 @@ def render_html(report: Report, vega_bundle: str) -> str:
 
 
 def lead_figure(report: Report) -> str | None:
-    """The figure shown beside the answer: the verdict's forest plot, else the loss curves (None: neither)."""
+    """The figure shown beside the answer: the stopping decision's compute saved vs regret curve, else the verdict's
+    forest plot, else the loss curves (None: none of them)."""
     drawn = {**report.verdict_figures, **report.figures}
     return next(
-        (n for n in ("topology_forest", "loss_curves") if n in drawn and not isinstance(drawn[n], Missing)), None
+        (
+            n
+            for n in ("stopping_curve", "topology_forest", "loss_curves")
+            if n in drawn and not isinstance(drawn[n], Missing)
+        ),
+        None,
     )
 
 

@@ -16,8 +16,11 @@ import pandas as pd
 from topometrics.report.frames import Missing
 
 # What the smaller model of each comparison already has, and what the larger one adds.
-BASELINE = {"loss": "the loss curve", "norm": "the loss curve + weight norm"}
-DEFAULT_BASELINE = "the loss curve + weight norm"
+BASELINE = {
+    "loss": "the loss curve", "norm": "the loss curve + weight norm", "recipe": "the loss curve + weight norm + recipe",
+}  # fmt: skip
+DEFAULT_BASELINE = "the loss curve + weight norm + recipe"
+RULED_OUT = "for a linear use of these columns"  # what 'ruled out' can exclude: a nonlinear use may still help
 ADDED = {"weight_norm": "the weight norm", "everything": "every family"}
 FAMILY_WORDS = {"weights_vr": "weights-VR", "weights_np": "weights-NP", "scale_free": "scale-free"}
 CV_WORDS = {"seed": "leave-one-seed-out", "variant": "leave-one-variant-out", "rung": "leave-one-rung-out"}
@@ -33,10 +36,10 @@ ROLE_WORDS = {
 
 
 def _baseline(name) -> str:
-    name = str(name) if isinstance(name, str) else "norm"
-    if name.startswith("norm+"):
-        return f"the loss curve + weight norm + {name.removeprefix('norm+')}"
-    return BASELINE.get(name, DEFAULT_BASELINE)
+    name = str(name) if isinstance(name, str) else "recipe"
+    base, _, family = name.partition("+")
+    words = BASELINE.get(base, DEFAULT_BASELINE)
+    return f"{words} + {family}" if family else words
 
 
 def _num(value, digits: int = 3) -> str:
@@ -78,7 +81,9 @@ def sentence(row, unit: str = "nats") -> str:
     numbers = f"{_num(delta)} {LOSS_UNITS.get(unit, unit)} {bounds}"
     share = f"{_num(100 * row.get('gain_share', float('nan')), 2)}% of the baseline MAE {_num(row.get('mae_without'))}"
     n = f"n={int(row['n'])} runs in {int(row.get('n_cells') or 0)} cells"
-    return f"{when}, {what} changes MAE by {numbers}, {share} ({n}, {cv}, {role}, {p_text}): {row['verdict']}."
+    word = f"{row['verdict']} {RULED_OUT}" if str(row["verdict"]).startswith("ruled out") else row["verdict"]
+    level = {"within": "within cells, "}.get(row.get("level"), "")
+    return f"{when}, {what} changes MAE by {numbers}, {share} ({n}, {level}{cv}, {role}, {p_text}): {word}."
 
 
 def _outlier_sentence(row, when: str, cv: str, role: str) -> str:
