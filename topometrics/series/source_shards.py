@@ -24,6 +24,7 @@ from topometrics.execution import shards
 from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table, shard_iterates
 from topometrics.features.trajectory import SERIES_SKETCH
+from topometrics.models.architectures import LAYERS_FIX
 from topometrics.models.checkpoints import CheckpointError
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams, SeriesParams, SeriesSource
@@ -186,8 +187,7 @@ def summary_line(series: dict, reused: int = 0) -> str:
 
 # Skip reasons (their words) -> what fixes them, for a folder as for a hub model.
 _ADVICE = (
-    (("unknown architecture", "incomplete blocks"),
-     "map the layers with the source's `layers:` option (docs/series.md, Any decoder)"),
+    (("unknown architecture", "incomplete blocks"), LAYERS_FIX),
     (("matches no 2-D tensor", "not a canonical part", "is not a regular expression", "needs exactly one group"),
      "fix the source's `layers:` option (docs/series.md, Any decoder)"),
     (("pickle weights are never opened",), "convert the pickle files with the command in the reason"),
