@@ -318,7 +318,8 @@ def test_stage_reads_hub_revisions_from_a_local_cache_offline(local_series, loca
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["features"].update(max_points=20, rep_points=60, rep_dim=5, rep_batch=2, betti_scales=4, workers=1)
     wanted = ["step0", "step20", "step30", "step40"]  # step30 is not cached
-    params["series"] = {"seq_len": SEQ_LEN, "sources": {"tiny": {"model": "acme/tiny-neox", "revisions": wanted}}}
+    # named unlike params.yaml's rungs (a series named like a rung is refused: its rows would mix into the rung's)
+    params["series"] = {"seq_len": SEQ_LEN, "sources": {"neox": {"model": "acme/tiny-neox", "revisions": wanted}}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     (tmp_path / "data" / "corpus").mkdir(parents=True)
     encode(TEXT).tofile(tmp_path / "data" / "corpus" / "val.u8")
@@ -327,25 +328,25 @@ def test_stage_reads_hub_revisions_from_a_local_cache_offline(local_series, loca
     cmd = [sys.executable, str(REPO / "stages" / "series.py"), "--corpus", "data/corpus", "--out", "data/series"]
     run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert "series tiny: 3 computed, 0 reused, 1 skipped" in run.stdout
+    assert "series neox: 3 computed, 0 reused, 1 skipped" in run.stdout
     status = json.loads((tmp_path / "data" / "series" / "status.json").read_text())["series"][0]
     by_revision = {c["revision"]: c for c in status["checkpoints"]}
     assert by_revision["step30"]["status"] == "skipped"
     assert "LocalEntryNotFoundError" in by_revision["step30"]["reason"]
     assert by_revision["step40"]["duplicate_of"] == "step20" and by_revision["step20"]["duplicate_of"] is None
     shards = tmp_path / "data" / "series"
-    frame = pd.concat([pd.read_parquet(p) for p in sorted(shards.glob("rung=tiny/**/features.parquet"))])
+    frame = pd.concat([pd.read_parquet(p) for p in sorted(shards.glob("rung=neox/**/features.parquet"))])
     assert set(frame["series"]) == {"acme/tiny-neox"} and set(frame["step"]) == {0, 20, 40}
     got = {(r.step, r.layer, r.feature): r.value for r in frame.itertuples()}
     for step in (0, 20):  # distances differ at 20: its previous checkpoint here is 0, there 10
         for (layer, name), value in values(local_result.features, step).items():
             if not name.endswith("_prev") and not name.startswith("traj_"):  # both in the distances table
                 assert got[(step, layer, name)] == pytest.approx(value, rel=1e-9, abs=1e-12, nan_ok=True)
-    assert sum(len(pd.read_parquet(p)) for p in shards.glob("rung=tiny/**/diagrams.parquet")) > 0
-    distances = pd.concat([pd.read_parquet(p) for p in sorted(shards.glob("rung=tiny/**/distances.parquet"))])
+    assert sum(len(pd.read_parquet(p)) for p in shards.glob("rung=neox/**/diagrams.parquet")) > 0
+    distances = pd.concat([pd.read_parquet(p) for p in sorted(shards.glob("rung=neox/**/distances.parquet"))])
     assert set(distances["step"]) == {0, 20, 40} and set(distances["revision"]) == {"step0", "step20", "step40"}
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert "series tiny: 0 computed, 3 reused, 1 skipped" in again.stdout  # current shards are not recomputed
+    assert "series neox: 0 computed, 3 reused, 1 skipped" in again.stdout  # current shards are not recomputed
 
 
 # ---------------------------------------------------------------------------
