@@ -326,7 +326,7 @@ def test_stage_reads_hub_revisions_from_a_local_cache_offline(local_series, loca
     env = os.environ | {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     env.pop("HF_HUB_CACHE", None)
     cmd = [sys.executable, str(REPO / "stages" / "series.py"), "--corpus", "data/corpus", "--out", "data/series"]
-    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "series neox: 3 computed, 0 reused, 1 skipped" in run.stdout
     status = json.loads((tmp_path / "data" / "series" / "status.json").read_text())["series"][0]
@@ -345,7 +345,7 @@ def test_stage_reads_hub_revisions_from_a_local_cache_offline(local_series, loca
     assert sum(len(pd.read_parquet(p)) for p in shards.glob("rung=neox/**/diagrams.parquet")) > 0
     distances = pd.concat([pd.read_parquet(p) for p in sorted(shards.glob("rung=neox/**/distances.parquet"))])
     assert set(distances["step"]) == {0, 20, 40} and set(distances["revision"]) == {"step0", "step20", "step40"}
-    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert "series neox: 0 computed, 3 reused, 1 skipped" in again.stdout  # current shards are not recomputed
 
 
