@@ -250,10 +250,13 @@ def test_partial_spearman_rows_and_view(con):
 def test_verdict_on_one_seed_names_every_skip(con):
     verdict = con.execute("SELECT * FROM topology_verdict").df()
     assert set(verdict["cv"]) == {"seed", "variant", "rung"}
-    seed = verdict[verdict["cv"] == "seed"]["verdict"]
+    between = verdict[verdict["level"] == "between"]
+    seed = between[between["cv"] == "seed"]["verdict"]
     assert (seed == "skipped: leave-one-seed-out needs at least 3 seeds, got 1").all()
-    variant = verdict[verdict["cv"] == "variant"]["verdict"]
+    variant = between[between["cv"] == "variant"]["verdict"]
     assert (variant == "skipped: leave-one-variant-out needs at least 3 variants, got 1").all()
+    within = verdict[verdict["level"] == "within"]["verdict"]  # one seed per cell: no seeds to shuffle
+    assert len(within) and (within == "skipped: the within-cell test needs 2 cells with >= 2 seeds, got 0").all()
     rung = verdict[(verdict["cv"] == "rung") & (verdict["baseline"] == "norm")].set_index(["fraction", "family"])
     assert rung.loc[(0.5, "weights_vr"), "n"] == len(RUNGS)  # vr_tp0, vr_tp1 are in the synthetic features
     assert rung.loc[(0.5, "scale_free"), "verdict"].startswith("skipped: family scale_free has no usable values")

@@ -1,4 +1,4 @@
-"""topometrics.verdict.live (the analysis stage's forecaster) read back by topometrics.features.forecast."""
+"""topometrics.verdict.live (the analysis stage's forecaster) read back by topometrics.analysis.forecast."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from topometrics.features import forecast
+from topometrics.analysis import forecast
 from topometrics.verdict import live
 
 CHAR = {"kind": "char"}

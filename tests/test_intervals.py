@@ -66,6 +66,8 @@ def test_predictors_are_named_by_the_verdicts_baselines_and_families():
         keys | {"family": "weight_norm", "comparison": "(2) vs (1)", "baseline": "loss"},
         keys | {"family": "weights_vr", "comparison": "(3) vs norm", "baseline": "norm"},
         keys | {"family": "weights_vr", "comparison": "(3) vs norm+curvature", "baseline": "norm+curvature"},
+        keys | {"family": "weights_vr", "comparison": "(3) vs recipe", "baseline": "recipe"},
+        keys | {"family": "scale_free", "comparison": "(3) vs recipe", "baseline": "recipe"},  # the same label
     ])  # fmt: skip
     runs = [{"rung": "a", "seed": s, "variant": "base", "actual": 2.0 + s / 10} for s in range(1, 4)]
     errors = pd.DataFrame([
@@ -76,8 +78,10 @@ def test_predictors_are_named_by_the_verdicts_baselines_and_families():
     found = intervals.predictors(errors, validity)
     names = found.groupby("predictor")["kind"].first().to_dict()
     assert names == {"loss": "baseline", "norm": "baseline", "norm+curvature": "baseline",
-                     "norm+weights_vr": "family", "norm+curvature+weights_vr": "family"}  # fmt: skip
-    assert (found.groupby("predictor").size() == 3).all()  # 'norm' from two comparisons: one set of runs
+                     "norm+weights_vr": "family", "norm+curvature+weights_vr": "family",
+                     "recipe": "baseline", "recipe+weights_vr": "family", "recipe+scale_free": "family"}  # fmt: skip
+    # 'norm' is met in two comparisons, 'recipe' in two labelled '(3) vs recipe': one set of runs each
+    assert (found.groupby("predictor").size() == 3).all()
     assert set(found["fold"]) == {"1", "2", "3"}  # leave-one-seed-out: the fold is the seed
     assert set(found["level"]) == {"between"}
 

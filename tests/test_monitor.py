@@ -64,8 +64,9 @@ def test_monitor_rows_equal_the_features_of_the_weights_at_each_measured_step(tm
         want = feat.features_frame(result, "ours", 7, step)
         pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_dtype=False)
     assert losses["step"].tolist() == [3, 6, 9] and losses["val_loss"].isna().all()
-    assert [line.split(" ")[2] for line in lines] == ["3", "6", "9"]  # one console line per measurement
-    assert lines[0].startswith("monitor: step 3 np_norm ")
+    assert lines[0].startswith("monitor: estimate for ") and "(one thread, per checkpoint): weights " in lines[0]
+    assert [line.split(" ")[2] for line in lines[1:]] == ["3", "6", "9"]  # one console line per measurement
+    assert lines[1].startswith("monitor: step 3 np_norm ")
 
 
 def test_each_measurement_records_the_code_and_params_that_made_it(tmp_path):
@@ -103,7 +104,7 @@ def test_a_step_is_skipped_only_when_its_snapshot_would_exceed_the_bytes_in_flig
         for step in range(4):  # back to back: no measurement can finish in between
             monitor.step(model, step)
     assert monitor.measured == [0, 1] and monitor.skipped == [2, 3]  # two snapshots fit, then none
-    assert lines[0] == "monitor: step 2 not measured, 2 measurements still running"
+    assert lines[1] == "monitor: step 2 not measured, 2 measurements still running"  # after the estimate
     with TopologyMonitor(tmp_path / "big", every=1, max_pending_bytes=1, log=lines.append) as monitor:
         monitor.step(model, 0)  # one snapshot always goes, however large
     assert monitor.measured == [0]

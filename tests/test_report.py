@@ -235,7 +235,7 @@ def test_a_warehouse_without_a_view_is_reported_not_raised():
 
 def test_stage_writes_html_figures_and_dvc_plots(stage_out):
     out, stdout = stage_out
-    assert stdout.startswith(f"report: {out / 'report.html'}, 11/12 figures")  # one seed per rung: no verdict
+    assert stdout.startswith(f"report: {out / 'report.html'}, 11/13 figures")  # one seed per rung: no verdict, no stopping curve
     names = {p.name for p in (out / "figures").iterdir()}
     assert {"loss_curves.svg", "loss_curves.png", "validation_series.png", "scaling.svg"} <= names
     assert (out / "figures" / "tp0_vs_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -70,7 +70,8 @@ def test_a_computed_verdict_reads_as_quotable_sentences():
     assert got.sentences[0].endswith(": 36 runs, leave-one-seed-out (4 seeds).")
     assert "weights-VR, scale-free, heavy-tail families" in got.sentences[0]
     at_50 = next(s for s in got.sentences if s.startswith("At 50% of training"))
-    assert "adding every family to the loss curve + weight norm + recipe changes MAE by" in at_50 and "(n=36 runs" in at_50
+    assert "adding every family to the loss curve + weight norm + recipe changes MAE by" in at_50
+    assert "(n=36 runs" in at_50
     assert not any(s.startswith("At 10%") for s in got.sentences)  # skipped there: the table says why
     families = got.sentences[-1]
     assert families.startswith("Single families (leave-one-seed-out): ") and "scale-free adds at" in families
@@ -184,7 +185,8 @@ def test_the_power_recorded_with_the_endpoint_sits_beside_its_verdict(power, nee
 
 
 def test_a_power_outside_zero_one_is_one_params_error():
-    raw = {"analysis": {"primary": {"family": "weights_vr", "fraction": 0.3, "cv": "seed", "level": "within", "power": 84}}}
+    primary = {"family": "weights_vr", "fraction": 0.3, "cv": "seed", "level": "within", "power": 84}
+    raw = {"analysis": {"primary": primary}}
     raw |= {"train": {"seeds": [1, 2, 3]}, "ladder": {"tiny": {"hidden": 8}}}
     with pytest.raises(ParamsError, match=r"analysis.primary: power 84.0 is not a share in \(0, 1\]"):
         parse_params(raw)

@@ -38,6 +38,7 @@ SQL_DIR = Path(__file__).parent / "sql"
 # Analysis tables the warehouse stage loads from the analysis stage's Parquet files.
 ANALYSIS_TABLES = (
     "predictions", "fits", "tests", "incremental_validity", "incremental_errors", "prediction_intervals", "stopping",
+    "scale_up",
 )  # fmt: skip
 # Columns a Parquet file may lack (they become NULL), per table: why a value or a loss is NULL.
 _OPTIONAL_COLUMNS = {"features": {"reason": "VARCHAR"}, "checkpoints": {"reason": "VARCHAR", "val_bpb": "DOUBLE"}}

@@ -35,6 +35,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from topometrics.execution.compute import background_pool
+from topometrics.features import cost
 from topometrics.features.monitor_measure import Snapshot, measure
 from topometrics.features.monitor_surface import SurfaceSource, due_batch, model_snapshot, state_bytes
 from topometrics.models.architectures import LinearLayer, module_layers
@@ -141,6 +142,8 @@ class TopologyMonitor:
         self.collect()
         if step % self.every:
             return self.should_stop
+        if not self.measured and not self.pending and not self.skipped:  # the first measured step: say the cost
+            self.log(f"monitor: {self.estimate_line(model)}")
         batch = None if self.surface is None else due_batch(self.surface, self.params, step, self.every)
         size = self.snapshot_bytes(model) + (state_bytes(model) if isinstance(batch, tuple) else 0)
         if self.pending and sum(nbytes for _, _, nbytes in self.pending.values()) + size > self.max_pending_bytes:
@@ -155,6 +158,16 @@ class TopologyMonitor:
         if loss is not None:
             self.record_losses(step, train_loss=loss)
         return self.should_stop
+
+    def estimate_line(self, model: nn.Module) -> str:
+        """The cost of one measurement of ``model`` (:mod:`topometrics.features.cost`): the weight families, and
+        the loss surface when it is on, with what does not fit the available memory."""
+        parameters = sum(p.numel() for p in model.parameters())
+        families = [f for f in self.params.families if f in cost.GROUP]
+        families += ["landscape", "curvature"] if self.surface is not None else []
+        costs = cost.checkpoint_costs(parameters, families)
+        too_big = cost.unaffordable(costs, cost.available_bytes())
+        return cost.plan_line(parameters, costs) + "".join(f"; {f} will not fit: {why}" for f, why in too_big.items())
 
     def linear_layers(self, model: nn.Module) -> list[LinearLayer]:
         """The model's linear layers (:func:`topometrics.models.architectures.module_layers`), found once."""

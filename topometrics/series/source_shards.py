@@ -10,7 +10,9 @@ monitor's log folder is read as computed (its rows are the monitor's, not shards
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ import pandas as pd
 
 from topometrics.atomic import file_sha256
 from topometrics.execution import shards
+from topometrics.features import cost
 from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table, shard_iterates
 from topometrics.features.trajectory import SERIES_SKETCH
@@ -31,6 +34,7 @@ from topometrics.params_sources import ComputeParams, SeriesParams, SeriesSource
 from topometrics.series.checkpoint import series_checkpoint_features
 from topometrics.series.hub import hub_checkpoints, skip_record, step_from_name, weights_sha256
 from topometrics.series.run_folders import RunCheckpoint, RunFolderError, scan_run_folder, unreadable
+from topometrics.series.safetensors_reader import SafetensorsFile
 from topometrics.training.monitor_log import read_log, read_stop
 
 CHECKPOINT_COLUMNS = ["rung", "seed", "step", "val_loss", "train_loss", "reason"]  # the warehouse's checkpoints
@@ -114,9 +118,16 @@ def series_shards(
             status.append(header | counts | {"checkpoints": result.status})
             continue
         label = source.model or str(source.path)
-        settings = SeriesSettings(source.model, cache_dir, text, params, series.seq_len, source.layers, label)
+        checkpoints = list(_series_checkpoints(source))
+        source_params, too_big = affordable(name, checkpoints, params, progress)
+        if too_big is not None:  # not even one layer fits: every checkpoint skipped, nothing allocated
+            records = [c if isinstance(c, dict) else skip_record(c[0], c[1], too_big) for c in checkpoints]
+            status.append(header | {"computed": 0, "reused": 0, "skipped": len(records), "checkpoints": records})
+            continue
+        source_digest = shards.params_digest(source_params) if source_params is not params else digest
+        settings = SeriesSettings(source.model, cache_dir, text, source_params, series.seq_len, source.layers, label)
         tasks, records, found = [], [], {}
-        for ckpt in _series_checkpoints(source):
+        for ckpt in checkpoints:
             if isinstance(ckpt, dict):
                 records.append(ckpt)
                 continue
@@ -129,7 +140,8 @@ def series_shards(
             key = shards.ShardKey(name, BASE_VARIANT, source.seed, step)
             job = SeriesJob(settings, key, revision, where, len(tasks))
             due = job.index % params.landscape_every == 0  # features.landscape_every picks by place
-            tasks.append(shards.Task(key, shards.Fingerprint(f"{inputs} {context} surface {due}", digest, code), job))
+            fingerprint = shards.Fingerprint(f"{inputs} {context} surface {due}", source_digest, code)
+            tasks.append(shards.Task(key, fingerprint, job))
             found[key] = (revision, where)
         run = shards.compute_shards(out, tasks, _series_tables, mapper(params, compute, f"series {name}"), TABLES)
         available = [t for t in tasks if t.key not in run.failed]
@@ -155,6 +167,33 @@ def series_shards(
     rows = pd.concat(logged, ignore_index=True) if logged else pd.DataFrame(columns=FEATURE_COLUMNS + ["series"])
     rows = rows.astype({"seed": "int64", "step": "int64", "value": "float64"})
     return SeriesShards({"series": status}, rows, frame[CHECKPOINT_COLUMNS].astype(types), reused)
+
+
+def affordable(
+    name: str, checkpoints: list, params: FeaturesParams, progress: Callable[[str], None], available: int | None = None
+) -> tuple[FeaturesParams, str | None]:
+    """``(params, None)`` with the families this machine's memory cannot hold taken out (said in one line each,
+    with the GB they need), after the estimate's line; ``(params, reason)`` when not even the largest tensor of
+    a checkpoint fits. The model's shape is read from the first local checkpoint's safetensors headers (a hub
+    revision is fetched by its job: no estimate before)."""
+    first = next((c[2] for c in checkpoints if not isinstance(c, dict) and c[2] is not None), None)
+    if first is None:
+        return params, None
+    sizes = [math.prod(t["shape"]) for path in first.weights for t in SafetensorsFile(path).header.values()]
+    available = cost.available_bytes() if available is None else available
+    if why := cost.one_layer_line(max(sizes, default=0), available):
+        progress(f"{name}: skipped: {why}")
+        return params, why
+    costs = cost.checkpoint_costs(sum(sizes), params.families)
+    count = sum(not isinstance(c, dict) for c in checkpoints)
+    progress(f"{name}: {cost.plan_line(sum(sizes), costs, count, params.landscape_every)}")
+    too_big = cost.unaffordable(costs, available)
+    for family, why in too_big.items():
+        progress(f"{name}: {family} skipped on every checkpoint: {why}")
+    if not too_big:
+        return params, None
+    kept = tuple(f for f in params.families if f not in cost.skipped_families(params.families, too_big))
+    return dataclasses.replace(params, families=kept), None
 
 
 def grouped_lines(name: str, records: list[dict]) -> list[str]:

@@ -70,9 +70,10 @@ def predictors(errors: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:
 
     ``predictor``: the comparison's baseline for its smaller model; ``<baseline>+<family>`` for the larger
     (:data:`COMPLETES` for the families that make a baseline; ``[primary]`` marks the pre-registered
-    endpoint's feature subset). ``kind``: 'baseline' or 'family'. A predictor met in several comparisons
-    keeps the rows of the comparison with the most runs (the smaller model is refitted per comparison on the
-    runs both models can use). ``fold``: the run's held-out group (its value of the ``cv`` column).
+    endpoint's feature subset). ``kind``: 'baseline' or 'family'. A predictor met in several comparisons (a
+    baseline is the smaller model of every family's comparison) keeps the rows of the one with the most runs
+    (the smaller model is refitted per comparison on the runs both models can use); one row per run.
+    ``fold``: the run's held-out group (its value of the ``cv`` column).
     """
     if errors.empty:
         return pd.DataFrame(columns=PREDICTOR_COLUMNS)
@@ -88,9 +89,12 @@ def predictors(errors: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:
         parts.append(part.assign(kind=np.where(part["predictor"].isin(baselines), "baseline", "family")))
     long = pd.concat(parts, ignore_index=True)
     size = long.groupby([*keys, "predictor"])["predicted"].transform("size")
-    long = long.assign(_size=size).sort_values(["_size", "comparison"], ascending=[False, True], kind="stable")
-    first = long.groupby(["cv", "level", "fraction", "predictor"])["comparison"].transform("first")
-    long = long[long["comparison"] == first]
+    # one comparison per predictor: the smaller model of '(3) vs recipe' is the same predictor for every family
+    # compared with the recipe baseline, so the comparison is named by its family as well
+    long = long.assign(_size=size, _which=long["family"].astype(str) + "|" + long["comparison"].astype(str))
+    long = long.sort_values(["_size", "comparison", "family"], ascending=[False, True, True], kind="stable")
+    first = long.groupby(["cv", "level", "fraction", "predictor"])["_which"].transform("first")
+    long = long[long["_which"] == first]
     return long.reindex(columns=PREDICTOR_COLUMNS).sort_values(PREDICTOR_COLUMNS[:7]).reset_index(drop=True)
 
 

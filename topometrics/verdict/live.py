@@ -5,7 +5,7 @@ squares over the sweep's runs, and the half-widths of its 80 % and 95 % predicti
 by the jackknife+ rule in its split-conformal form (Barber et al. 2021): the ceil(level (n + 1))-th smallest
 absolute leave-one-run-out residual (r_i / (1 - h_ii), the hat matrix's closed form). It records the
 tokenizer and the loss unit the runs were measured in: a run of another tokenizer or unit is refused
-(:func:`topometrics.features.forecast.forecast_line` reads the file). The current loss is the one input a
+(:func:`topometrics.analysis.forecast.forecast_line` reads the file). The current loss is the one input a
 live run has without the analysis stack; the verdict's ranking baseline ("current loss") is the same input.
 """
 
@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pandas as pd
 
-FORMAT = "topometrics.live_forecast.v1"  # the file's "format"; features/forecast.py refuses any other
+FORMAT = "topometrics.live_forecast.v1"  # the file's "format"; analysis/forecast.py refuses any other
 LEVELS = (0.8, 0.95)
 
 

@@ -187,6 +187,28 @@ CREATE TABLE prediction_intervals (
     covered DOUBLE                     -- 1 when low <= actual <= high, 0 when not; NULL for an infinite interval
 );
 
+-- Scaling up as a decision (topometrics.verdict.scale_up): per fraction x predictor x rung held out by the
+-- verdict's leave-one-rung-out, the recipe its predictions choose against the one that ends best; see the
+-- scale_up_decisions view.
+CREATE TABLE scale_up (
+    fraction DOUBLE NOT NULL,
+    predictor VARCHAR NOT NULL,        -- a baseline or '<baseline>+<family>' (the verdict's, cv = 'rung')
+    kind VARCHAR,                      -- 'baseline' or 'family'
+    rung VARCHAR NOT NULL,             -- the held-out rung: no fitted model saw its runs
+    smaller VARCHAR,                   -- the next smaller rung by parameter count (NULL for the smallest)
+    n_recipes INTEGER, n_runs INTEGER, -- recipes (and runs) of the rung with a prediction
+    chosen VARCHAR,                    -- the recipe with the lowest predicted final loss (mean over its seeds)
+    winner VARCHAR,                    -- the recipe with the lowest actual final loss (mean over its seeds)
+    hit DOUBLE,                        -- 1 when chosen = winner
+    regret DOUBLE,                     -- actual final loss of chosen - of winner (>= 0, analysis.loss_unit)
+    predicted_best DOUBLE,             -- chosen's predicted final loss
+    actual_chosen DOUBLE, actual_winner DOUBLE,
+    gain_predicted DOUBLE,             -- smaller rung's best actual final loss - predicted_best: the predicted
+    gain_actual DOUBLE,                -- gain of scaling up, and the actual one (smaller best - winner)
+    status VARCHAR NOT NULL,           -- 'ok' or 'skipped'
+    reason VARCHAR                     -- why skipped (fewer than 2 recipes with a prediction at the rung)
+);
+
 -- Stopping the worst share of runs by a predictor at a fraction of training (topometrics.verdict.stopping):
 -- one row per cv x fraction x scope x kill share x predictor; see the stopping_decisions view.
 CREATE TABLE stopping (

@@ -4,7 +4,8 @@
 :func:`topometrics.verdict.live.fit_forecaster`; plain JSON, no pickle) and turns a run's current loss at a
 fraction of training into one line a user watching the run (or :class:`~topometrics.features.monitor.
 TopologyMonitor`'s caller) prints. A run of another tokenizer or loss unit, or a fraction the sweep did not
-fit, is refused with one line (:class:`ForecastError`).
+fit, is refused with one line (:class:`ForecastError`). It lives beside the stage that writes the file
+(``metrics_file.write_analysis``) and imports the standard library only: a live run reads it without DuckDB or pandas.
 """
 
 from __future__ import annotations
