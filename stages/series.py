@@ -42,7 +42,7 @@ def main(argv: list[str]) -> None:
     status = result.status
     write_text(args.out / "status.json", json.dumps(status, indent=1))
     for s in status["series"]:
-        print(summary_line(s))
+        print(summary_line(s, result.reused.get(s["name"], 0)))
 
 
 if __name__ == "__main__":

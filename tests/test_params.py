@@ -174,8 +174,8 @@ def test_the_default_params_declare_one_base_run_per_rung():
         ({"v": {"monitor_every": 10}}, "variants.v.monitor_every: train.monitor_every applies to every run"),
         ({"v": {"sketch_every": 5}}, "variants.v.sketch_every: train.sketch_every applies to every run"),
         ({"v": {"learning_rate": 1}}, "unknown param variants.v.learning_rate; variants may set steps"),
-        ({"": {"lr": 1}}, "variants: the name '' must be non-empty letters, digits or '_'"),
-        ({"lr-hi": {"lr": 1}}, "variants: the name 'lr-hi' must be non-empty"),
+        ({"": {"lr": 1}}, "variants: the name '' must be 1 to 64 ASCII letters, digits or '_'"),
+        ({"lr-hi": {"lr": 1}}, "variants: the name 'lr-hi' must be 1 to 64"),
         ({"base": {"lr": 1}}, "variants.base: 'base' is the recipe in train itself"),
         ({"v": {"lr": "fast"}}, "variants.v.lr must be float"),
         ({"v": {"steps": 550}}, "variants.v: steps=550 is not a multiple of ckpt_every=100"),
@@ -371,3 +371,47 @@ def test_a_train_shape_key_every_rung_overrides_is_one_line_at_the_config_stage(
         "config: note: train.hidden = 64, train.heads = 4: no run inherits it (every ladder rung sets its own), "
         "so changing it changes nothing; set ladder.<rung>.hidden instead"
     )  # train.layers is b's, so it is not named
+
+
+def _config_stage(raw: dict, tmp_path: Path, capsys) -> str:
+    """stderr of the real config stage (its ``main`` in ``run_stage``) over params ``raw``; it must exit 1 writing
+    no config, before any corpus is read or run trained."""
+    from stages.config import main
+    from topometrics.errors import run_stage
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    argv = ["--params", str(tmp_path / "params.yaml"), "--corpus", str(tmp_path / "corpus"), "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as stop:
+        run_stage(main, [*argv[:-1], str(tmp_path / "config")])
+    assert stop.value.code == 1 and not (tmp_path / "config").exists()
+    return capsys.readouterr().err
+
+
+LONG = "r" * 300
+
+
+@pytest.mark.parametrize(
+    ("section", "change", "expected"),
+    [
+        ("train", {"seeds": [2**63]}, "error: train.seeds: seed 9223372036854775808 is outside 0 to 2**31-1"),
+        ("train", {"seeds": [2**64]}, "error: train.seeds: seed 18446744073709551616 is outside 0 to 2**31-1"),
+        ("series", {"sources": {"x": {"path": "/p", "seed": 2**40}}}, "error: series.sources.x.seed: seed 1099511"),
+        ("ladder", {LONG: {}}, "error: ladder: the name 'rrrrrrrr"),
+        ("variants", {LONG: {"lr": 0.01}}, "error: variants: the name 'rrrrrrrr"),
+        ("series", {"sources": {LONG: {"path": "/p"}}}, "error: series.sources: the name 'rrrrrrrr"),
+        ("ladder", {"tiny/../x": {}}, "error: ladder: the name 'tiny/../x' must be 1 to 64 ASCII letters"),
+        ("series", {"sources": {"tiny": {"path": "/p"}}}, "error: series.sources.tiny: a series may not share a rung"),
+        ("train", {"device": "x" * 1_000_000}, "error: train.device must be auto, cpu or cuda, got 'xxxx"),
+        ("data", {"corpus": ["y" * 1_000_000]}, "error: data.corpus must be str, got ['yyyy"),
+    ],
+)
+def test_seeds_names_and_huge_values_stop_the_config_stage_in_one_short_line_naming_the_key(
+    section, change, expected, tmp_path, capsys
+):
+    """Seeds beyond 32 bits (the warehouse's column; 2**64 overflowed torch), names of 300 characters or with a
+    '/', a series named like a rung and a 1 MB string (10 MB reads the same, slower): one line of at most ~300
+    characters naming the key."""
+    raw = default_raw()
+    raw[section] = raw[section] | change
+    err = _config_stage(raw, tmp_path, capsys)
+    assert err.startswith(expected) and err.count("\n") == 1 and len(err) <= 310, err[:400]

@@ -379,3 +379,25 @@ def test_s3_mistakes_fail_with_what_docs_sharing_md_lists(tiny_repo, s3):
     assert f'ERROR: unexpected error - Could not connect to the endpoint URL: "{endpoint}/' in failing(
         ["dvc", "push"], tiny_repo
     )
+
+
+def test_a_fresh_clone_that_pulls_reproduces_nothing_that_changes_a_tracked_output(reproduced, tmp_path):
+    """`dvc pull` + `dvc repro` in a fresh clone: the always-changed series stage reuses the pulled shards and writes
+    the same status.json (a current shard is 'computed' there too), so no later stage reruns, dvc.lock stays as
+    committed and the warehouse is byte-identical to the pusher's. The series is the project's own run folder (its
+    resume state is a skip)."""
+    params = yaml.safe_load((reproduced / "params.yaml").read_text())
+    params["series"]["sources"] = {"own": {"path": "data/runs/a-42", "seed": 42}}
+    (reproduced / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert "series own: 5 computed, 0 reused, 1 skipped" in run(["dvc", "repro"], reproduced)
+    run(["dvc", "remote", "add", "-d", "shared", str(tmp_path / "remote")], reproduced)
+    commit(reproduced, "a series and a shared remote")
+    run(["dvc", "push"], reproduced)
+    other = clone(reproduced, tmp_path / "other")
+    run(["dvc", "pull"], other)
+    out = run(["dvc", "repro"], other)
+    assert "series own: 0 computed, 5 reused, 1 skipped" in out
+    assert set(re.findall(r"Running stage '([^']+)'", out)) <= always_changed(other), out
+    assert run(["git", "status", "--porcelain"], other) == ""  # dvc.lock (and every tracked file) as committed
+    for path in ("data/warehouse.duckdb", "data/series/status.json", "reports/report.html"):
+        assert (other / path).read_bytes() == (reproduced / path).read_bytes(), path

@@ -3,6 +3,7 @@ stopping alone, and a real SIGKILL of the whole queue resuming every run bit-ide
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -200,7 +201,9 @@ def test_kill_9_of_the_whole_queue_resumes_every_run_bit_identically(tmp_path):
     code = KILLED.format(tests=str(Path(__file__).parent), root=str(killed))
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)  # its own process group
     marks = [killed / "runs" / name / "step_000060.json" for name in ("t-1", "t-2")]
-    deadline = time.time() + 120
+    # a bound on the wait only (it ends at the first mark): two pool workers and their monitors' fork servers take
+    # ~190 s to import torch before step 0 on a loaded 2-core machine, then step 60 comes within seconds
+    deadline = time.time() + 400
     while not any(p.exists() for p in marks) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.005)
     time.sleep(0.1)  # into the next interval: the kill lands between checkpoints
@@ -356,3 +359,37 @@ def test_a_bpe_run_records_its_tokenizer_and_another_tokenizer_is_refused_before
     with pytest.raises(TokenizerError, match=r"tokenizer.json: content changed after the corpus stage wrote it"):
         train_runs([run], data, Pool(1, 1, ("cpu",)), log=quiet)
     assert snapshot(run.run_dir) == before  # every refusal left the finished run as it was
+
+
+def test_a_run_whose_first_checkpoint_is_far_off_shows_its_rate_and_eta_before_it(tmp_path):
+    """train.steps 1,000,000,000 (a checkpoint every 100,000,000): the queue's StepRate observer logs the steps/s
+    and the hours to the next checkpoint and to the end long before any checkpoint (here: after 0.5 s)."""
+    from test_train import TRAIN, VAL, quiet
+
+    from topometrics.training.run_queue import StepRate
+    from topometrics.training.train import Recipe, RunConfig, train_run
+
+    lines = []
+
+    class Enough(Exception):
+        pass
+
+    class StopAfterTheLine:  # stops the billion-step run once the line is there
+        def on_step(self, model, step, loss):
+            if lines:
+                raise Enough
+
+        def on_checkpoint(self, step, val_loss):
+            pass
+
+    recipe = Recipe(10**9, 10**8, 8, 3e-3, 5, 0.0, 0.01, 1.0, 7, 8)
+    cfg = RunConfig("big", GPTConfig(hidden=8, layers=1, heads=1, context=32), recipe)
+    rate = StepRate("big", recipe.steps, recipe.ckpt_every, every_s=0.5, log=lines.append)
+    with pytest.raises(Enough):
+        train_run(cfg, TRAIN, VAL, tmp_path, "sha", "cpu", quiet, False, observers=[rate, StopAfterTheLine()])
+    (line,) = lines
+    assert re.fullmatch(
+        r"\[big\] step [\d,]+/1,000,000,000, [\d,.]+ steps/s; checkpoint 100,000,000 in about [\d,.]+ h, "
+        r"the end in about [\d,.]+ h",
+        line,
+    ), line

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from topometrics import params_schema as schema
 from topometrics.params_schema import (
     ParamsError,
     at_least,
@@ -99,10 +100,7 @@ class TrainParams:
         positive(self, "train", SHAPE_KEYS)
         non_negative(self, "train", ("threads", "workers", "monitor_every", "sketch_every"))
         positive(self, "train", ("sketch_dim",))
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
-            raise ParamsError(
-                f"train.seeds must be a non-empty list of distinct integers >= 0, got {list(self.seeds)}; e.g. [42, 43]"
-            )
+        schema.check_seeds("train.seeds", self.seeds)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ParamsError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
         if self.device == "cuda" and not _cuda_available():
@@ -352,8 +350,7 @@ def parse_params(raw: dict) -> Params:
         raise ParamsError("ladder must map rung names to shape overrides, e.g. tiny: {hidden: 8}")
     ladder = {}
     for rung, shape in ladder_raw.items():
-        if not isinstance(rung, str) or not rung.replace("_", "").replace("-", "").isalnum():
-            raise ParamsError(f"ladder.{rung}: rung names must be letters, digits, '-' or '_'")
+        schema.check_name("ladder", rung, "-_", "tiny")
         ladder[rung] = build(RungShape, shape or {}, f"ladder.{rung}")
         positive(ladder[rung], f"ladder.{rung}", SHAPE_KEYS)
     data = raw.get("data") or {}
@@ -380,10 +377,7 @@ def parse_params(raw: dict) -> Params:
             f"use one of {[BASE_VARIANT, *params.variants]}"
         )
     _check_primary(params)
-    names = params.run_names()
-    if len(set(names)) != len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
-        raise ParamsError(f"runs {twice} are declared twice (a rung name with '-' meets a variant); rename one")
+    schema.check_run_names(params.run_names(), list(ladder), list(params.series.sources))
     return params
 
 
@@ -411,8 +405,7 @@ def _parse_variants(raw: object) -> dict[str, Variant]:
         )
     variants = {}
     for name, overrides in raw.items():
-        if not isinstance(name, str) or not name or not name.replace("_", "").isalnum():
-            raise ParamsError(f"variants: the name {name!r} must be non-empty letters, digits or '_', e.g. lr_hi")
+        schema.check_name("variants", name, "_", "lr_hi")
         if name == BASE_VARIANT:
             raise ParamsError(
                 f"variants.{BASE_VARIANT}: '{BASE_VARIANT}' is the recipe in train itself; "

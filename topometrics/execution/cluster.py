@@ -18,7 +18,9 @@ and neither is anything else secret.
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,6 +85,8 @@ def connect(cluster: str, tls: SecurityParams | None = None, timeout_s: float = 
 
     where = describe(cluster)
     kwargs = _client_kwargs(cluster, tls)
+    if warning := unauthenticated_warning(cluster):
+        print(warning, file=sys.stderr, flush=True)
     try:
         client = Client(timeout=timeout_s, set_as_default=False, **kwargs)
     except (OSError, TimeoutError, ValueError, TypeError) as err:
@@ -101,6 +105,22 @@ def connect(cluster: str, tls: SecurityParams | None = None, timeout_s: float = 
         yield client
     finally:
         client.close()
+
+
+def unauthenticated_warning(cluster: str) -> str | None:
+    """A one-line warning when ``cluster`` is plain ``tcp://`` to a host other than this machine's loopback: anyone
+    who can reach that scheduler runs code on its workers (nothing is authenticated or encrypted); None otherwise."""
+    if not cluster.startswith("tcp://") or not _ADDRESS.match(cluster):
+        return None
+    host = cluster.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: only localhost is known to stay on this machine
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    return (f"warning: compute.cluster {cluster} is plain TCP: unauthenticated and unencrypted, anyone who reaches it "
+            "runs code on its workers; use tls:// with compute.security (docs/scaling.md)")  # fmt: skip
 
 
 def _client_kwargs(cluster: str, tls: SecurityParams | None) -> dict:

@@ -149,6 +149,32 @@ def validation_tokens(tokenizer, text: str, needed: int) -> np.ndarray:
         chars *= 4
 
 
+def own_tokens(folder: Path | None, text: str, needed: int, model: torch.nn.Module) -> tuple[object, np.ndarray]:
+    """The model's own tokenizer (from ``folder``) and the first ``needed`` ids of ``text`` under it.
+
+    Raises :class:`NoForwardPass` naming the tokenizer file and the fix when there is none, when it cannot be
+    loaded or used (truncated, missing keys), or when it gives ids beyond the model's embedding (a tokenizer of
+    another model): only the families that need a forward pass are lost, never the weight families.
+    """
+    if folder is None:
+        raise NoForwardPass("no tokenizer files (tokenizer.json, tokenizer_config.json) beside the weights; "
+                            "put the model's own beside config.json")  # fmt: skip
+    fix = "give the series the tokenizer files the model was trained with"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        ids = validation_tokens(tokenizer, text, needed)
+    # The tokenizers library (Rust) raises a bare Exception for a malformed tokenizer.json, transformers a KeyError
+    # or TypeError for a missing key: any of them means this file cannot tokenise, and is this checkpoint's reason.
+    except Exception as err:  # noqa: BLE001
+        why = f"{type(err).__name__}: {err}".splitlines()[0][:120]
+        raise NoForwardPass(f"{folder / 'tokenizer.json'}: cannot tokenise the text ({why}); {fix}") from err
+    rows = model.get_input_embeddings().num_embeddings
+    if ids.size and int(ids.max()) >= rows:
+        raise NoForwardPass(f"{folder / 'tokenizer.json'}: token id {int(ids.max())} is beyond the model's {rows} "
+                            f"embeddings (a tokenizer of another model?); {fix}")  # fmt: skip
+    return tokenizer, ids
+
+
 def causal_lm_on_batch(
     model: torch.nn.Module,
     x: torch.Tensor,
@@ -198,17 +224,12 @@ def causal_lm_forward(
     """
     try:
         model = load_causal_lm(ckpt)
-        if ckpt.tokenizer_dir is None:
-            raise OSError("no tokenizer files (tokenizer.json, tokenizer_config.json) beside the weights")
-        tokenizer = AutoTokenizer.from_pretrained(ckpt.tokenizer_dir)
-        windows = max(params.rep_batch, params.landscape_batch, params.grad_batch)
-        ids = validation_tokens(tokenizer, text, windows * seq_len + 1)
-        x, y = validation_batch(ids, seq_len, params.rep_batch)
-        targets = tokenizer.decode(
-            y.reshape(-1).tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
     except (OSError, ValueError, RuntimeError) as err:
         raise NoForwardPass(f"model not loadable by transformers: {err}".splitlines()[0]) from err
+    windows = max(params.rep_batch, params.landscape_batch, params.grad_batch)
+    tokenizer, ids = own_tokens(ckpt.tokenizer_dir, text, windows * seq_len + 1, model)
+    x, y = validation_batch(ids, seq_len, params.rep_batch)
+    targets = tokenizer.decode(y.reshape(-1).tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
     # bits per byte of the targets' text under the model's own tokenizer
     grads = gradient_batch(ids, seq_len, params)
     result = causal_lm_on_batch(model, x, y, surface_batch(ids, seq_len, params, index), grads)

@@ -46,6 +46,8 @@ _STEP_NAMES = (
     re.compile(r"(?:^|[-_.])(?:step|checkpoint|ckpt|iter)[-_]?(\d+)$", re.IGNORECASE),
     re.compile(r"[-_](\d+)$"),  # <anything>-<n>, <anything>_<n>
 )
+# A name ending in a signed number (checkpoint--5, step_-1) is no step: never read as 5 or 1 (displacing step_1).
+_SIGNED_STEP = re.compile(r"[-_][-+]\d+$")
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
 _VAL_NAMES, _TRAIN_NAMES = ("val_loss", "eval_loss", "valid_loss"), ("train_loss", "loss")
 MAX_JSON_BYTES = 64 * 2**20  # a trainer_state.json logging every step of a million-step run is ~150 MB; ours are KB
@@ -112,13 +114,21 @@ def scan_run_folder(folder: Path, losses_file: Path | None = None) -> RunFolder:
     """
     folder = Path(folder)
     result = RunFolder()
-    if not folder.is_dir():
+    try:
+        entries = sorted(folder.iterdir()) if folder.is_dir() else None
+    except OSError as err:  # a folder that cannot be listed (permissions, /proc): this source is one skip
+        result.skipped.append(_skip(str(folder), None, unreadable(folder, err)))
+        return result
+    if entries is None:
         result.skipped.append(_skip(str(folder), None, f"{folder}: not a directory; check the series path"))
         return result
     table = read_losses(Path(losses_file)) if losses_file is not None else None
     found = []
-    for entry in sorted(folder.iterdir()):
-        item = _entry(entry, folder, table)
+    for entry in entries:
+        try:
+            item = _entry(entry, folder, table)
+        except OSError as err:  # one entry that cannot be stat'ed or listed (a colleague's file): it alone is skipped
+            item = _skip(entry.name, None, unreadable(entry, err))
         if isinstance(item, dict):
             result.skipped.append(item)
         elif item is not None:
@@ -141,7 +151,11 @@ def scan_run_folder(folder: Path, losses_file: Path | None = None) -> RunFolder:
 
 
 def _entry(entry: Path, folder: Path, table: pd.DataFrame | None) -> RunCheckpoint | dict | None:
-    """One folder entry as a checkpoint, a skip record, or None (not a checkpoint: configs, logs)."""
+    """One folder entry as a checkpoint, a skip record, or None (not a checkpoint: configs, logs).
+    Raises OSError when the entry cannot be stat'ed or listed."""
+    if _SIGNED_STEP.search(entry.name.removesuffix(".safetensors")):
+        reason = f"{entry}: a step name ends in a plain non-negative integer (step_1, checkpoint-5); rename it"
+        return _skip(entry.name, None, reason)
     if entry.is_dir():
         weights = _folder_weights(entry)
         if not weights:
@@ -311,6 +325,12 @@ def _folder_weights(entry: Path) -> tuple[Path, ...]:
     return tuple(sorted(entry.glob("*.safetensors")))
 
 
+def unreadable(path: Path, err: OSError) -> str:
+    """Why ``path`` is skipped when the system refuses to stat, list or read it, and the fix."""
+    why = err.strerror or type(err).__name__
+    return f"{path}: cannot be read ({why}); make it readable or move it out of the series folder"
+
+
 def _not_regular(path: Path) -> str:
     return f"{path}: not a regular file (a FIFO, socket or device; it could block the stage forever): never read"
 
@@ -332,6 +352,8 @@ def _one_architecture(found: list[RunCheckpoint]) -> tuple[list[RunCheckpoint], 
             signatures[ckpt.revision] = _signature(ckpt.weights)
         except CheckpointError as err:  # SafetensorsFile's errors start with the file
             skipped.append(_skip(ckpt.revision, ckpt.step, str(err)))
+        except OSError as err:
+            skipped.append(_skip(ckpt.revision, ckpt.step, unreadable(ckpt.weights[0], err)))
     counts = Counter(signatures.values())
     if not counts:
         return [], skipped

@@ -27,12 +27,13 @@ from topometrics.features import cost
 from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table, shard_iterates
 from topometrics.features.trajectory import SERIES_SKETCH
+from topometrics.models.architectures import LAYERS_FIX
 from topometrics.models.checkpoints import CheckpointError
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams, SeriesParams, SeriesSource
 from topometrics.series.checkpoint import series_checkpoint_features
 from topometrics.series.hub import hub_checkpoints, skip_record, step_from_name, weights_sha256
-from topometrics.series.run_folders import RunCheckpoint, RunFolderError, scan_run_folder
+from topometrics.series.run_folders import RunCheckpoint, RunFolderError, scan_run_folder, unreadable
 from topometrics.series.safetensors_reader import SafetensorsFile
 from topometrics.training.monitor_log import read_log, read_stop
 
@@ -43,9 +44,13 @@ CHECKPOINT_COLUMNS = ["rung", "seed", "step", "val_loss", "train_loss", "reason"
 class SeriesShards:
     """What the series stage writes besides the shards."""
 
-    status: dict  # {"series": [{name, model, path, log, seed, computed, reused, skipped, checkpoints: [...]}]}
+    # {"series": [{name, model, path, log, seed, computed, skipped, checkpoints: [...]}]}: a function of the inputs
+    # only; a checkpoint whose shard was current is 'computed' too, so a clone that pulled the shards writes the
+    # same bytes (what this run computed and what it reused is in ``reused``, for the console).
+    status: dict
     logged: pd.DataFrame  # feature rows of monitor logs (computed by the monitor; not shards)
     losses: pd.DataFrame  # CHECKPOINT_COLUMNS: losses of run folders and monitor logs at their available steps
+    reused: dict = field(default_factory=dict)  # series name -> checkpoints whose current shard this run reused
 
 
 @dataclass(frozen=True)
@@ -97,19 +102,19 @@ def series_shards(
     there, an unreadable checkpoint, one no architecture rule maps, or a worker lost on it is
     *skipped* with the reason, as is a revision without a step in its name. Distances are to the
     previous available checkpoint. Each status checkpoint has ``revision, step, status ('computed'
-    | 'reused' | 'skipped'), reason`` and, with a shard, ``seconds, files, weights_sha256, duplicate_of``.
+    | 'skipped'), reason`` and, with a shard, ``seconds, files, weights_sha256, duplicate_of``.
     The tables: :func:`topometrics.features.run_shards.read_tables` of ``out``.
     """
     code, digest = shards.module_source_hash(__name__), shards.params_digest(params)
     context = f"seq_len {series.seq_len} text {hashlib.sha256(text.encode()).hexdigest()[:16]}"
-    status, keep, logged, losses = [], [], [], []
+    status, keep, logged, losses, reused = [], [], [], [], {}
     for name, source in series.sources.items():
         header = {"name": name, "model": source.model, "path": source.path, "log": source.log, "seed": source.seed}
         if source.log is not None:  # already computed by the monitor: read, not computed
             result = log_series(name, source, progress)
             logged += result.features
             losses += result.losses
-            counts = {s: sum(c["status"] == s for c in result.status) for s in ("computed", "reused", "skipped")}
+            counts = {s: sum(c["status"] == s for c in result.status) for s in ("computed", "skipped")}
             status.append(header | counts | {"checkpoints": result.status})
             continue
         label = source.model or str(source.path)
@@ -127,7 +132,11 @@ def series_shards(
                 records.append(ckpt)
                 continue
             revision, step, where = ckpt
-            inputs = f"{source.model}@{revision}" if source.model else f"weights {file_sha256(*where.weights)}"
+            try:
+                inputs = f"{source.model}@{revision}" if source.model else f"weights {file_sha256(*where.weights)}"
+            except OSError as err:  # weights the system refuses to read: this checkpoint alone is skipped
+                records.append(skip_record(revision, step, unreadable(where.weights[0], err)))
+                continue
             key = shards.ShardKey(name, BASE_VARIANT, source.seed, step)
             job = SeriesJob(settings, key, revision, where, len(tasks))
             due = job.index % params.landscape_every == 0  # features.landscape_every picks by place
@@ -147,7 +156,9 @@ def series_shards(
         records.sort(key=lambda r: (r["step"] is None, r["step"] or 0))
         for line in grouped_lines(name, records):  # a line per status and reason, not per checkpoint
             progress(line)
-        counts = {s: sum(r["status"] == s for r in records) for s in ("computed", "reused", "skipped")}
+        reused[name] = sum(r["status"] == "reused" for r in records)
+        records = [r | {"status": "computed"} if r["status"] == "reused" else r for r in records]
+        counts = {s: sum(r["status"] == s for r in records) for s in ("computed", "skipped")}
         status.append(header | counts | {"checkpoints": records})
     shards.prune(out, keep)
     loss_rows = [part for part in losses if part is not None and len(part)]
@@ -155,7 +166,7 @@ def series_shards(
     types = {"seed": "int64", "step": "int64", "val_loss": "float64", "train_loss": "float64", "reason": "object"}
     rows = pd.concat(logged, ignore_index=True) if logged else pd.DataFrame(columns=FEATURE_COLUMNS + ["series"])
     rows = rows.astype({"seed": "int64", "step": "int64", "value": "float64"})
-    return SeriesShards({"series": status}, rows, frame[CHECKPOINT_COLUMNS].astype(types))
+    return SeriesShards({"series": status}, rows, frame[CHECKPOINT_COLUMNS].astype(types), reused)
 
 
 def affordable(
@@ -198,10 +209,11 @@ def grouped_lines(name: str, records: list[dict]) -> list[str]:
     return [f"{name}: {n} {status}" + (f": {reason}" if reason else "") for (status, reason), n in counts.items()]
 
 
-def summary_line(series: dict) -> str:
-    """The stage's line for one series of status.json: its counts and, when checkpoints were skipped, the advice
-    that fits the source and the reasons (a hub revision waits for the hub or cache; a folder needs a fix)."""
-    counts = f"{series['computed']} computed, {series['reused']} reused, {series['skipped']} skipped"
+def summary_line(series: dict, reused: int = 0) -> str:
+    """The stage's line for one series of status.json (``reused`` of its computed checkpoints had a current shard):
+    its counts and, when checkpoints were skipped, the advice that fits the source and the reasons (a hub revision
+    waits for the hub or cache; a folder needs a fix)."""
+    counts = f"{series['computed'] - reused} computed, {reused} reused, {series['skipped']} skipped"
     text = f"series {series['name']}: {counts}"
     if not series["skipped"]:
         return text
@@ -214,8 +226,7 @@ def summary_line(series: dict) -> str:
 
 # Skip reasons (their words) -> what fixes them, for a folder as for a hub model.
 _ADVICE = (
-    (("unknown architecture", "incomplete blocks"),
-     "map the layers with the source's `layers:` option (docs/series.md, Any decoder)"),
+    (("unknown architecture", "incomplete blocks"), LAYERS_FIX),
     (("matches no 2-D tensor", "not a canonical part", "is not a regular expression", "needs exactly one group"),
      "fix the source's `layers:` option (docs/series.md, Any decoder)"),
     (("pickle weights are never opened",), "convert the pickle files with the command in the reason"),
@@ -288,6 +299,9 @@ def _series_checkpoints(source):
             folder = scan_run_folder(Path(source.path), Path(source.losses) if source.losses else None)
         except RunFolderError as err:
             yield skip_record(source.path, None, str(err))
+            return
+        except OSError as err:  # the losses file or the folder refused by the system
+            yield skip_record(source.path, None, unreadable(Path(err.filename or source.path), err))
             return
         yield from folder.skipped
         for ckpt in folder.checkpoints:

@@ -201,6 +201,35 @@ def _print(line: str) -> None:
     print(line, flush=True)
 
 
+@dataclass
+class StepRate:
+    """An observer of one run: when its checkpoints are far apart (a huge ``train.steps``), a line every ``every_s``
+    between them with the steps/s and how long to the next checkpoint and to the end (the run's own lines come at
+    checkpoints only)."""
+
+    name: str
+    steps: int
+    ckpt_every: int
+    every_s: float = 30.0
+    log: Callable[[str], None] = print
+    since: tuple[int, float] | None = None  # (step, time) this process started watching at
+    shown: float = 0.0  # time of the last line or checkpoint
+
+    def on_step(self, model: GPT, step: int, loss: float | None) -> None:
+        now = time.monotonic()
+        if self.since is None or step <= self.since[0]:
+            self.since, self.shown = (step, now), now
+        elif now - self.shown >= self.every_s:
+            rate, upcoming = (step - self.since[0]) / (now - self.since[1]), min(self.steps, step + self.ckpt_every)
+            upcoming -= upcoming % self.ckpt_every
+            self.shown, hours = now, [(to - step) / rate / 3600 for to in (upcoming, self.steps)]
+            self.log(f"[{self.name}] step {step:,}/{self.steps:,}, {rate:,.1f} steps/s; checkpoint {upcoming:,} in "
+                     f"about {hours[0]:,.2f} h, the end in about {hours[1]:,.2f} h")  # fmt: skip
+
+    def on_checkpoint(self, step: int, val_loss: float) -> None:
+        self.shown = time.monotonic()
+
+
 def _train_one(
     run: RunFiles, corpus_dir: Path, corpus_sha256: str, device: str, observe: Sequence[ObserverFactory]
 ) -> dict:
@@ -211,6 +240,7 @@ def _train_one(
         for factory in observe:
             observers.append(observer := factory(run.config, run.run_dir))
             opened.callback(observer.close)
+        observers.append(StepRate(run.config.name, run.config.recipe.steps, run.config.recipe.ckpt_every, log=_print))
         record, val_ids = read_record(corpus_dir), load_tokens(corpus_dir, "val")
         summary = train_run(
             run.config,
