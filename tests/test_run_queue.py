@@ -79,6 +79,20 @@ def test_the_longest_runs_go_first_and_a_resumed_run_counts_what_is_left():
     assert estimated_flops(config(steps=40), from_step=30) == pytest.approx(estimated_flops(config(steps=40)) / 4)
 
 
+def test_the_progress_line_weighs_steps_by_their_cost():
+    from topometrics.training.run_queue import _overall_line
+
+    cheap, costly = config(hidden=8, steps=40), config(hidden=48, layers=3, steps=40)
+    per_step = {c: estimated_flops(c, 39) for c in (cheap, costly)}
+    assert per_step[costly] * 40 == pytest.approx(estimated_flops(costly))  # one step's cost, times the steps
+    # the costly run half trained, the cheap one not started: most of the compute is done, not a quarter
+    done, total = per_step[costly] * 20, (per_step[costly] + per_step[cheap]) * 40
+    line = _overall_line(done, total, 0, 2, time.monotonic() - 60)
+    share = done / total
+    assert share > 0.45 and f"{share:.0%} of the compute to train" in line
+    assert f"about {60 * (1 - share) / share / 60:,.1f} min left" in line
+
+
 def test_runs_train_at_once_a_diverging_run_stops_alone_and_complete_runs_are_skipped_untouched(tmp_path):
     data = corpus(tmp_path / "corpus")
     runs = [
