@@ -75,6 +75,7 @@ def test_a_computed_verdict_reads_as_quotable_sentences():
     assert not any(s.startswith("At 10%") for s in got.sentences)  # skipped there: the table says why
     families = got.sentences[-1]
     assert families.startswith("Single families (leave-one-seed-out): ") and "scale-free adds at" in families
+    assert "a cell is one rung trained with one recipe" in got.terms and "a recipe is" in got.terms  # words used
 
 
 def test_the_lead_sentence_names_the_strongest_baseline_the_topology_rows_were_tested_against():

@@ -29,6 +29,13 @@ QUESTION = (
 NORM_BASELINE_WORDS = "its loss curve and weight norm"
 BASELINE_WORDS = {"norm": NORM_BASELINE_WORDS, "recipe": "its loss curve, weight norm and recipe"}
 SCHEME_GROUPS = {"seed": "seeds", "variant": "recipe variants", "rung": "rungs"}
+# Defined once, under the sentences that use them first (a newcomer met "cells" and "recipes" undefined).
+TERMS = (
+    "Terms: a recipe is one set of training settings (learning rate and its schedule, weight decay, warm-up, batch, "
+    "steps): the base or a variant; a cell is one rung trained with one recipe, its runs differing only in seed; "
+    "MAE is the mean absolute error of the predicted final validation loss over held-out runs; "
+    "leave-one-X-out holds out every run of one X in turn."
+)
 
 
 @dataclass(frozen=True)
@@ -40,13 +47,15 @@ class Answer:
     command: str | None = None
     command_why: str | None = None
     computed: bool = False
+    terms: str | None = TERMS  # the words the sentences use, defined (None when there are no sentences of results)
 
 
 def answer(verdict, meta) -> Answer:
     """The opening from the ``topology_verdict`` frame (or :class:`Missing`) and the ``meta`` frame."""
     params = _params(meta)
     if isinstance(verdict, Missing):
-        return Answer((f"No verdict yet: {verdict.reason}.",), "dvc repro", "runs the analysis and the warehouse")
+        why = "runs the analysis and the warehouse"
+        return Answer((f"No verdict yet: {verdict.reason}.",), "dvc repro", why, terms=None)
     verdict = verdict[verdict["role"] != "outlier"] if "role" in verdict else verdict  # the report's table has them
     if "level" in verdict:  # the opening answers the between-cell question (and states a within-cell endpoint)
         verdict = verdict[(verdict["level"].fillna("between") == "between") | (verdict["role"] == "primary")]
