@@ -1,5 +1,6 @@
 """dvc.yaml's stage deps list exactly the topometrics/ modules each stage script imports, directly or not.
 
+A folder the stage imports every module of is listed as the folder (:func:`folder_deps`).
 The import closure is computed from the source with ``ast`` (every ``import``/``from ... import``
 anywhere in a module, lazy imports inside functions included), so a change to any module a stage
 runs re-runs that stage, and no stage re-runs for a module it never loads. Package ``__init__.py``
@@ -71,6 +72,27 @@ def listed_module_deps(deps: list[str]) -> set[str]:
     return {d for d in deps if d.startswith(f"{PACKAGE}/") and d.endswith(".py")}
 
 
+SQL = f"{PACKAGE}/analysis/sql"  # the warehouse's SQL files: a folder of data, not of modules
+# A stage that imports every module of a folder lists the folder instead of its modules: one column in
+# `dvc exp show` instead of up to ten. Not fewer than every module: a train stage that listed models/ for most
+# of it would retrain every run when the linear-layer finder (models/architectures.py, a measure's) changed.
+
+
+def folder_modules(folder: str) -> set[str]:
+    """The modules of one package folder (``topometrics/verdict``), its ``__init__.py`` left out."""
+    return {p.relative_to(REPO).as_posix() for p in (REPO / folder).glob("*.py") if p.name != "__init__.py"}
+
+
+def folder_deps(modules: set[str]) -> set[str]:
+    """The package folders (below the top one) ``modules`` hold every module of."""
+    folders = {m.rsplit("/", 1)[0] for m in modules if m.count("/") >= 2}
+    return {f for f in folders if folder_modules(f) <= modules}
+
+
+def listed_folder_deps(deps: list[str]) -> set[str]:
+    return {d.split("  ")[0] for d in deps if d.startswith(f"{PACKAGE}/") and (REPO / d).is_dir() and d != SQL}
+
+
 def expected_module_deps(script: Path, excluded: frozenset[Path] = frozenset()) -> set[str]:
     closure = {p for p in import_closure(script, excluded) if p.name != "__init__.py"}
     return {p.relative_to(REPO).as_posix() for p in closure}
@@ -101,10 +123,13 @@ def test_stage_deps_are_the_import_closure_of_its_script(stage):
     excluded = frozenset({LIVE_VIEW_ONLY[stage]} if stage in LIVE_VIEW_ONLY else ())
     assert excluded <= imported_modules(script)  # the exception names a module the script does import
     expected = expected_module_deps(script, excluded)
+    folders = folder_deps(expected)
+    assert listed_folder_deps(deps) == folders  # a folder the stage imports most of, and no other
+    expected -= {m for f in folders for m in folder_modules(f)}
     listed = listed_module_deps(deps)
     assert listed == expected, f"missing: {sorted(expected - listed)}; not imported: {sorted(listed - expected)}"
-    needs_sql = f"{PACKAGE}/analysis/warehouse.py" in expected
-    assert (f"{PACKAGE}/analysis/sql" in deps) == needs_sql
+    needs_sql = f"{PACKAGE}/analysis/warehouse.py" in expected | {m for f in folders for m in folder_modules(f)}
+    assert (SQL in deps or f"{PACKAGE}/analysis" in folders) == needs_sql
 
 
 def test_the_closure_follows_lazy_and_package_imports(tmp_path):
