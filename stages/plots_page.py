@@ -2,7 +2,7 @@
 
     python stages/plots_page.py --out reports/plots/page.html
 
-`.dvc/config` names the page (`plots.html_template`); it is written from the installed vl-convert, not kept in git.
+`.dvc/config` names the page (`plots.html_template`); written from the installed vl-convert, DVC-cached.
 """
 
 from pathlib import Path

@@ -78,6 +78,7 @@ def drawn(page: Path, profile: Path) -> list[dict]:
     return json.loads(html.unescape(found.group(1)))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 def test_dvc_plots_show_draws_every_plot_with_no_network(project, tmp_path):
     out = tmp_path / "out"
@@ -95,6 +96,7 @@ def test_dvc_plots_show_draws_every_plot_with_no_network(project, tmp_path):
     assert plots == [{"id": plot, "svgs": 1, "lines": n} for plot, n in lines.items()]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)
 def test_with_dvc_renders_own_page_the_same_plot_draws_nothing_with_no_network(project, tmp_path):
     cdn_page = tmp_path / "cdn.html"  # what `dvc plots show` writes without plots.html_template

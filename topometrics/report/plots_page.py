@@ -5,7 +5,7 @@ dvc-render fills an HTML template by replacing ``{plot_divs}`` (required) with o
 ``{plot_divs}`` and ``{refresh_tag}``, leaves ``{scripts}`` out (so no CDN tag is ever written) and inlines
 vl-convert's bundle instead, which defines ``vegaEmbed`` (Vega-Embed 7: it draws SVG). The bundle is about 0.9 MB
 with its licence comments minified away, so the page is written by the ``plots_page`` stage from the installed
-vl-convert, not kept in git; ``.dvc/config`` names it (``plots.html_template``).
+vl-convert and DVC-cached, not kept in git; ``.dvc/config`` names it (``plots.html_template``).
 """
 
 from __future__ import annotations
