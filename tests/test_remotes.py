@@ -401,3 +401,54 @@ def test_a_fresh_clone_that_pulls_reproduces_nothing_that_changes_a_tracked_outp
     assert run(["git", "status", "--porcelain"], other) == ""  # dvc.lock (and every tracked file) as committed
     for path in ("data/warehouse.duckdb", "data/series/status.json", "reports/report.html"):
         assert (other / path).read_bytes() == (reproduced / path).read_bytes(), path
+
+
+MAKE_STAGE = {
+    "stages": {
+        "make": {
+            "cmd": "python -c \"import yaml; x = yaml.safe_load(open('params.yaml'))['x']; "
+            "open('out.txt', 'w').write(str(x) * 1000)\"",
+            "params": ["x"],
+            "outs": ["out.txt"],
+        }
+    }
+}
+
+
+def test_an_experiment_run_before_the_remote_was_committed_travels_when_each_clone_names_the_remote_locally(
+    tmp_path,
+):
+    """docs/sharing.md, "An experiment older than the remote": DVC reads the remote from the experiment's own
+    commit, so an experiment run before `dvc remote add` was committed is pushed without its outputs (the pinned
+    DVC says "Pushed experiment" and uploads nothing), and `dvc exp push -r` fails; the remote named in each
+    clone's `.dvc/config.local` carries it, and `dvc exp apply` cannot take that one away."""
+    origin, store = tmp_path / "origin.git", tmp_path / "store"
+    run(["git", "init", "-q", "--bare", str(origin)], tmp_path)
+    alice = tmp_path / "alice"
+    alice.mkdir()
+    run(["git", "init", "-q"], alice)
+    run(["dvc", "init", "-q"], alice)
+    (alice / "params.yaml").write_text("x: 1\n")
+    (alice / "dvc.yaml").write_text(yaml.safe_dump(MAKE_STAGE))
+    run(["dvc", "repro", "-q"], alice)
+    commit(alice, "base")
+    run(["git", "remote", "add", "origin", str(origin)], alice)
+    run(["git", "push", "-q", "origin", "HEAD"], alice)
+    run(["dvc", "exp", "run", "-q", "-n", "x2", "-S", "x=2"], alice)  # before any remote
+    run(["dvc", "remote", "add", "-d", "shared", str(store)], alice)
+    commit(alice, "the shared remote")
+    run(["git", "push", "-q", "origin", "HEAD"], alice)
+
+    assert "Pushed experiment x2" in run(["dvc", "exp", "push", "origin", "x2"], alice)
+    assert not store.exists()  # the trap: the experiment's commit names no remote, so no output went
+    run(["dvc", "remote", "add", "--local", "shared", str(store)], alice)
+    assert "1 file uploaded" in run(["dvc", "exp", "push", "-f", "-r", "shared", "origin", "x2"], alice)
+
+    bob = clone(origin, tmp_path / "bob")
+    run(["dvc", "remote", "add", "--local", "shared", str(store)], bob)
+    run(["dvc", "exp", "pull", "-r", "shared", "origin", "x2"], bob)
+    run(["dvc", "exp", "apply", "x2"], bob)
+    assert (bob / "out.txt").read_text() == "2" * 1000 and "shared" in (bob / ".dvc/config.local").read_text()
+    run(["git", "checkout", "HEAD", "--", ".dvc/config"], bob)  # the committed remote back, as the docs say
+    assert "shared" in (bob / ".dvc/config").read_text()
+    assert "up to date" in run(["dvc", "status"], bob)
