@@ -50,6 +50,8 @@ def test_a_change_below_numerical_precision_reads_identical_not_as_a_number():
     read = report_verdict.verdict_table(noise)["reads as"].iloc[0]
     assert "identical to the baseline's to numerical precision" in read and "e-17" not in read
     assert read.endswith("leave-one-seed-out, exploratory, Holm-corrected): no evidence.")
+    worse = ROWS.iloc[[0]].assign(delta_mae=0.0258, gain_share=-1.066)  # a share past 100 %: no exponent
+    assert "−107% of the baseline MAE" in report_verdict.verdict_table(worse)["reads as"].iloc[0]
     small = ROWS.iloc[[0]].assign(delta_mae=-1e-6)  # a millionth of a nat on a baseline of 0.05 is a number
     assert "changes MAE by −1e−06 nats" in report_verdict.verdict_table(small)["reads as"].iloc[0]
 

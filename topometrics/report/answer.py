@@ -170,6 +170,8 @@ def _families(verdict: pd.DataFrame, scheme: str) -> str:
     """Which single families add or hurt in the headline scheme, at which fractions, and against which
     baseline when the verdict has more than one (each fraction named once)."""
     single = verdict[(verdict["cv"] == scheme) & ~verdict["family"].isin(["weight_norm", "everything"])]
+    if "role" in single:  # the tested rows; a context row's recipe-blind baseline leaves the recipe to be found
+        single = single[single["role"].isin(["topology", "primary"])]
     baselines = sorted(single["baseline"].dropna().unique()) if "baseline" in single else []
     found = []
     for word in ("adds", "hurts"):

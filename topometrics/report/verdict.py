@@ -49,6 +49,14 @@ def _num(value, digits: int = 3) -> str:
     return f"{float(value):.{digits}g}".replace("-", "\u2212")
 
 
+def _percent(value) -> str:
+    """A share in percent as the sentences print it: two significant digits, never an exponent (−107, not
+    −1.1e+02); NaN as 'n/a'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return _num(value, 2) if abs(value) < 100 else f"{value:.0f}".replace("-", "\u2212")
+
+
 def _added(family: str) -> str:
     return ADDED.get(family, f"the {FAMILY_WORDS.get(family, family.replace('_', '-'))} family")
 
@@ -92,7 +100,7 @@ def sentence(row, unit: str = "nats") -> str:
     p_text = "no p-value" if p is None or pd.isna(p) else f"one-sided {kind}={_num(p, 2)}"
     bounds = f"[95% bounds {_num(row['ci_low'])}, {_num(row['ci_high'])}; cells as units]"
     numbers = f"{_num(delta)} {LOSS_UNITS.get(unit, unit)} {bounds}"
-    share = f"{_num(100 * row.get('gain_share', float('nan')), 2)}% of the baseline MAE {_num(row.get('mae_without'))}"
+    share = f"{_percent(100 * row.get('gain_share', float('nan')))}% of the baseline MAE {_num(row.get('mae_without'))}"
     n = f"n={int(row['n'])} runs in {int(row.get('n_cells') or 0)} cells"
     word = f"{row['verdict']} {RULED_OUT}" if str(row["verdict"]).startswith("ruled out") else row["verdict"]
     level = {"within": "within cells, "}.get(row.get("level"), "")
