@@ -136,6 +136,48 @@ def test_a_failed_checkpoint_fails_the_stage_in_one_line_after_the_others_are_wr
     assert sorted(p.parent.name for p in (tmp_path / "out").glob("**/features.parquet")) == ["step=0", "step=200"]
 
 
+def test_a_checkpoint_of_another_run_or_step_is_named_with_whose_it_is_and_not_read_by_the_stage(tmp_path):
+    """`cp small-42/step_000100.* tiny-42/`: whole, and its hash its own sidecar's, it was read as tiny-42's
+    step 100 (and its shard written as small-42's); a checkpoint renamed to another step was read as its sidecar's."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+    from test_features import tiny_model
+
+    from topometrics.models.checkpoints import save_checkpoint, verify_checkpoint
+
+    repo = Path(__file__).resolve().parents[1]
+    write_run(tmp_path, (0, 100, 200))
+    run = tmp_path / "run"
+    theirs = json.loads((run / "step_000100.json").read_text()) | {"rung": "small"}
+    save_checkpoint(run, tiny_model(100), {k: v for k, v in theirs.items() if k != "sha256"})  # small-42's, copied in
+    for suffix in (".safetensors", ".json"):  # step 200 under the name of step 300
+        shutil.copy(run / f"step_000200{suffix}", run / f"step_000300{suffix}")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["features"] |= {"workers": 1, "rep_points": 60, "rep_batch": 4, "betti_scales": 4}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    cmd = [sys.executable, str(repo / "stages/features.py"), "--runs", "run", "--corpus", "corpus", "--out", "out"]
+    stage = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert stage.returncode == 1, stage.stderr
+    assert "features@run: 4 checkpoints, 2 computed, 0 already current, 2 failed" in stage.stdout
+    (error,) = [line for line in stage.stderr.splitlines() if line.startswith("error: ")]
+    assert error == (
+        "error: features@run: 2 checkpoints failed (step 100: step_000100.json: a checkpoint of run small-42, not of "
+        "this run tiny-42; delete it (the train stage recomputes this run's)); the others are written, re-run to "
+        "retry them"
+    )
+    shards = sorted(str(p.parent.relative_to(tmp_path / "out")) for p in (tmp_path / "out").glob("**/features.parquet"))
+    assert shards == ["rung=tiny/variant=base/seed=42/step=0", "rung=tiny/variant=base/seed=42/step=200"]
+    assert verify_checkpoint(run, 300) == (
+        "step_000300.json: describes step 200, not step 300 as its name says; delete it (the train stage recomputes "
+        "this run's)"
+    )
+
+
 def test_a_checkpoint_changed_after_training_is_named_and_not_read_and_one_without_a_hash_is_read_unverified(tmp_path):
     import json
 

@@ -293,6 +293,15 @@ def test_uncached_revisions_offline_are_skipped_with_the_reason(monkeypatch, tmp
     assert found[1]["reason"].startswith("not cached and not downloadable (LocalEntryNotFoundError")
 
 
+def test_a_hub_revision_whose_step_the_warehouse_cannot_hold_is_skipped_before_any_download(monkeypatch, tmp_path):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    found = list(hub_checkpoints("acme/absent", ("step2147483648", "step2147483647"), cache_dir=tmp_path))
+    beyond = "step 2,147,483,648 is beyond the warehouse's 32-bit step column (at most 2**31-1)"
+    assert found[0] == {"revision": "step2147483648", "step": None, "status": "skipped",
+                        "reason": f"revision 'step2147483648': {beyond}"}  # fmt: skip
+    assert found[1]["step"] == 2**31 - 1 and found[1]["reason"].startswith("not cached and not downloadable")
+
+
 def populate_hf_cache(hub: Path, repo_id: str, revisions: dict[str, Path], extra: list[Path]) -> None:
     """Lay out a Hugging Face hub cache: blobs named by sha256, snapshots of symlinks, refs."""
     repo = hub / f"models--{repo_id.replace('/', '--')}"
@@ -576,7 +585,7 @@ def test_one_hostile_source_never_stops_the_others_and_each_bad_file_is_a_skip_w
     assert reasons["step_9.safetensors"].endswith("not a regular file (a FIFO, socket or device; it could block the "
                                                   "stage forever): never read")  # fmt: skip
     assert "sparse file" in reasons["step_7.safetensors"] or "GiB free" in reasons["step_7.safetensors"]
-    assert reasons["final"].endswith("trainer_state.json: global_step inf is not a step (an integer from 0 to 2**53)")
+    assert reasons["final"].endswith("trainer_state.json: global_step inf is not a step (an integer from 0 to 2**31-1)")
     (layer_skip,) = by_name["layers"]["checkpoints"]
     assert layer_skip["status"] == "skipped" and "num_hidden_layers=10000000 is not a" in layer_skip["reason"]
     assert by_name["wide"]["computed"] == 1  # weight features from the file; the forward pass refused, with why
@@ -584,7 +593,7 @@ def test_one_hostile_source_never_stops_the_others_and_each_bad_file_is_a_skip_w
     rep = features[(features["rung"] == "wide") & (features["feature"] == "rep_tp0")]
     assert rep["value"].isna().all() and rep["reason"].str.contains("config.json describes").all()
     (csv_skip,) = by_name["csv"]["checkpoints"]
-    assert csv_skip["reason"].endswith("losses.csv: step 'ten' (row 2) is not an integer from 0 to 2**53; fix that "
+    assert csv_skip["reason"].endswith("losses.csv: step 'ten' (row 2) is not an integer from 0 to 2**31-1; fix that "
                                        "row of the losses file")  # fmt: skip
     (log_skip,) = by_name["log"]["checkpoints"]
     assert log_skip["status"] == "skipped" and log_skip["reason"].startswith(f"{tmp_path / 'log'}: ")

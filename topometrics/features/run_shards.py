@@ -58,6 +58,7 @@ from topometrics.models.checkpoints import (
     Checkpoint,
     CheckpointError,
     content_problem,
+    foreign_problem,
     list_checkpoints,
     load_state,
     safetensors_problem,
@@ -66,6 +67,7 @@ from topometrics.models.model import linear_layer_names
 from topometrics.models.tokens import load_tokens, read_record, token_bytes
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams
+from topometrics.training.run_dir import directory_owner
 from topometrics.training.sketch import read_sketch
 
 TABLES = ("features", "diagrams")
@@ -122,18 +124,21 @@ def run_shards(
     code, digest = module_source_hash(__name__), params_digest(params)
     batch = hashlib.sha256(tokens.tobytes()).hexdigest()[:16]
     tasks, label, changed = [], f"features@{Path(run_dir).name}", ShardRun()
-    weights, damaged = verified_weights(ckpts, label, progress)
+    owner = directory_owner(Path(run_dir), ckpts)
+    weights, damaged = verified_weights(ckpts, owner, label, progress)
     for index, ckpt in enumerate(ckpts):
-        name, variant = ckpt.meta.get("rung", Path(run_dir).name), ckpt.meta.get("variant", BASE_VARIANT)
-        key = ShardKey(name, variant, int(ckpt.meta.get("seed", -1)), ckpt.step)
+        # a checkpoint not read (changed, another run's) fails in this run's place: the step of its file name
+        record, step = (owner, ckpt.file_step) if ckpt.path in damaged else (ckpt.meta, ckpt.step)
+        name, variant, seed = record.get("rung") or Path(run_dir).name, record.get("variant"), record.get("seed")
+        key = ShardKey(str(name), variant or BASE_VARIANT, -1 if seed is None else int(seed), step)
         due = index % params.landscape_every == 0  # in the inputs: a removed checkpoint shifts the others
-        fingerprint = Fingerprint(f"weights {weights[ckpt.step]} tokens {batch} surface {due}", digest, code)
+        fingerprint = Fingerprint(f"weights {weights[ckpt.path]} tokens {batch} surface {due}", digest, code)
         tasks.append(Task(key, fingerprint, CheckpointJob(ckpt, key, tokens, params, index, lengths)))
-        if ckpt.step in damaged:
-            changed.failed[key] = damaged[ckpt.step]
+        if ckpt.path in damaged:
+            changed.failed[key] = damaged[ckpt.path]
     todo = [t for t in tasks if t.key not in changed.failed]
     own = changed.merge(compute_shards(out, todo, _checkpoint_tables, mapper(params, compute, "features"), TABLES))
-    layers = linear_layer_names(ckpts[0].config.layers)
+    layers = linear_layer_names(next((c for c in ckpts if c.path not in damaged), ckpts[0]).config.layers)
     fine = [t for t in tasks if t.key not in own.failed]
     iterates = run_iterates(Path(run_dir), out, fine, params)
     run = own.merge(distance_shards(out, fine, layers, params, compute, iterates))
@@ -152,21 +157,26 @@ def run_shards(
     return run
 
 
-def verified_weights(ckpts: list[Checkpoint], label: str, progress: Callable[[str], None]) -> tuple[dict, dict]:
-    """The sha256 of each checkpoint's weights (its shard's fingerprint) by step, checked against its sidecar,
-    and ``{step: reason}`` for the checkpoints whose bytes are not those training wrote (their shards are not
-    computed: the train stage recomputes them).
+def verified_weights(
+    ckpts: list[Checkpoint], owner: dict, label: str, progress: Callable[[str], None]
+) -> tuple[dict, dict]:
+    """The sha256 of each checkpoint's weights (its shard's fingerprint) by path, checked against its sidecar,
+    and ``{path: reason}`` for the checkpoints whose bytes are not those training wrote, or whose sidecar is not
+    of the run ``owner`` (:func:`topometrics.training.run_dir.directory_owner`) or of its file name's step: their
+    shards are not computed (the train stage recomputes them).
 
     Checkpoints whose sidecars predate content hashes are read unverified, said in one ``progress`` line
     (the train stage records their hash the next time it checks the run).
     """
     weights, changed = {}, {}
     for ckpt in ckpts:
-        weights[ckpt.step] = file_sha256(ckpt.path)
-        if problem := content_problem(ckpt.path, ckpt.meta.get("sha256"), weights[ckpt.step]):
+        weights[ckpt.path] = file_sha256(ckpt.path)
+        if problem := foreign_problem(ckpt.path.with_suffix(".json").name, ckpt.meta, ckpt.file_step, owner):
+            changed[ckpt.path] = problem  # never read as this run's, nor under its step
+        elif problem := content_problem(ckpt.path, ckpt.meta.get("sha256"), weights[ckpt.path]):
             structure = safetensors_problem(ckpt.path)  # truncated says more than a different hash
             problem = f"{ckpt.path.name}: {structure}" if structure else problem
-            changed[ckpt.step] = f"{problem}; `dvc repro` recomputes it (the train stage, identically)"
+            changed[ckpt.path] = f"{problem}; `dvc repro` recomputes it (the train stage, identically)"
     if unverified := [c.path.name for c in ckpts if "sha256" not in c.meta]:
         why = "written before checkpoints carried one"
         progress(f"{label}: {len(unverified)} checkpoints (e.g. {unverified[0]}) have no sha256 in their sidecars "

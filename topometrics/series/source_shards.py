@@ -32,7 +32,7 @@ from topometrics.models.checkpoints import CheckpointError
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams, SeriesParams, SeriesSource
 from topometrics.series.checkpoint import series_checkpoint_features
-from topometrics.series.hub import hub_checkpoints, skip_record, step_from_name, weights_sha256
+from topometrics.series.hub import hub_checkpoints, revision_steps, skip_record, weights_sha256
 from topometrics.series.run_folders import RunCheckpoint, RunFolderError, scan_run_folder, unreadable
 from topometrics.series.safetensors_reader import SafetensorsFile
 from topometrics.training.monitor_log import read_log, read_stop
@@ -307,11 +307,10 @@ def _series_checkpoints(source):
         for ckpt in folder.checkpoints:
             yield ckpt.revision, ckpt.step, ckpt
         return
-    steps = {revision: step_from_name(revision) for revision in source.revisions}
-    for revision in [r for r in source.revisions if steps[r] is None]:
-        yield skip_record(revision, None, f"cannot tell the step of revision {revision!r}; name a step<N> branch")
-    for revision in sorted((r for r in source.revisions if steps[r] is not None), key=steps.get):
-        yield revision, steps[revision], None
+    steps, skips = revision_steps(source.revisions)
+    yield from skips
+    for revision, step in steps.items():
+        yield revision, step, None
 
 
 def _layers(root: Path, tasks: list[shards.Task]) -> list[str]:

@@ -49,7 +49,7 @@ from topometrics.models.tokens import load_tokens, read_record, token_bytes, tok
 from topometrics.params import Params, ParamsError
 from topometrics.training.live_relay import LiveRelay
 from topometrics.training.monitor_log import MONITOR_DIR, latest_measurement
-from topometrics.training.run_dir import trained_tokenizers
+from topometrics.training.run_dir import checked_steps, trained_tokenizers
 from topometrics.training.train import (
     Observer,
     RunConfig,
@@ -145,15 +145,17 @@ def run_progress(cfg: RunConfig, run_dir: Path, corpus_sha256: str, tokenizer: s
 
 def is_complete(cfg: RunConfig, run_dir: Path, corpus_sha256: str, tokenizer: str | None = None) -> bool:
     """The run reached its last step with this recipe and corpus, its checkpoint table (written
-    last) says so, and every checkpoint is whole and unchanged (header, size and the sha256 its
-    sidecar records: :func:`topometrics.models.checkpoints.verify_checkpoint`, which records the hash
-    of a sidecar written before hashes): nothing to do. A damaged, changed or missing checkpoint sends
-    the run to training, which names it and recomputes it."""
+    last) says so, and every checkpoint is whole, unchanged and this run's (header, size, the sha256 its
+    sidecar records, and the sidecar's run, recipe and step: :func:`topometrics.models.checkpoints.verify_checkpoint`,
+    which records the hash of a sidecar written before hashes), and so is any other step file the directory
+    holds: nothing to do. A damaged, changed, missing or another run's checkpoint sends the run to training,
+    which names it and recomputes it."""
     table = Path(run_dir) / "checkpoints.csv"
     r = cfg.recipe
     if run_progress(cfg, run_dir, corpus_sha256, tokenizer) != r.steps or not table.exists():
         return False
-    if any(verify_checkpoint(run_dir, step) for step in range(0, r.steps + 1, r.ckpt_every)):
+    owner = cfg.owner(recipe_fingerprint(cfg, corpus_sha256, tokenizer))
+    if any(verify_checkpoint(run_dir, step, owner) for step in checked_steps(run_dir, r.steps, r.ckpt_every)):
         return False
     return table.read_text().rstrip("\n").rsplit("\n", 1)[-1].startswith(f"{r.steps},")
 
