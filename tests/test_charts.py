@@ -93,16 +93,16 @@ def test_correlation_heatmap_orders_rungs_fixes_the_colour_domain_and_labels_eac
          "rho": [-1, 0.5, 0.2, 1, 0.0]}
     )  # fmt: skip
     spec = charts.correlation_heatmap(rho).to_dict()
-    inner = spec["spec"]
-    assert inner["mark"]["type"] == "rect" and spec["facet"]["row"]["field"] == "family"
-    assert inner["encoding"]["x"]["sort"] == ["tiny", "xl"]
-    assert inner["encoding"]["x"]["axis"]["orient"] == "top" and spec["resolve"]["axis"]["x"] == "independent"
-    assert spec["resolve"]["scale"]["y"] == "independent"  # a panel lists only its own features
-    assert inner["encoding"]["color"]["field"] == "rho" and inner["encoding"]["color"]["scale"]["domain"] == [-1, 1]
-    assert inner["width"] == 80
-    families = {r["feature"]: r["family"] for r in spec["datasets"][spec["data"]["name"]]} if "datasets" in spec else {
-        r["feature"]: r["family"] for r in spec["data"]["values"]}
-    assert families == {"np_norm": "np", "vr_tp0": "vr", "zz": "other"}
+    panels = {panel["title"]: panel for panel in spec["vconcat"]}
+    assert list(panels) == ["np", "other", "vr"]  # one panel per family, 'other' for an undeclared name
+    for panel in panels.values():
+        assert panel["mark"]["type"] == "rect" and panel["encoding"]["x"]["sort"] == ["tiny", "xl"]
+        assert panel["encoding"]["x"]["axis"]["orient"] == "top"  # each panel's rung labels at its top
+        assert panel["encoding"]["color"]["field"] == "rho"
+        assert panel["encoding"]["color"]["scale"]["domain"] == [-1, 1] and panel["width"] == 80
+    rows = {p: [r["feature"] for r in panels[p]["data"]["values"]] for p in panels}
+    assert rows == {"np": ["np_norm", "np_norm"], "other": ["zz"], "vr": ["vr_tp0", "vr_tp0"]}
+    assert panels["np"]["height"] == 12
 
 
 def test_prediction_comparison_groups_methods_within_fraction():

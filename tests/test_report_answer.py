@@ -141,6 +141,8 @@ def test_the_page_opens_with_the_answer_and_folds_the_verdict_table_away():
     table = page.index('<details id="verdict-table"><summary>Verdict per scheme, fraction and family (32 comparisons')
     assert page.index("<h2>Figures</h2>") < table
     assert page.count("The verdict cannot be computed yet") == 1
+    terms = page.index('<p class="terms">Terms: a recipe is one set of training settings')
+    assert answer_at < terms < page.index("</section>", answer_at)  # defined once, inside the answer
 
 
 @pytest.mark.parametrize("frame", [report_frames.Missing("the warehouse cannot answer `verdict`"), None])

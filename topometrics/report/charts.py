@@ -116,14 +116,14 @@ def tp0_vs_loss(points: pd.DataFrame) -> alt.Chart:
     )
 
 
-def correlation_heatmap(rho: pd.DataFrame) -> alt.FacetChart:
-    """Spearman rho(feature, validation loss) for every feature x rung, one panel per feature family (a map of
-    ~150 features in one panel hid its column labels far above the reader). Columns: rung, feature, rho."""
+def correlation_heatmap(rho: pd.DataFrame) -> alt.VConcatChart:
+    """Spearman rho(feature, validation loss) for every feature x rung, one panel per feature family, stacked (a
+    map of ~150 features in one panel hid its column labels far above the reader). Columns: rung, feature, rho."""
     _require(rho, "correlation_heatmap", ("rung", "feature", "rho"))
     domain = [r for r in rung_domain(rho["rung"]) if r in set(rho["rung"])]
     frame = rho.assign(family=rho["feature"].map(feature_family))
-    cells = (
-        alt.Chart(_data(frame))
+    panels = [
+        alt.Chart(_data(rows))
         .mark_rect()
         .encode(
             # every panel labels its columns at its top, next to the rows it explains
@@ -132,15 +132,12 @@ def correlation_heatmap(rho: pd.DataFrame) -> alt.FacetChart:
             color=alt.Color("rho:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1]), title="rho"),
             tooltip=["rung:N", "feature:N", alt.Tooltip("rho:Q", format=".3f")],
         )
-        .properties(width=40 * max(len(domain), 1), height=alt.Step(12))
-    )
-    header = alt.Header(labelAngle=0, labelAlign="left", labelFontWeight="bold")
-    return (
-        cells.facet(row=alt.Row("family:N", title=None, header=header))
-        .resolve_scale(y="independent")
-        .resolve_axis(x="independent")
-        .properties(title="Spearman rho(feature, validation loss), by family")
-    )
+        # a fixed height per panel: Vega-Lite's step height inside a facet fails in the browser ("datum is not
+        # defined"), so panels are concatenated, each sized to its own rows
+        .properties(width=40 * max(len(domain), 1), height=12 * rows["feature"].nunique(), title=family)
+        for family, rows in frame.groupby("family", sort=True)
+    ]
+    return alt.vconcat(*panels).properties(title="Spearman rho(feature, validation loss), by family")
 
 
 def feature_family(name: str) -> str:
