@@ -92,9 +92,11 @@ def sentence(row, unit: str = "nats") -> str:
     if delta is None or pd.isna(delta):
         return f"{when}, {what} was not tested ({cv}, {role}): {row['verdict']}."
     if identical(delta, row.get("mae_without")):
-        return (f"{when}, {what} leaves the predictions identical to the baseline's to numerical precision "
-                f"(|ΔMAE| below {PRECISION:g} of its MAE; {cv}, {role}): "
-                f"{row['verdict']}.")
+        return (
+            f"{when}, {what} leaves the predictions identical to the baseline's to numerical precision "
+            f"(|ΔMAE| below {PRECISION:g} of its MAE; {cv}, {role}): "
+            f"{row['verdict']}."
+        )
     p = row.get("p_adjusted")
     kind = "Holm p" if row.get("role") == "topology" else "p"
     p_text = "no p-value" if p is None or pd.isna(p) else f"one-sided {kind}={_num(p, 2)}"
