@@ -4,12 +4,16 @@ LocalCluster, and whole after a worker is killed with SIGKILL mid-run."""
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import duckdb
 import pandas as pd
 import pytest
+import yaml
 from distributed import Client
 from test_cluster import worker_pids
 from test_features import PARAMS, run_tables, write_run
@@ -19,7 +23,19 @@ from topometrics.execution.shards import ShardKey, params_digest, scan
 from topometrics.features.run_shards import run_shards
 from topometrics.params_sources import ComputeParams
 
+REPO = Path(__file__).resolve().parents[1]
+
 STEPS = (0, 100, 200, 300)
+
+
+def run_features_stage(tmp_path) -> subprocess.CompletedProcess:
+    """``stages/features.py`` over ``tmp_path/run`` (as written by ``write_run``) with small params, into
+    ``tmp_path/out``: the real stage, in its own process."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["features"] |= {"workers": 1, "rep_points": 60, "rep_batch": 4, "betti_scales": 4}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    cmd = [sys.executable, str(REPO / "stages/features.py"), "--runs", "run", "--corpus", "corpus", "--out", "out"]
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
 def read_back(root):
@@ -112,21 +128,10 @@ def test_on_a_dask_cluster_with_a_worker_killed_mid_run_nothing_is_missing_or_tw
 
 
 def test_a_failed_checkpoint_fails_the_stage_in_one_line_after_the_others_are_written(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import yaml
-
-    repo = Path(__file__).resolve().parents[1]
     write_run(tmp_path, (0, 100, 200))
     damaged = tmp_path / "run" / "step_000100.safetensors"
     damaged.write_bytes(damaged.read_bytes()[:100])
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["features"] |= {"workers": 1, "rep_points": 60, "rep_batch": 4, "betti_scales": 4}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    cmd = [sys.executable, str(repo / "stages/features.py"), "--runs", "run", "--corpus", "corpus", "--out", "out"]
-    stage = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    stage = run_features_stage(tmp_path)
     assert stage.returncode == 1, stage.stderr
     assert "features@run: 3 checkpoints, 2 computed, 0 already current, 1 failed" in stage.stdout
     (error,) = [line for line in stage.stderr.splitlines() if line.startswith("error: ")]  # the others: progress
@@ -141,27 +146,18 @@ def test_a_checkpoint_of_another_run_or_step_is_named_with_whose_it_is_and_not_r
     step 100 (and its shard written as small-42's); a checkpoint renamed to another step was read as its sidecar's."""
     import json
     import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    import yaml
     from test_features import tiny_model
 
     from topometrics.models.checkpoints import save_checkpoint, verify_checkpoint
 
-    repo = Path(__file__).resolve().parents[1]
     write_run(tmp_path, (0, 100, 200))
     run = tmp_path / "run"
     theirs = json.loads((run / "step_000100.json").read_text()) | {"rung": "small"}
     save_checkpoint(run, tiny_model(100), {k: v for k, v in theirs.items() if k != "sha256"})  # small-42's, copied in
     for suffix in (".safetensors", ".json"):  # step 200 under the name of step 300
         shutil.copy(run / f"step_000200{suffix}", run / f"step_000300{suffix}")
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["features"] |= {"workers": 1, "rep_points": 60, "rep_batch": 4, "betti_scales": 4}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    cmd = [sys.executable, str(repo / "stages/features.py"), "--runs", "run", "--corpus", "corpus", "--out", "out"]
-    stage = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    stage = run_features_stage(tmp_path)
     assert stage.returncode == 1, stage.stderr
     assert "features@run: 4 checkpoints, 2 computed, 0 already current, 2 failed" in stage.stdout
     (error,) = [line for line in stage.stderr.splitlines() if line.startswith("error: ")]
