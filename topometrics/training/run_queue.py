@@ -313,14 +313,15 @@ def train_runs(
     check_tokenizer(runs, corpus_dir, source)
     done = {r.config.name: r for r in runs if is_complete(r.config, r.run_dir, sha, tok)}
     start = {r.config.name: run_progress(r.config, r.run_dir, sha, tok) for r in runs if r.config.name not in done}
-    todo = sorted(
-        (r for r in runs if r.config.name not in done), key=lambda r: -estimated_flops(r.config, start[r.config.name])
-    )
+    # One step's FLOPs per run (estimated_flops is linear in the steps left): the queue's order, longest first,
+    # and the ETA's weights (the costly rungs train first, so a count of steps alike said 137 min left at 35 %
+    # of a 60 min ladder).
+    undone = [r for r in runs if r.config.name not in done]
+    step_flops = {r.config.name: estimated_flops(r.config, r.config.recipe.steps - 1) for r in undone}
+    left = {r.config.name: step_flops[r.config.name] * (r.config.recipe.steps - start[r.config.name]) for r in undone}
+    todo = sorted(undone, key=lambda r: -left[r.config.name])
     summaries = {name: summary_of(r.run_dir, r.config) for name, r in done.items()}
-    # The ETA weighs each run's steps by its cost: the costly rungs train first, so a count of steps alike
-    # (each rung's step the same) said 137 min left at 35 % of a 60 min ladder.
-    step_flops = {r.config.name: estimated_flops(r.config, r.config.recipe.steps - 1) for r in todo}
-    total_flops = sum(step_flops[r.config.name] * (r.config.recipe.steps - start[r.config.name]) for r in todo)
+    total_flops = sum(left.values())
     log(f"train: {len(runs)} runs, {len(done)} complete, {len(todo)} to train"
         + (f" on {pool.describe()}, longest first" if todo else ""))  # fmt: skip
     t0 = last_line = time.monotonic()
