@@ -90,7 +90,7 @@ def folder_deps(modules: set[str]) -> set[str]:
 
 
 def listed_folder_deps(deps: list[str]) -> set[str]:
-    return {d.split("  ")[0] for d in deps if d.startswith(f"{PACKAGE}/") and (REPO / d).is_dir() and d != SQL}
+    return {d for d in deps if d.startswith(f"{PACKAGE}/") and (REPO / d).is_dir() and d != SQL}
 
 
 def expected_module_deps(script: Path, excluded: frozenset[Path] = frozenset()) -> set[str]:
