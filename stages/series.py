@@ -24,7 +24,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory (val.u8)")
     parser.add_argument(
         "--out", type=Path, required=True,
-        help="feature shards (docs/scaling.md), features.parquet of monitor logs, checkpoints.parquet, status.json",
+        help="feature shards (docs/scaling.md), features.parquet of monitor logs, checkpoints.parquet, rungs.parquet, "
+        "status.json",
     )  # fmt: skip
     args = parser.parse_args(argv)
     params = load_params(args.params)
@@ -39,6 +40,7 @@ def main(argv: list[str]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_parquet(args.out / "features.parquet", result.logged)  # monitor logs; the rest are shards
     write_parquet(args.out / "checkpoints.parquet", result.losses)
+    write_parquet(args.out / "rungs.parquet", result.shapes)  # each series' model shape, for the rungs table
     status = result.status
     write_text(args.out / "status.json", json.dumps(status, indent=1))
     for s in status["series"]:

@@ -768,3 +768,48 @@ def test_a_tokenizer_wrong_for_its_model_costs_only_the_families_that_need_it_na
         assert pd.isna(rows.loc["rep_tp0", "value"]) and reason.startswith(str(tmp_path / name / "tokenizer.json"))
         assert reason.endswith("give the series the tokenizer files the model was trained with") and len(reason) < 300
     assert "is beyond the model's 300 embeddings" in features[features["rung"] == "beyond"]["reason"].dropna().iloc[0]
+
+
+def test_a_series_shape_is_its_config_and_the_tensors_its_files_hold_and_reaches_the_rungs_table(
+    local_series, tmp_path
+):
+    from safetensors import safe_open
+
+    from topometrics.analysis import warehouse
+    from topometrics.atomic import write_parquet
+
+    root, _ = local_series
+    out = tmp_path / "shards"
+    result = series_shards(
+        SeriesParams(sources={"neox": SeriesSource(path=str(root))}, seq_len=SEQ_LEN), PARAMS, TEXT, out
+    )
+    with safe_open(root / "step0" / "model.safetensors", "pt") as f:  # counted independently: every stored tensor
+        names = f.keys()  # safe_open is no mapping: it lists its tensors only through keys()
+        held = sum(int(np.prod(f.get_slice(name).get_shape())) for name in names)
+    # tiny_neox's config: hidden 32, 2 layers, 4 heads, 300 ids; GPTNeoXConfig's default context is 2048
+    expected = {"rung": "neox", "kind": "series", "n_params": held, "hidden": 32, "layers": 2, "heads": 4,
+                "vocab_size": 300, "context": 2048}  # fmt: skip
+    assert result.shapes.to_dict("records") == [expected]
+    assert all("shape" not in c for c in result.status["series"][0]["checkpoints"])  # the rungs table's, not status
+    write_parquet(out / "rungs.parquet", result.shapes)
+    (tmp_path / "config").mkdir()
+    inputs = warehouse.discover_inputs(tmp_path / "config", tmp_path / "runs", None, [out])
+    settings = parse_params(yaml.safe_load((REPO / "params.yaml").read_text())).analysis.settings()
+    target = warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, settings, {})
+    import duckdb
+
+    with duckdb.connect(str(target), read_only=True) as con:
+        row = con.execute("SELECT * FROM rungs").df().to_dict("records")
+    assert row == [expected]
+
+
+def test_a_series_without_a_config_has_its_tensor_count_and_a_null_shape(local_series, tmp_path):
+    root, _ = local_series
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    shutil.copy(root / "step0" / "model.safetensors", folder / "step_0.safetensors")
+    layers = {part: rf"gpt_neox\.layers\.(\d+)\.{module}\.weight" for part, module in MAPPING}
+    source = SeriesSource(path=str(folder), layers=layers)
+    result = series_shards(SeriesParams(sources={"plain": source}, seq_len=SEQ_LEN), PARAMS, TEXT, tmp_path / "s")
+    (row,) = result.shapes.to_dict("records")
+    assert row["n_params"] > 0 and all(pd.isna(row[c]) for c in ("hidden", "layers", "heads", "vocab_size", "context"))

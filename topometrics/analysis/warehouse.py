@@ -61,6 +61,7 @@ class Inputs:
     not_read: list[str] = field(default_factory=list)  # one line per folder of shards from other feature params
     # checkpoints.parquet directly in a feature directory: losses of external series (data/series/checkpoints.parquet)
     checkpoint_files: list[Path] = field(default_factory=list)
+    rung_files: list[Path] = field(default_factory=list)  # rungs.parquet likewise: the series' model shapes
 
 
 def discover_inputs(
@@ -118,10 +119,11 @@ def discover_inputs(
         for path in configs:
             if not path.exists():
                 raise WarehouseError(f"{path} not found; run `dvc repro config` first")
-    losses = [
-        Path(root) / "checkpoints.parquet" for root in feature_dirs if (Path(root) / "checkpoints.parquet").exists()
-    ]
-    return Inputs(configs, Path(runs_dir), source, feature_files, diagram_files, analysis, not_read, losses)
+    losses, shapes = (
+        [Path(root) / name for root in feature_dirs if (Path(root) / name).exists()]
+        for name in ("checkpoints.parquet", "rungs.parquet")
+    )
+    return Inputs(configs, Path(runs_dir), source, feature_files, diagram_files, analysis, not_read, losses, shapes)
 
 
 def sql_files() -> list[Path]:
@@ -147,6 +149,7 @@ def populate(con: duckdb.DuckDBPyConnection, inputs: Inputs, settings: ViewSetti
         for variant, paths in by_variant.items():
             load_parquet(con, table, paths, {"variant": variant})
     load_parquet(con, "checkpoints", inputs.checkpoint_files, {"variant": BASE_VARIANT})  # external series
+    load_parquet(con, "rungs", inputs.rung_files)  # the series' shapes; a series without one gets a bare row below
     _add_series_runs(con, corpus, code)
     for table, path in inputs.analysis_files.items():
         load_parquet(con, table, [path])

@@ -134,6 +134,32 @@ def check_config_fits(config, files: tuple[Path, ...]) -> None:
         raise ValueError(f"its config.json describes {described:,} parameters, its weights hold {held:,}")
 
 
+# The warehouse's ``rungs`` columns and the config attribute each is read from (transformers' attribute maps name
+# them alike for every family: GPT-2's n_embd answers to hidden_size, n_positions to max_position_embeddings).
+SHAPE_ATTRIBUTES = {
+    "hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
+    "vocab_size": "vocab_size", "context": "max_position_embeddings",
+}  # fmt: skip
+
+
+def checkpoint_shape(ckpt: SeriesCheckpoint) -> dict[str, int | None]:
+    """The checkpoint's ``n_params`` (elements of every tensor its safetensors files hold: a head tied to the
+    embedding and stored once counts once) and the ``hidden, layers, heads, vocab_size, context`` its config.json
+    states (None where it has none, or there is no config.json). Headers and the config only: nothing is loaded."""
+    n_params = sum(math.prod(shard.shape(name)) for shard in map(SafetensorsFile, ckpt.weights) for name in shard.names)
+    shape = dict.fromkeys(SHAPE_ATTRIBUTES)
+    path = None if ckpt.config_dir is None else Path(ckpt.config_dir) / "config.json"
+    if path is not None and path.is_file():
+        try:
+            config = AutoConfig.from_pretrained(path.parent, trust_remote_code=False)
+        except (ValueError, KeyError, OSError):  # a family transformers does not know (its layers: mapped by hand)
+            return {"n_params": n_params, **shape}
+        for column, attribute in SHAPE_ATTRIBUTES.items():
+            value = getattr(config, attribute, None)
+            shape[column] = value if isinstance(value, int) and not isinstance(value, bool) else None
+    return {"n_params": n_params, **shape}
+
+
 def validation_tokens(tokenizer, text: str, needed: int) -> np.ndarray:
     """The first ``needed`` (or all) token ids of ``text`` under the model's own tokenizer.
 

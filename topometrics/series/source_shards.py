@@ -31,13 +31,14 @@ from topometrics.models.architectures import LAYERS_FIX
 from topometrics.models.checkpoints import CheckpointError
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams, SeriesParams, SeriesSource
-from topometrics.series.checkpoint import series_checkpoint_features
+from topometrics.series.checkpoint import SHAPE_ATTRIBUTES, checkpoint_shape, series_checkpoint_features
 from topometrics.series.hub import hub_checkpoints, revision_steps, skip_record, weights_sha256
 from topometrics.series.run_folders import RunCheckpoint, RunFolderError, scan_run_folder, unreadable
 from topometrics.series.safetensors_reader import SafetensorsFile
 from topometrics.training.monitor_log import read_log, read_stop
 
 CHECKPOINT_COLUMNS = ["rung", "seed", "step", "val_loss", "train_loss", "reason"]  # the warehouse's checkpoints
+RUNG_COLUMNS = ["rung", "kind", "n_params", *SHAPE_ATTRIBUTES]  # the warehouse's rungs
 
 
 @dataclass
@@ -51,6 +52,8 @@ class SeriesShards:
     logged: pd.DataFrame  # feature rows of monitor logs (computed by the monitor; not shards)
     losses: pd.DataFrame  # CHECKPOINT_COLUMNS: losses of run folders and monitor logs at their available steps
     reused: dict = field(default_factory=dict)  # series name -> checkpoints whose current shard this run reused
+    # RUNG_COLUMNS, a row per series with a computed checkpoint: its model's shape (tensors held, config.json's)
+    shapes: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RUNG_COLUMNS))
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ def series_shards(
     """
     code, digest = shards.module_source_hash(__name__), shards.params_digest(params)
     context = f"seq_len {series.seq_len} text {hashlib.sha256(text.encode()).hexdigest()[:16]}"
-    status, keep, logged, losses, reused = [], [], [], [], {}
+    status, keep, logged, losses, reused, shapes = [], [], [], [], {}, []
     for name, source in series.sources.items():
         header = {"name": name, "model": source.model, "path": source.path, "log": source.log, "seed": source.seed}
         if source.log is not None:  # already computed by the monitor: read, not computed
@@ -150,7 +153,10 @@ def series_shards(
         run = run.merge(distance_shards(out, available, _layers(out, available), params, compute, iterates))
         keep += [t.key for t in tasks if t.key not in run.failed]
         losses += [_losses(name, source.seed, where) for key, (_, where) in found.items() if key not in run.failed]
-        records += _records(out, run, tasks, {key: revision for key, (revision, _) in found.items()})
+        computed, shape = _records(out, run, tasks, {key: revision for key, (revision, _) in found.items()})
+        records += computed
+        if shape is not None:
+            shapes.append({"rung": name, "kind": "series", **shape})
         if run.damaged:
             progress(f"{name}:{run.damage_note()[1:]}")
         records.sort(key=lambda r: (r["step"] is None, r["step"] or 0))
@@ -166,7 +172,8 @@ def series_shards(
     types = {"seed": "int64", "step": "int64", "val_loss": "float64", "train_loss": "float64", "reason": "object"}
     rows = pd.concat(logged, ignore_index=True) if logged else pd.DataFrame(columns=FEATURE_COLUMNS + ["series"])
     rows = rows.astype({"seed": "int64", "step": "int64", "value": "float64"})
-    return SeriesShards({"series": status}, rows, frame[CHECKPOINT_COLUMNS].astype(types), reused)
+    shape_frame = pd.DataFrame(shapes, columns=RUNG_COLUMNS).astype({c: "Int64" for c in RUNG_COLUMNS[2:]})
+    return SeriesShards({"series": status}, rows, frame[CHECKPOINT_COLUMNS].astype(types), reused, shape_frame)
 
 
 def affordable(
@@ -288,6 +295,7 @@ def _series_tables(job: SeriesJob) -> dict:
         "seconds": round(time.perf_counter() - start, 3),
         "files": files,
         "weights_sha256": weights_sha256(where.weights),
+        "shape": checkpoint_shape(where),
     }
     return out
 
@@ -320,8 +328,11 @@ def _layers(root: Path, tasks: list[shards.Task]) -> list[str]:
     return [layer for layer in dict.fromkeys(frame["layer"]) if layer != "all"]
 
 
-def _records(root: Path, run: shards.ShardRun, tasks: list[shards.Task], revision_of: dict) -> list[dict]:
-    records, first_of = [], {}
+def _records(
+    root: Path, run: shards.ShardRun, tasks: list[shards.Task], revision_of: dict
+) -> tuple[list[dict], dict | None]:
+    """The status record of every task, and the model's shape as the first shard that has one records it."""
+    records, first_of, found_shape = [], {}, None
     for task in tasks:
         revision = revision_of[task.key]
         if task.key in run.failed:
@@ -329,10 +340,12 @@ def _records(root: Path, run: shards.ShardRun, tasks: list[shards.Task], revisio
             continue
         info = shards.stored_info(task.key.folder(root) / "features.parquet") or {}
         info.pop("iterate", None)  # the trajectory's iterate: data for the distances, not status
+        shape = info.pop("shape", None)  # the model's, the same at every checkpoint: the rungs table's
         blob = info.get("weights_sha256")
         status = "reused" if task.key in run.reused else "computed"
         records.append({"revision": revision, "step": task.key.step, "status": status, "reason": None, **info,
                         "duplicate_of": first_of.get(blob)})  # fmt: skip
+        found_shape = found_shape or shape
         if blob is not None:
             first_of.setdefault(blob, revision)
-    return records
+    return records, found_shape

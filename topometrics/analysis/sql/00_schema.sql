@@ -41,7 +41,9 @@ CREATE TABLE runs (
     PRIMARY KEY (rung, variant, seed)
 );
 
--- One row per rung: shape and parameter count (NULL for series that do not state them).
+-- One row per rung: shape and parameter count. A series' n_params counts the elements of every tensor its
+-- safetensors files hold (a tied head stored once counts once), its shape is its config.json's; NULL where a
+-- series states none (no config.json, a live monitor's log) or no checkpoint of it was computed.
 CREATE TABLE rungs (
     rung VARCHAR PRIMARY KEY,
     kind VARCHAR NOT NULL,
