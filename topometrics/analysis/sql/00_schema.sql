@@ -38,6 +38,8 @@ CREATE TABLE runs (
     status VARCHAR,                    -- how a ladder run ended: 'complete' or 'diverged' (data/runs/<run>/run.json);
                                        -- diverged runs are excluded from fits and predictions, with this reason
     status_reason VARCHAR,             -- e.g. 'loss is nan at step 1234; kept checkpoints up to step 1200'
+    tokens_per_s DOUBLE,               -- training throughput its own process measured (tokens per wall second,
+                                       -- checkpoints included; data/runs/<run>/summary.json), NULL when not recorded
     PRIMARY KEY (rung, variant, seed)
 );
 
