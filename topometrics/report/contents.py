@@ -66,7 +66,7 @@ def build(frames: dict[str, pd.DataFrame | Missing], series_status: dict | None 
     report = Report(
         *banner(available["runs"], available["meta"], series_status, available["rho"], available.get("predictions"))
     )
-    report.answer = answer(available["verdict"], available["meta"])
+    report.answer = answer(available["verdict"], available["meta"], available["runs"])
     report.verdict, report.verdict_figures = section(available)
     report.verdict_figures["stopping_curve"] = decision.stopping_curve(available["stopping"])
     report.tables = {

@@ -139,7 +139,13 @@ def _lead_html(report: Report, lead: str | None) -> str:
         words = '<p class="fallback">Offline fallback corpus: losses are not comparable with the paper.</p>' + words
     if answer.command:
         why = f" ({html.escape(answer.command_why)})" if answer.command_why else ""
-        label = "To show an effect" if answer.computed else "To make it computable"
+        label = (
+            "For an answer"
+            if answer.for_answer
+            else "To show an effect"
+            if answer.computed
+            else "To make it computable"
+        )
         words += f'<p class="command">{label}: <code>{html.escape(answer.command)}</code>{why}</p>'
     if answer.terms:
         words += f'<p class="terms">{html.escape(answer.terms)}</p>'
