@@ -25,6 +25,10 @@ checkpoint of a default-ladder run (``features.landscape_every``: 11 of its 51 c
 validation tokens (a trained checkpoint's Lanczos stops early; the random inits above run all ``hessian_iters`` steps).
 ``--central`` also times the curvature with central-difference products over all ``hessian_iters`` steps
 (``curvature_central_all_steps_fb``: the products before one-sided differences and the early stop).
+Each checkpoint also reports the trace beside the old fixed 8 Rademacher probes (:func:`trace_costs`: ``trace_fb``
+against ``trace_old8_fb``, their ratio ``trace_cost_ratio``, the products, both relative standard errors and the
+old estimate's error against the new), and the radius-1 global range's cost (``global_range_fb``, its share of
+the landscape family).
 A CUDA device is used when one is present (``--device``).
 
 ``--dynamics`` measures instead the training-dynamics families (``gradient_topology``, ``trajectory``,
@@ -52,8 +56,10 @@ from topometrics.execution.compute import map_jobs
 from topometrics.features.checkpoint import loss_surface, validation_batch, weight_features
 from topometrics.features.run_shards import read_tables
 from topometrics.features.sweep import run_shards
-from topometrics.landscape.slice import random_direction
-from topometrics.landscape.surface import SurfaceSettings, curvature_values, slice_values
+from topometrics.landscape.curvature import hutchinson_trace, top_eigenpairs
+from topometrics.landscape.slice import difference_hvp, random_direction
+from topometrics.landscape.surface import LANCZOS_TOL, SurfaceSettings, curvature_values, global_range, slice_values
+from topometrics.landscape.trace import hessian_trace
 from topometrics.models.checkpoints import list_checkpoints, load_model, load_state, save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_weights
 from topometrics.models.tokens import load_tokens
@@ -128,7 +134,8 @@ def surface_costs(
     surface = loss_surface(model, (x, y))
     settings = SurfaceSettings(
         params.landscape_grid, params.landscape_radius, params.hessian_top, params.hessian_probes,
-        params.hessian_iters, params.seed,
+        params.hessian_iters, params.seed, exact_max=params.hessian_exact_max, trace_rse=params.hessian_trace_rse,
+        probes_max=params.hessian_probes_max,
     )  # fmt: skip
     gradients = []  # one entry a float64 gradient: the one at the weights, then one per Hessian product
 
@@ -149,9 +156,15 @@ def surface_costs(
         slice_values(surface.loss, surface.params, directions, settings)
     else:
         slice_values(surface.loss, surface.params, rand, settings)  # the same work, so the cost is counted
+    global_range(surface.loss, surface.params, rand, settings)
     synchronize(torch.device(device))
     landscape_s = bench_clock(device) - start
     _progress(f"landscape {landscape_s:.1f} s ({landscape_s / reference_before:.0f} forward+backward)")
+    start = bench_clock(device)
+    global_range(surface.loss, surface.params, rand, settings)  # timed again alone: its share of the landscape
+    synchronize(torch.device(device))
+    global_s = bench_clock(device) - start
+    trace = trace_costs(surface, settings, device, reference_before)
     central_s = _central_curvature_s(surface, settings, device) if central else float("nan")
     reference = min(reference_before, median_seconds(forward_backward, device))
     total = (landscape_s + curvature_s) / reference
@@ -169,6 +182,41 @@ def surface_costs(
         # every checkpoint of a default-ladder run, the share of them that are loss-surface checkpoints
         "total_fb_per_ladder_checkpoint": round(total * share, 1),
         "unconverged": sorted(curvature.reasons),
+        "global_range_fb": round(global_s / reference, 1),
+        "global_range_share_of_landscape": round(global_s / landscape_s, 3),
+    } | trace
+
+
+def trace_costs(surface, settings: SurfaceSettings, device: str, reference: float) -> dict:
+    """The trace's cost and precision on one checkpoint: the old 8 Rademacher probes beside
+    :func:`topometrics.landscape.trace.hessian_trace` at the ``features.hessian_*`` params, on the same one-sided
+    products, deflated by the Lanczos eigenvectors of the same checkpoint (computed here, not timed).
+    ``trace_rse``: the reported standard error over the trace (0 when exact); ``trace_old8_rse``: the 8 probes'
+    own standard error over their estimate; ``trace_cost_ratio``: new seconds over old."""
+    hvp, dim = difference_hvp(surface.loss, surface.params, one_sided=True)
+    eig = top_eigenpairs(hvp, dim, max(settings.top, 2), settings.iters, settings.seed, LANCZOS_TOL, True)
+    start = bench_clock(device)
+    old = hutchinson_trace(hvp, dim, 8, settings.seed)
+    old_s = bench_clock(device) - start
+    start = bench_clock(device)
+    new = hessian_trace(
+        hvp, dim, settings.exact_max, settings.probes, settings.trace_rse, settings.probes_max, settings.seed,
+        eig.vectors,
+    )  # fmt: skip
+    new_s = bench_clock(device) - start
+    _progress(f"trace {new.trace:.4g}+-{new.stderr:.2g}, {new.products} products {new_s:.1f} s; 8 probes {old_s:.1f} s")
+    return {
+        "parameters": dim,
+        "trace_exact": dim <= settings.exact_max,
+        "trace": round(new.trace, 4),
+        "trace_rse": round(new.stderr / abs(new.trace), 4),
+        "trace_products": new.products,
+        "trace_fb": round(new_s / reference, 1),
+        "trace_old8": round(old.trace, 4),
+        "trace_old8_rse": round(old.stderr / abs(old.trace), 4),
+        "trace_old8_error": round(old.trace / new.trace - 1, 4),
+        "trace_old8_fb": round(old_s / reference, 1),
+        "trace_cost_ratio": round(new_s / old_s, 1),
     }
 
 

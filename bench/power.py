@@ -7,6 +7,7 @@ features (2k columns: level and rate). Three kinds of family:
 - ``signal s``: the first column is a direction independent of the norm and the loss curve that explains
   a share s of the final loss's residual variance, at the cell level and at the run level alike;
 - ``noise`` null: every column pure noise (s = 0);
+- ``recipe proxy`` null: one column ~ 1 / LR (sharpness at the edge of stability) plus noise, the rest noise;
 - ``nuisance`` null: every column a noisy copy of the weight norm or a loss law plus recipe-level offsets:
   a family that tracks training, as topology does, yet adds nothing.
 
@@ -15,14 +16,20 @@ Each run set goes through the product's own code: :func:`topometrics.verdict.inf
 :func:`topometrics.verdict.verdict.word` (the primary endpoint's verdict: test and minimum effect).
 Printed: % of run sets called ``adds`` per layout x CV scheme x family, then the whole result as one JSON line.
 Options: ``--layouts 3x4x8,2x4x4`` ``--reps 100`` ``--perms 99`` ``--k 3`` ``--jobs 1`` ``--cvs seed,variant,rung``
-``--out FILE`` ``--need 0.8`` (also the fewest seeds per cell, rungs and recipes fixed, that reach this power
-at s = 0.3: the n to record as ``analysis.primary.needed_runs`` when a sweep falls short). The base here is one
-ridge over the three laws and the norm (the verdict's choice among base candidates is not simulated).
+``--out FILE`` ``--calibrate WAREHOUSE`` (:mod:`bench.power_calibrate`: the components of a finished sweep, the
+simulation fitted to them, its power and the cells 80 % power needs) ``--need 0.8`` (also the fewest seeds per
+cell, rungs and recipes fixed, that reach this power at s = 0.3: the n to record as
+``analysis.primary.needed_runs`` when a sweep falls short). The base here is one ridge over the three laws, the norm
+and the recipe's log LR, with the verdict's monotone basis of the norm level and log LR
+(:func:`topometrics.verdict.baselines.flexible_basis`; its choice among loss-curve candidates is not simulated). The
+``recipe proxy`` null is a feature monotone in the LR plus noise while the loss bends with the LR; ``recipe proxy
+(linear base)`` runs it with the basis left out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -31,8 +38,9 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from topometrics.verdict import inference, verdict
+from topometrics.verdict import baselines, inference, verdict
 
 SHARES = (0.1, 0.3, 0.5)
 SEED = 20261124
@@ -52,12 +60,14 @@ class Model:
     norm: float = 0.145  # sd of the part only the weight norm sees
     norm_shares: tuple = (0.5, 0.3, 0.2)  # of its variance: recipe, cell, run
     norm_noise: tuple = (0.08, 0.30)  # noise of the norm's level and rate (units of its latent)
-    residual: float = 0.041  # sd of what neither sees; half shared by a cell's seeds, half per run
+    residual: float = 0.041  # sd of what neither sees, a share cell_share of its variance shared by a cell's seeds
+    cell_share: float = 0.5
+    lr_effect: float = 0.03  # sd of a U-shaped, asymmetric effect of the recipe's log peak LR (the base sees the LR)
 
 
 @dataclass(frozen=True)
 class RunSet:
-    base: np.ndarray  # (n, 5): three loss laws' predicted drops, weight-norm level and rate
+    base: np.ndarray  # (n, 10): 3 loss laws' drops, norm level and rate, log LR; rank and square of norm, log LR
     extra: np.ndarray  # (n, 2k): the family's columns
     y: np.ndarray  # (n,) target, nats
     rung: np.ndarray
@@ -88,14 +98,20 @@ def simulate(shape: tuple[int, int, int], k: int, s: float, null: str, rng: np.r
     w = np.sqrt(np.asarray(m.norm_shares))
     z = w[0] * rng.normal(size=n_rec)[recipe] + w[1] * rng.normal(size=n_cell)[cell] + w[2] * rng.normal(size=n)
     norm = np.column_stack([z + rng.normal(0, m.norm_noise[0], n), 0.5 * z + rng.normal(0, m.norm_noise[1], n)])
-    half = np.sqrt(0.5)
-    planted = half * rng.normal(size=n_cell)[cell] + half * rng.normal(size=n)  # unit variance, half cell-level
-    other = half * rng.normal(size=n_cell)[cell] + half * rng.normal(size=n)
+    c, r = np.sqrt(m.cell_share), np.sqrt(1 - m.cell_share)
+    planted = c * rng.normal(size=n_cell)[cell] + r * rng.normal(size=n)  # unit variance, cell_share cell-level
+    other = c * rng.normal(size=n_cell)[cell] + r * rng.normal(size=n)
     share = s if null == "signal" else 0.0
+    log_lr = rng.uniform(np.log(3e-4), np.log(3e-3), n_rec)[recipe]  # recipes over a 10x LR range
+    u = (log_lr - np.log(1e-3)) / 0.66  # ~unit spread; the loss is U-shaped in the LR, steeper above the best
+    bend = np.where(u > 0, u**2, 0.4 * np.abs(u) ** 1.5)
     y = seen + m.norm * z + m.residual * (np.sqrt(share) * planted + np.sqrt(1 - share) * other)
+    y = y + m.lr_effect * (bend - bend.mean()) / (bend.std() + 1e-12)
     extra = rng.normal(size=(n, 2 * k))
     if null == "signal":
         extra[:, 0] = planted
+    if null == "recipe proxy":  # sharpness ~ 2 / LR (edge of stability): monotone in the LR, plus noise
+        extra[:, 0] = np.exp(-1.5 * u) * np.exp(rng.normal(0, 0.1, n))
     if null == "nuisance":
         offsets = rng.normal(size=(n_rec, 2 * k))[recipe]
         zs = (norm[:, 0] - norm[:, 0].mean()) / norm[:, 0].std()
@@ -103,7 +119,9 @@ def simulate(shape: tuple[int, int, int], k: int, s: float, null: str, rng: np.r
         extra[:, 0::2] = 0.8 * zs[:, None] + 0.6 * extra[:, 0::2] + 0.5 * offsets[:, 0::2]
         extra[:, 1::2] = 0.5 * zl[:, None] + extra[:, 1::2] + 0.5 * offsets[:, 1::2]
     extra = extra * rng.uniform(0.5, 5, 2 * k) + rng.uniform(-3, 3, 2 * k)  # arbitrary units and offsets
-    return RunSet(np.column_stack([laws.T, norm]), extra, y, rung, recipe, seed)
+    known = pd.DataFrame({"weight_norm_level": norm[:, 0], "weight_norm_rate": norm[:, 1], "recipe_log_lr": log_lr})
+    flexible, cols = baselines.flexible_basis(known, list(known.columns))  # the verdict's own monotone basis
+    return RunSet(np.column_stack([laws.T, flexible[cols].to_numpy(float)]), extra, y, rung, recipe, seed)
 
 
 def one_verdict(runs: RunSet, cv: str, n_perm: int, seed: int, margin: float, min_effect: float) -> dict:
@@ -123,16 +141,22 @@ def calibration(shape: tuple[int, int, int], reps: int = 20) -> dict:
     maes = []
     for rep in range(reps):
         runs = simulate(shape, 3, 0.0, "noise", np.random.default_rng([SEED, 7, rep]))
-        out = inference.nested_cross_validate(runs.base[:, :3], runs.base[:, 3:], runs.y, runs.seed)
+        out = inference.nested_cross_validate(runs.base[:, :3], runs.base[:, 3:5], runs.y, runs.seed)
         maes.append([np.mean(np.abs(out["without"] - runs.y)), np.mean(np.abs(out["with"] - runs.y))])
     loss, norm = np.mean(maes, axis=0)
     return {"mae_loss_curve": float(loss), "mae_with_norm": float(norm)}
 
 
+LINEAR = " (linear base)"  # a null run with the base's monotone basis left out: what the basis guards against
+
+
 def _task(task: tuple) -> str:
-    shape, cv, k, null, s, rep, n_perm, margin, min_effect = task
+    shape, cv, k, null, s, rep, n_perm, margin, min_effect, *model = task
     rng = np.random.default_rng([SEED, *shape, k, rep, int(100 * s), len(null)])
-    return one_verdict(simulate(shape, k, s, null, rng), cv, n_perm, rep, margin, min_effect)["word"]
+    runs = simulate(shape, k, s, null.removesuffix(LINEAR), rng, *model)
+    if null.endswith(LINEAR):  # laws, norm level and rate, log LR: each enters linearly only
+        runs = RunSet(runs.base[:, :6], runs.extra, runs.y, runs.rung, runs.recipe, runs.seed)
+    return one_verdict(runs, cv, n_perm, rep, margin, min_effect)["word"]
 
 
 def _words(tasks: list[tuple], jobs: int) -> list[str]:
@@ -143,12 +167,19 @@ def _words(tasks: list[tuple], jobs: int) -> list[str]:
     return [_task(t) for t in tasks]
 
 
-def rates(shape, cvs, k, reps, n_perm, margin=0.05, min_effect=0.01, jobs=1, progress=None) -> dict:
-    """% of ``reps`` run sets called 'adds' (and 'ruled out') per CV scheme and family: noise and nuisance
-    nulls, planted signal at each of :data:`SHARES`."""
-    kinds = [("noise", 0.0), ("nuisance", 0.0), *(("signal", s) for s in SHARES)]
+NULLS = ("noise", "nuisance", "recipe proxy")
+
+
+def rates(shape, cvs, k, reps, n_perm, margin=0.05, min_effect=0.01, jobs=1, progress=None, m=None, nulls=NULLS):
+    """% of ``reps`` run sets called 'adds' (and 'ruled out') per CV scheme and family: the ``nulls`` (noise,
+    nuisance, recipe proxy: a feature monotone in the LR plus noise; '<null> (linear base)': the same without the
+    base's monotone basis), planted signal at each of :data:`SHARES`. ``m``: the :class:`Model` (default its own)."""
+    kinds = [*((null, 0.0) for null in nulls), *(("signal", s) for s in SHARES)]
     cells = [(cv, null, s) for cv in cvs for null, s in kinds]
-    tasks = [(shape, cv, k, null, s, rep, n_perm, margin, min_effect) for cv, null, s in cells for rep in range(reps)]
+    model = () if m is None else (m,)
+    tasks = [
+        (shape, cv, k, null, s, rep, n_perm, margin, min_effect, *model) for cv, null, s in cells for rep in range(reps)
+    ]
     words = _words(tasks, jobs)
     out = {}
     for i, (cv, null, s) in enumerate(cells):
@@ -162,9 +193,10 @@ def rates(shape, cvs, k, reps, n_perm, margin=0.05, min_effect=0.01, jobs=1, pro
     return out
 
 
-def power_at(shape, cv, k, reps, n_perm, share=0.3, jobs=1, margin=0.05, min_effect=0.01) -> float:
+def power_at(shape, cv, k, reps, n_perm, share=0.3, jobs=1, margin=0.05, min_effect=0.01, m=None) -> float:
     """% of ``reps`` run sets of ``shape`` with a planted family of ``share`` called 'adds' under ``cv``."""
-    tasks = [(shape, cv, k, "signal", share, rep, n_perm, margin, min_effect) for rep in range(reps)]
+    model = () if m is None else (m,)
+    tasks = [(shape, cv, k, "signal", share, rep, n_perm, margin, min_effect, *model) for rep in range(reps)]
     return float(100 * np.mean([w == "adds" for w in _words(tasks, jobs)]))
 
 
@@ -206,7 +238,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--need", type=float, default=0.0, help="also find the seeds per cell that reach this power at s = 0.3 (0.8)"
     )
+    parser.add_argument("--calibrate", default="", help="a finished sweep's warehouse: simulate at its own components")
+    parser.add_argument("--fraction", type=float, default=None, help="--calibrate's fraction (smallest)")
     args = parser.parse_args(argv)
+    if args.calibrate:
+        return calibrate_main(args)
     t0, result = time.perf_counter(), {"k": args.k, "reps": args.reps, "perms": args.perms, "layouts": {}}
     for text in args.layouts.split(","):
         shape = layout(text)
@@ -232,6 +268,33 @@ def main(argv: list[str]) -> int:
         Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result, sort_keys=True))
     print(f"bench power: {len(result['layouts'])} layouts, {args.reps} run sets per cell, {result['seconds']} s")
+    return 0
+
+
+def calibrate_main(args) -> int:
+    """``--calibrate``: the sweep's components, the simulation fitted to them (simulated vs real base MAE and
+    within-cell SD), the between-cell power at the sweep's layout and the cells 80 % power at s = 0.3 needs."""
+    from bench import power_calibrate as cal  # reads DuckDB; the plain simulation does not
+
+    t0 = time.perf_counter()
+    comp = cal.components(args.calibrate, args.fraction)
+    print(f"{args.calibrate}: {'x'.join(map(str, comp['shape']))} (rungs x recipes x seeds), {comp['cv']}, "
+          f"fraction {comp['fraction']:g}, baseline {comp['baseline']}", flush=True)  # fmt: skip
+    model, sim = cal.calibrated_model(comp)
+    for key, name in (("base_mae", "base MAE"), ("seed_sd", "within-cell SD")):
+        off = 100 * (sim[key] / comp[key] - 1)
+        flag = "" if abs(off) <= 15 else "  (more than 15 % off: the simulation does not fit this sweep)"
+        print(f"  {name}: real {comp[key]:.4f}, simulated {sim[key]:.4f} ({off:+.1f} %){flag}", flush=True)
+    print(f"  residual: cell-level SD {comp['cell_sd']:.4f}, run-level SD {comp['run_sd']:.4f}; norm gain "
+          f"{comp['norm_gain']:.4f} (loss-curve MAE {comp['loss_mae']:.4f})", flush=True)  # fmt: skip
+    table = rates(comp["shape"], [comp["cv"]], 1, args.reps, args.perms, jobs=args.jobs, m=model, progress=print)
+    need = cal.cells_needed(comp, model, args.reps, args.perms)
+    print(f"  80 % power at s = 0.3 needs {need['cells']} cells ({need['recipes']} recipes per rung; "
+          f"{need['power']:.1f} %)" if need["cells"] else f"  80 % power not reached by {need['tried_recipes']} "
+          f"recipes per rung ({need['power']:.1f} %)", flush=True)  # fmt: skip
+    result = {"components": comp, "simulated": sim, "model": dataclasses.asdict(model), "rates": table, "need": need}
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(result, sort_keys=True, default=list))
     return 0
 
 

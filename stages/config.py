@@ -18,7 +18,7 @@ import checkout  # noqa: F401 (first: this checkout's topometrics, not the envir
 from topometrics.atomic import write_text
 from topometrics.errors import run_stage, stage_parser
 from topometrics.models.tokens import read_record, vocab_size
-from topometrics.params import load_params
+from topometrics.params import SHAPE_KEYS, Params, load_params
 from topometrics.training.train import build_run_config
 from topometrics.verdict.verdict import check_primary
 
@@ -39,6 +39,19 @@ def main(argv: list[str]) -> None:
         if not path.exists() or path.read_text() != text:
             write_text(path, text)
     print(f"config: {len(params.runs())} runs ({len(params.variants) + 1} variants) -> {args.out}")
+    if note := inherited_by_no_run(params):
+        print(note)
+
+
+def inherited_by_no_run(params: Params) -> str | None:
+    """One line naming the shape keys of ``train`` that every ladder rung sets itself (so ``-S train.<key>=...``
+    changes no run and retrains nothing), or None."""
+    unused = [k for k in SHAPE_KEYS if all(getattr(shape, k) is not None for shape in params.ladder.values())]
+    if not unused:
+        return None
+    keys = ", ".join(f"train.{k} = {getattr(params.train, k)}" for k in unused)
+    return (f"config: note: {keys}: no run inherits it (every ladder rung sets its own), so changing it changes "
+            f"nothing; set ladder.<rung>.{unused[0]} instead")  # fmt: skip
 
 
 if __name__ == "__main__":

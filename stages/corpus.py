@@ -2,8 +2,9 @@
 
     python stages/corpus.py --out data/corpus
 
-Refuses a corpus whose splits are shorter than one window of data.seq_len, or more of whose characters
-than data.max_unknown_share fall outside the tokenizer's ASCII range, before touching --out. With
+Refuses a remote's credential in the tracked .dvc/config (topometrics/remote_secrets.py), and a corpus
+whose splits are shorter than one window of data.seq_len, or more of whose characters than
+data.max_unknown_share fall outside the tokenizer's ASCII range, before touching --out. With
 data.tokenizer: {kind: bpe, vocab_size: N} it trains a byte-level BPE on the training split (tokenizer.json).
 """
 
@@ -13,6 +14,7 @@ import checkout  # noqa: F401 (first: this checkout's topometrics, not the envir
 
 from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params
+from topometrics.remote_secrets import check_remote_secrets
 from topometrics.training.corpus import prepare, summary
 
 
@@ -21,6 +23,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", type=Path, required=True, help="prepared corpus directory")
     args = ap.parse_args(argv)
     d = load_params(args.params).data
+    check_remote_secrets()  # the first stage: a credential in the tracked .dvc/config stops the pipeline here
     source = prepare(
         d.corpus, d.urls, d.download_timeout_s, d.val_fraction, args.out, d.seq_len, d.max_unknown_share, d.tokenizer
     )

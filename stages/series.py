@@ -25,7 +25,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--corpus", type=Path, required=True, help="prepared corpus directory (val.u8)")
     parser.add_argument(
         "--out", type=Path, required=True,
-        help="feature shards (docs/scaling.md), features.parquet of monitor logs, checkpoints.parquet, status.json",
+        help="feature shards (docs/scaling.md), features.parquet of monitor logs, checkpoints.parquet, rungs.parquet, "
+        "status.json",
     )  # fmt: skip
     args = parser.parse_args(argv)
     params = load_params(args.params)
@@ -40,10 +41,11 @@ def main(argv: list[str]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_parquet(args.out / "features.parquet", result.logged)  # monitor logs; the rest are shards
     write_parquet(args.out / "checkpoints.parquet", result.losses)
+    write_parquet(args.out / "rungs.parquet", result.shapes)  # each series' model shape, for the rungs table
     status = result.status
     write_text(args.out / "status.json", json.dumps(status, indent=1))
     for s in status["series"]:
-        print(summary_line(s))
+        print(summary_line(s, result.reused.get(s["name"], 0)))
 
 
 if __name__ == "__main__":

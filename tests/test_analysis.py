@@ -250,10 +250,13 @@ def test_partial_spearman_rows_and_view(con):
 def test_verdict_on_one_seed_names_every_skip(con):
     verdict = con.execute("SELECT * FROM topology_verdict").df()
     assert set(verdict["cv"]) == {"seed", "variant", "rung"}
-    seed = verdict[verdict["cv"] == "seed"]["verdict"]
+    between = verdict[verdict["level"] == "between"]
+    seed = between[between["cv"] == "seed"]["verdict"]
     assert (seed == "skipped: leave-one-seed-out needs at least 3 seeds, got 1").all()
-    variant = verdict[verdict["cv"] == "variant"]["verdict"]
+    variant = between[between["cv"] == "variant"]["verdict"]
     assert (variant == "skipped: leave-one-variant-out needs at least 3 variants, got 1").all()
+    within = verdict[verdict["level"] == "within"]["verdict"]  # one seed per cell: no seeds to shuffle
+    assert len(within) and (within == "skipped: the within-cell test needs 2 cells with >= 2 seeds, got 0").all()
     rung = verdict[(verdict["cv"] == "rung") & (verdict["baseline"] == "norm")].set_index(["fraction", "family"])
     assert rung.loc[(0.5, "weights_vr"), "n"] == len(RUNGS)  # vr_tp0, vr_tp1 are in the synthetic features
     assert rung.loc[(0.5, "scale_free"), "verdict"].startswith("skipped: family scale_free has no usable values")
@@ -344,3 +347,18 @@ def test_changepoints_view_has_every_run_series_and_the_loss_breaks_of_the_pelt_
         assert pd.isna(got["lag_vs_val_loss"]) and pd.isna(got["lag_vs_lr"])  # the reference has no lag
         for feature in set(rows.index) - {"val_loss", "lr"}:  # a NULL lag says why
             assert pd.notna(rows.loc[feature, "lag_vs_val_loss"]) or rows.loc[feature, "lag_vs_val_loss_reason"]
+
+
+def test_stopping_decisions_and_interval_coverage_on_the_pipeline_warehouse(con):
+    # five rungs of one seed: the sweep can stop a share of its 5 runs, no rung can stop one of its 1
+    stop = con.execute("SELECT * FROM stopping_decisions").df()
+    sweep = stop[(stop["scope"] == "sweep") & (stop["predictor"] == "current loss") & (stop["status"] == "ok")]
+    assert sorted(sweep["fraction"].unique()) == [0.2, 0.3, 0.5]
+    assert sorted(sweep["killed"].unique()) == [1, 2, 3]  # floor(0.25, 0.5, 0.75 x 5)
+    rung = stop[stop["scope"] == "rung"]
+    assert (rung["reason"].str.startswith("no rung has 4 runs (the most: 1)")).all()
+    # leave-one-rung-out predictions carry intervals, and the view counts only the finite ones
+    coverage = con.execute("SELECT * FROM interval_coverage").df()
+    intervals = con.execute("SELECT * FROM prediction_intervals WHERE isfinite(half_width)").df()
+    assert len(intervals) == coverage["n"].sum()
+    assert set(coverage["nominal"]) <= {0.8, 0.95}

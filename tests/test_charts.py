@@ -27,26 +27,26 @@ def _fields(spec: dict) -> dict[str, tuple[str, str]]:
 def _assert_rung_colour(spec: dict) -> None:
     color = _encoding(spec)["color"]
     assert (color["field"], color["type"]) == ("rung", "nominal")
-    assert color["scale"]["domain"][:5] == list(charts.RUNG_ORDER)
-    assert color["scale"]["range"][:5] == list(charts.RUNG_COLORS)
+    domain = color["scale"]["domain"]
+    assert domain == [r for r in charts.RUNG_ORDER if r in domain] + sorted(set(domain) - set(charts.RUNG_ORDER))
+    assert color["scale"]["range"] == [charts.rung_hue(r) for r in domain]
 
 
 # --- rung colours ----------------------------------------------------------------------------------
 
 
-def test_rung_domain_is_the_ladder_then_other_rungs_sorted():
-    assert charts.rung_domain(["zeta/series", "small", "EleutherAI/pythia-14m"]) == [
-        *charts.RUNG_ORDER,
-        "EleutherAI/pythia-14m",
-        "zeta/series",
-    ]
+def test_rung_domain_is_the_ladder_rungs_present_then_other_rungs_sorted():
+    rungs = ["zeta/series", "small", "EleutherAI/pythia-14m", "tiny", "small"]
+    assert charts.rung_domain(rungs) == ["tiny", "small", "EleutherAI/pythia-14m", "zeta/series"]
 
 
 def test_a_rung_keeps_its_colour_whichever_rungs_a_chart_has():
     one = charts.rung_color(["xl"]).to_dict()["scale"]
     three = charts.rung_color(["tiny", "xl", "EleutherAI/pythia-14m"]).to_dict()["scale"]
     assert one["range"][one["domain"].index("xl")] == three["range"][three["domain"].index("xl")]
-    assert len(three["range"]) == len(three["domain"]) == 6
+    assert len(three["range"]) == len(three["domain"]) == 3  # the legend lists the rungs present, no more
+    again = charts.rung_color(["EleutherAI/pythia-14m", "zeta/series"]).to_dict()["scale"]
+    assert again["range"][0] == three["range"][2]  # an external series keeps its hue too
 
 
 # --- one test per chart ----------------------------------------------------------------------------
@@ -87,16 +87,22 @@ def test_tp0_vs_loss_is_a_scatter_coloured_by_rung():
     assert len(spec["data"]["values"]) == 6
 
 
-def test_correlation_heatmap_orders_rungs_and_fixes_the_colour_domain():
+def test_correlation_heatmap_orders_rungs_fixes_the_colour_domain_and_labels_each_family_panel():
     rho = pd.DataFrame(
-        {"rung": ["xl", "tiny", "xl", "tiny"], "feature": ["a", "a", "b", "b"], "rho": [-1, 0.5, 0.2, 1]}
-    )
+        {"rung": ["xl", "tiny", "xl", "tiny", "xl"], "feature": ["np_norm", "np_norm", "vr_tp0", "vr_tp0", "zz"],
+         "rho": [-1, 0.5, 0.2, 1, 0.0]}
+    )  # fmt: skip
     spec = charts.correlation_heatmap(rho).to_dict()
-    assert spec["mark"]["type"] == "rect"
-    assert spec["encoding"]["x"]["sort"] == ["tiny", "xl"]
-    assert spec["encoding"]["color"]["field"] == "rho"
-    assert spec["encoding"]["color"]["scale"]["domain"] == [-1, 1]
-    assert spec["width"] == 80
+    panels = {panel["title"]: panel for panel in spec["vconcat"]}
+    assert list(panels) == ["np", "other", "vr"]  # one panel per family, 'other' for an undeclared name
+    for panel in panels.values():
+        assert panel["mark"]["type"] == "rect" and panel["encoding"]["x"]["sort"] == ["tiny", "xl"]
+        assert panel["encoding"]["x"]["axis"]["orient"] == "top"  # each panel's rung labels at its top
+        assert panel["encoding"]["color"]["field"] == "rho"
+        assert panel["encoding"]["color"]["scale"]["domain"] == [-1, 1] and panel["width"] == 80
+    rows = {p: [r["feature"] for r in panels[p]["data"]["values"]] for p in panels}
+    assert rows == {"np": ["np_norm", "np_norm"], "other": ["zz"], "vr": ["vr_tp0", "vr_tp0"]}
+    assert panels["np"]["height"] == 12
 
 
 def test_prediction_comparison_groups_methods_within_fraction():

@@ -82,6 +82,21 @@ def test_unreachable_scheduler_is_one_line_naming_the_address():
     assert "compute.cluster: local" in message
 
 
+def test_a_plain_tcp_scheduler_off_this_machine_is_warned_as_unauthenticated_and_loopback_is_not(capsys):
+    """Plain tcp:// to another host (192.0.2.1, TEST-NET: nothing answers) prints one warning line naming the address
+    and the tls:// fix before connecting; 127.0.0.1, ::1 and localhost stay on this machine and are not warned."""
+    address = "tcp://192.0.2.1:8786"
+    with pytest.raises(ClusterError), connect(address, timeout_s=1):
+        pytest.fail("connected to TEST-NET")
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"warning: compute.cluster {address} is plain TCP: unauthenticated and unencrypted")
+    assert line.endswith("use tls:// with compute.security (docs/scaling.md)")
+    for host in ("127.0.0.1", "[::1]", "localhost"):
+        with pytest.raises(ClusterError), connect(f"tcp://{host}:{free_port()}", timeout_s=1):
+            pytest.fail("connected to a closed port")
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     ("cluster", "tls", "expected"),
     [

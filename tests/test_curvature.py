@@ -119,3 +119,81 @@ def test_bad_arguments_are_refused():
         top_eigenpairs(lambda v: v, 5, k=6)
     with pytest.raises(ValueError, match="probes must be at least 1"):
         hutchinson_trace(lambda v: v, 5, 0)
+
+
+# --- the two-pass path: a basis over basis_bytes is not kept -------------------------------------------------------
+
+
+def outliers_and_bulk(n=3000):
+    """Three separated top eigenvalues over a bulk in [0, 1]: eig1 converges in a few steps, and without
+    re-orthogonalisation its copies ('ghosts') crowd the Ritz values soon after."""
+    return np.concatenate([[100.0, 50.0, 20.0], np.linspace(0.0, 1.0, n)])
+
+
+def test_two_passes_find_the_dense_top_eigenpairs_where_ghosts_appear():
+    d = outliers_and_bulk()
+    kept = top_eigenpairs(lambda v: d * v, len(d), k=3, iters=60, tol=1e-6)
+    two = top_eigenpairs(lambda v: d * v, len(d), k=3, iters=60, tol=1e-6, basis_bytes=0)
+    np.testing.assert_allclose(two.values, [100.0, 50.0, 20.0], rtol=1e-10)
+    np.testing.assert_allclose(two.values, kept.values, rtol=1e-10)
+    assert two.converged.all() and two.vectors.dtype == np.float32
+    assert 60 <= (two.products + 1) // 2 <= 120  # steps on spurious copies do not count, up to twice the steps
+    for i in range(3):  # the unit eigenvectors e_0, e_1, e_2, to float32 rounding
+        assert abs(two.vectors[i, i]) == pytest.approx(1.0, abs=1e-6)
+        assert abs(float(two.vectors[:, i].astype(np.float64) @ kept.vectors[:, i])) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_two_passes_stop_early_where_the_kept_basis_does_with_the_same_values():
+    h = np.diag(np.concatenate([[10.0, 7.0, 5.0], np.linspace(0.0, 1.0, 300)]))
+    kept = top_eigenpairs(lambda v: h @ v, 303, k=3, iters=60, tol=1e-6, stop_early=True)
+    two = top_eigenpairs(lambda v: h @ v, 303, k=3, iters=60, tol=1e-6, stop_early=True, basis_bytes=0)
+    assert two.converged.all() and two.products == 2 * kept.products - 1  # no copy before convergence here
+    np.testing.assert_allclose(two.values, kept.values, rtol=1e-9)
+    np.testing.assert_allclose(np.abs(two.vectors), np.abs(kept.vectors), atol=1e-6)
+
+
+def test_two_passes_on_a_tiny_networks_hessian_equal_its_full_hessians_top_eigenvalues():
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 3, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
+
+    def loss(w):
+        hidden = torch.tanh(x @ w[:12].reshape(3, 4) + w[12:16])
+        return ((hidden @ w[16:20] - y) ** 2).mean()
+
+    w0 = torch.randn(20, dtype=torch.float64) * 0.5
+    full = np.linalg.eigh(torch.autograd.functional.hessian(loss, w0).numpy())
+    two = top_eigenpairs(autograd_hvp(loss, w0.numpy()), 20, k=3, iters=20, basis_bytes=0)
+    np.testing.assert_allclose(two.values, full.eigenvalues[::-1][:3], rtol=1e-6)
+    assert two.converged.all()
+    cosines = np.abs(two.vectors.astype(np.float64).T @ full.eigenvectors[:, ::-1][:, :3])
+    np.testing.assert_allclose(np.diag(cosines), 1.0, atol=1e-5)
+
+
+def test_memory_is_bounded_by_the_vector_not_the_steps():
+    import tracemalloc
+
+    d = outliers_and_bulk(50_000)
+    vector = d.nbytes
+    tracemalloc.start()
+    top_eigenpairs(lambda v: d * v, len(d), k=3, iters=24, tol=1e-9, basis_bytes=0)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    # three float64 Lanczos vectors, a product and its temporaries, three float32 sums: under 8 vectors,
+    # where the kept basis alone would be 24
+    assert peak < 8 * vector
+
+
+def test_two_passes_on_a_gpts_difference_products_equal_the_kept_basis_at_the_surface_settings():
+    from test_slice import gpt_loss, params_of
+
+    from topometrics.landscape.slice import difference_hvp
+    from topometrics.landscape.surface import LANCZOS_TOL
+
+    model, _, _, loss = gpt_loss()
+    hvp, dim = difference_hvp(loss, params_of(model), one_sided=True)
+    kept = top_eigenpairs(hvp, dim, 3, 20, 0, LANCZOS_TOL, stop_early=True)
+    two = top_eigenpairs(hvp, dim, 3, 20, 0, LANCZOS_TOL, stop_early=True, basis_bytes=0)
+    assert kept.converged.all() and two.converged.all()
+    np.testing.assert_allclose(two.values, kept.values, rtol=1e-5)  # two orders below LANCZOS_TOL
+    cosines = np.abs(np.sum(two.vectors.astype(np.float64) * kept.vectors, axis=0))
+    np.testing.assert_allclose(cosines, 1.0, atol=1e-5)  # the hess slice's directions, up to sign

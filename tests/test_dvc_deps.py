@@ -1,5 +1,6 @@
 """dvc.yaml's stage deps list exactly the topometrics/ modules each stage script imports, directly or not.
 
+A folder the stage imports every module of is listed as the folder (:func:`folder_deps`).
 The import closure is computed from the source with ``ast`` (every ``import``/``from ... import``
 anywhere in a module, lazy imports inside functions included), so a change to any module a stage
 runs re-runs that stage, and no stage re-runs for a module it never loads. Package ``__init__.py``
@@ -34,10 +35,16 @@ def module_path(name: str) -> Path | None:
     return None
 
 
+TOP_INIT = REPO / PACKAGE / "__init__.py"
+
+
 def imported_modules(path: Path) -> set[Path]:
-    """Package files imported by one file (``from topometrics import x`` counts submodule x)."""
+    """Package files imported by one file (``from topometrics import x`` counts submodule x). The package's own
+    ``__init__.py`` counts only its module-level imports: its ``features_of`` imports its module when a user
+    calls it, never when a stage imports the package."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in tree.body if path == TOP_INIT else ast.walk(tree):
         if isinstance(node, ast.Import):
             candidates = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -63,6 +70,27 @@ def import_closure(script: Path, excluded: frozenset[Path] = frozenset()) -> set
 
 def listed_module_deps(deps: list[str]) -> set[str]:
     return {d for d in deps if d.startswith(f"{PACKAGE}/") and d.endswith(".py")}
+
+
+SQL = f"{PACKAGE}/analysis/sql"  # the warehouse's SQL files: a folder of data, not of modules
+# A stage that imports every module of a folder lists the folder instead of its modules: one column in
+# `dvc exp show` instead of up to ten. Not fewer than every module: a train stage that listed models/ for most
+# of it would retrain every run when the linear-layer finder (models/architectures.py, a measure's) changed.
+
+
+def folder_modules(folder: str) -> set[str]:
+    """The modules of one package folder (``topometrics/verdict``), its ``__init__.py`` left out."""
+    return {p.relative_to(REPO).as_posix() for p in (REPO / folder).glob("*.py") if p.name != "__init__.py"}
+
+
+def folder_deps(modules: set[str]) -> set[str]:
+    """The package folders (below the top one) ``modules`` hold every module of."""
+    folders = {m.rsplit("/", 1)[0] for m in modules if m.count("/") >= 2}
+    return {f for f in folders if folder_modules(f) <= modules}
+
+
+def listed_folder_deps(deps: list[str]) -> set[str]:
+    return {d for d in deps if d.startswith(f"{PACKAGE}/") and (REPO / d).is_dir() and d != SQL}
 
 
 def expected_module_deps(script: Path, excluded: frozenset[Path] = frozenset()) -> set[str]:
@@ -95,10 +123,13 @@ def test_stage_deps_are_the_import_closure_of_its_script(stage):
     excluded = frozenset({LIVE_VIEW_ONLY[stage]} if stage in LIVE_VIEW_ONLY else ())
     assert excluded <= imported_modules(script)  # the exception names a module the script does import
     expected = expected_module_deps(script, excluded)
+    folders = folder_deps(expected)
+    assert listed_folder_deps(deps) == folders  # a folder the stage imports most of, and no other
+    expected -= {m for f in folders for m in folder_modules(f)}
     listed = listed_module_deps(deps)
     assert listed == expected, f"missing: {sorted(expected - listed)}; not imported: {sorted(listed - expected)}"
-    needs_sql = f"{PACKAGE}/analysis/warehouse.py" in expected
-    assert (f"{PACKAGE}/analysis/sql" in deps) == needs_sql
+    needs_sql = f"{PACKAGE}/analysis/warehouse.py" in expected | {m for f in folders for m in folder_modules(f)}
+    assert (SQL in deps or f"{PACKAGE}/analysis" in folders) == needs_sql
 
 
 def test_the_closure_follows_lazy_and_package_imports(tmp_path):
@@ -130,5 +161,10 @@ def test_package_inits_run_nothing():
         docstring = [n for n in body[:1] if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)]
         rest = [ast.unparse(n) for n in body[len(docstring) :]]
         assert docstring, f"{init}: no docstring naming the folder's entry points"
-        expected = ["__version__ = '0.1.0'"] if init.parent == REPO / PACKAGE else []
-        assert rest == expected, f"{init}: a folder's __init__.py holds only its docstring"
+        if init == TOP_INIT:  # the version, and the one-call API delegating to its module on first use
+            assert rest[0] == "__version__ = '0.1.0'" and len(rest) == 2, init
+            (function,) = body[-1:]
+            assert isinstance(function, ast.FunctionDef) and function.name == "features_of"
+            assert [type(n).__name__ for n in function.body] == ["Expr", "ImportFrom", "Return"]
+            continue
+        assert rest == [], f"{init}: a folder's __init__.py holds only its docstring"

@@ -84,6 +84,15 @@ def test_stage_scripts_answer_mistakes_in_one_line(tmp_path):
     # a pre-registered endpoint the sweep cannot answer stops the config stage, before any run is trained
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["analysis"]["primary"] = {"family": "landscape", "features": ["ls_hess_tp"], "fraction": 0.3, "cv": "rung"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))  # one recipe per rung: no cell permutation
+    proc = _stage("config.py", ["--corpus", "corpus", "--out", "config"], tmp_path)
+    assert (proc.returncode, proc.stderr) == (
+        1,
+        "error: analysis.primary: the between-cell test permutes recipes within each rung: 1 recipes per rung give "
+        "a smallest p above alpha=0.05; declare >= 3 recipes per rung (variants); fix it in params.yaml before the "
+        "sweep\n",
+    )
+    params["variants"] = {"lr_lo": {"lr": 0.001}, "lr_hi": {"lr": 0.006}}
     params["features"]["families"] = [f for f in params["features"]["families"] if f != "landscape"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     proc = _stage("config.py", ["--corpus", "corpus", "--out", "config"], tmp_path)

@@ -24,6 +24,7 @@ from topometrics.features.sweep import run_shards
 from topometrics.models.checkpoints import save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names
 from topometrics.params import FeaturesParams
+from topometrics.vocabulary import CURVATURE, LANDSCAPE, model_only
 
 CONFIG = GPTConfig(context=16, hidden=8, layers=2, heads=2)
 PARAMS = FeaturesParams(
@@ -132,7 +133,8 @@ def test_run_values_are_consistent(run):
 def test_every_other_checkpoint_gets_the_loss_surface_and_the_others_say_why_not(run):
     features, _ = run
     surface = features[features.feature.str.startswith(("ls_", "hess_"))].set_index(["step", "feature"])
-    assert set(surface.reset_index().layer) == {ALL} and len(surface) == 3 * 19
+    names = model_only(LANDSCAPE) + model_only(CURVATURE)  # every declared loss-surface feature, at every step
+    assert set(surface.reset_index().layer) == {ALL} and sorted(surface.reset_index().feature) == sorted(3 * names)
     assert surface.loc[100].value.isna().all()
     assert (surface.loc[100].reason == "not a loss-surface checkpoint (features.landscape_every = 2)").all()
     for step in (0, 200):  # the first checkpoint and every second one after it
@@ -153,7 +155,8 @@ def test_a_loss_surface_batch_larger_than_the_validation_split_is_null_with_the_
     assert reason == "features.landscape_batch = 20 windows of 16 need 321 validation tokens, the split has 200"
     rows = checkpoint_features(tiny_model(1).state_dict(), CONFIG, batch(), params, reason).rows
     surface = [r for r in rows if r[1].startswith(("ls_", "hess_"))]
-    assert len(surface) == 19 and all(np.isnan(r[2]) and r[3] == reason for r in surface)
+    assert sorted(r[1] for r in surface) == sorted(model_only(LANDSCAPE) + model_only(CURVATURE))
+    assert all(np.isnan(r[2]) and r[3] == reason for r in surface)
     x, y = surface_batch(tokens, CONFIG.context, PARAMS, 4)  # the same windows at every checkpoint
     assert torch.equal(x, batch()[0][: PARAMS.landscape_batch]) and torch.equal(y, batch()[1][: PARAMS.landscape_batch])
 

@@ -118,7 +118,10 @@ def test_a_1e7_difference_is_never_adds():
     assert verdict.word(row, 0.002, 0.05, 0.05, 0.01) == "ruled out (> 0.0 %)"
     assert verdict.word(row | {"bound_share": 0.2}, 0.002, 0.05, 0.05, 0.01) == "no evidence"
     assert verdict.word(row | {"gain_share": 0.02}, 0.002, 0.05, 0.05, 0.01) == "adds"
-    assert verdict.word(row | {"ci_low": 1e-3}, 0.5, 0.05, 0.05, 0.01) == "hurts"
+    # worse predictions alone are what a useless family earns: 'hurts' needs the reverse test too
+    assert verdict.word(row | {"ci_low": 1e-3}, 0.5, 0.05, 0.05, 0.01) == "no evidence"
+    assert verdict.word(row | {"ci_low": 1e-3, "p_reverse": 0.3}, 0.5, 0.05, 0.05, 0.01) == "no evidence"
+    assert verdict.word(row | {"ci_low": 1e-3, "p_reverse": 0.01}, 0.5, 0.05, 0.05, 0.01) == "hurts"
     assert verdict.word(row | {"min_p": 0.05}, 0.002, 0.05, 0.05, 0.01).startswith("not enough runs")
 
 
@@ -142,12 +145,14 @@ def test_only_topology_questions_are_corrected_together():
 def test_the_bench_machinery_reports_rates_for_every_cv_and_family_on_a_small_case():
     table = power.rates((2, 4, 3), ["seed", "variant"], k=1, reps=2, n_perm=19)
     assert set(table) == {
-        f"{cv}/{f}" for cv in ("seed", "variant") for f in ("noise", "nuisance", "s=0.1", "s=0.3", "s=0.5")
+        f"{cv}/{f}"
+        for cv in ("seed", "variant")
+        for f in ("noise", "nuisance", "recipe proxy", "s=0.1", "s=0.3", "s=0.5")
     }
     assert all(0 <= v["adds_pct"] <= 100 and v["reps"] == 2 for v in table.values())
     runs = power.simulate((3, 4, 2), 2, 0.5, "signal", np.random.default_rng(0))
     assert (
-        runs.base.shape == (24, 5)
+        runs.base.shape == (24, 10)
         and runs.extra.shape == (24, 4)
         and len(set(zip(runs.rung, runs.recipe, strict=True))) == 12
     )

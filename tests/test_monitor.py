@@ -64,8 +64,9 @@ def test_monitor_rows_equal_the_features_of_the_weights_at_each_measured_step(tm
         want = feat.features_frame(result, "ours", 7, step)
         pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_dtype=False)
     assert losses["step"].tolist() == [3, 6, 9] and losses["val_loss"].isna().all()
-    assert [line.split(" ")[2] for line in lines] == ["3", "6", "9"]  # one console line per measurement
-    assert lines[0].startswith("monitor: step 3 np_norm ")
+    assert lines[0].startswith("monitor: estimate for ") and "(one thread, per checkpoint): weights " in lines[0]
+    assert [line.split(" ")[2] for line in lines[1:]] == ["3", "6", "9"]  # one console line per measurement
+    assert lines[1].startswith("monitor: step 3 np_norm ")
 
 
 def test_each_measurement_records_the_code_and_params_that_made_it(tmp_path):
@@ -103,7 +104,7 @@ def test_a_step_is_skipped_only_when_its_snapshot_would_exceed_the_bytes_in_flig
         for step in range(4):  # back to back: no measurement can finish in between
             monitor.step(model, step)
     assert monitor.measured == [0, 1] and monitor.skipped == [2, 3]  # two snapshots fit, then none
-    assert lines[0] == "monitor: step 2 not measured, 2 measurements still running"
+    assert lines[1] == "monitor: step 2 not measured, 2 measurements still running"  # after the estimate
     with TopologyMonitor(tmp_path / "big", every=1, max_pending_bytes=1, log=lines.append) as monitor:
         monitor.step(model, 0)  # one snapshot always goes, however large
     assert monitor.measured == [0]
@@ -161,6 +162,51 @@ def test_with_live_it_logs_through_dvclive_and_never_touches_dvc_yaml(tmp_path, 
     assert not list(tmp_path.glob("log/**/dvc.yaml"))
 
 
+def test_sinks_get_each_measurement_and_a_raising_sink_is_one_warning_and_training_goes_on(tmp_path):
+    model, got, lines = GPT(GPTConfig(hidden=16, layers=1, heads=2)), [], []
+
+    def broken(step, values):
+        raise ConnectionError("tracker offline")
+
+    with TopologyMonitor(tmp_path, every=2, params=PARAMS, log=lines.append, sink=broken) as monitor:
+        monitor.sinks.append(lambda step, values: got.append((step, values)))
+        for step, loss in train_steps(model, 6):
+            monitor.step(model, step, loss=loss)
+    features, _ = read_log(tmp_path)
+    model_level = features[features["layer"] == "all"].dropna(subset=["value"])
+    want = {s: dict(zip(g["feature"], g["value"], strict=True)) for s, g in model_level.groupby("step")}
+    assert [step for step, _ in got] == [2, 4, 6]
+    assert all(values == pytest.approx(want[step]) for step, values in got)
+    warnings = [line for line in lines if "warning" in line]
+    assert warnings == [
+        f"monitor: warning: sink {broken.__qualname__} raised ConnectionError: tracker offline at step 2; "
+        f"training goes on, measurements still go to {tmp_path} (further errors not shown)"
+    ]
+    assert monitor.measured == [2, 4, 6]
+
+
+UNGUARDED = """
+from topometrics.features.monitor import TopologyMonitor
+def monitored():
+    return TopologyMonitor("{log}", every=1)
+monitor = monitored()
+print("trained")
+"""
+
+
+def test_a_script_without_the_main_guard_fails_in_one_line_saying_what_to_add(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED.format(log=tmp_path / "log"))
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stdout == "" and not (tmp_path / "log").exists()
+    assert done.stderr.splitlines() == [
+        f"error: {script}:5: a worker process re-imports this script and would run it again; put the code that "
+        'trains (from this line on) under `if __name__ == "__main__":` and run it again'
+    ]
+    # under the guard the same monitor runs: test_kill_9_leaves_only_complete_files's script has it
+
+
 KILLED = """
 import sys, torch
 from topometrics.models.model import GPT, GPTConfig
@@ -210,8 +256,9 @@ def test_kill_9_leaves_only_complete_files(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-def trainer_run(out: Path, steps: int = 200, every: int = 50):
-    """A tiny GPT-2 trained by transformers.Trainer on WikiText-2 characters, with the callback."""
+def trainer_run(out: Path, steps: int = 200, every: int = 50, report_to=()):
+    """A tiny GPT-2 trained by transformers.Trainer on WikiText-2 characters, with the callback logging
+    through the Trainer (to the ``report_to`` integrations)."""
     pytest.importorskip("accelerate", reason="the Hugging Face Trainer needs accelerate, not installed here")
     if not SHARED.exists():
         pytest.skip("../shared/data/wikitext-2 is absent on this machine")
@@ -225,17 +272,18 @@ def trainer_run(out: Path, steps: int = 200, every: int = 50):
     model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=128, n_positions=64))
     args = TrainingArguments(
         output_dir=str(out / "run"), max_steps=steps, per_device_train_batch_size=8, learning_rate=3e-3,
-        save_steps=50, logging_steps=50, eval_strategy="steps", eval_steps=50, report_to=[], use_cpu=True,
+        save_steps=50, logging_steps=50, eval_strategy="steps", eval_steps=50, report_to=list(report_to), use_cpu=True,
         disable_tqdm=True, dataloader_num_workers=0, seed=0,
     )  # fmt: skip
     monitor = TopologyMonitor(out / "live", every=every, params=PARAMS, rung="gpt2-live", log=lambda _: None)
-    callbacks = [OneThread(), TopologyCallback(monitor)]
     threads = torch.get_num_threads()
     try:
-        Trainer(model=model, args=args, train_dataset=train, eval_dataset=held, callbacks=callbacks).train()
+        trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=held, callbacks=[OneThread()])
+        trainer.add_callback(TopologyCallback(monitor, trainer))
+        trainer.train()
     finally:
         torch.set_num_threads(threads)
-    return out / "run", out / "live"
+    return out / "run", out / "live", trainer.state.log_history
 
 
 class OneThread(TrainerCallback):
@@ -246,9 +294,27 @@ class OneThread(TrainerCallback):
         torch.set_num_threads(1)
 
 
-def test_trainer_callback_logs_what_the_saved_checkpoints_hold(tmp_path):
-    run_dir, live = trainer_run(tmp_path)
+def test_trainer_callback_logs_what_the_saved_checkpoints_hold_and_the_trainers_tensorboard_gets_it(
+    tmp_path, monkeypatch
+):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))  # report_to's own TensorBoardCallback
+    run_dir, live, history = trainer_run(tmp_path, report_to=["tensorboard"])
     features, losses = read_log(live)
+    everything = features[features["layer"] == "all"].dropna(subset=["value"])
+    logged = {(int(e["topology/step"]), k[len("topology/") :]): v for e in history for k, v in e.items()
+              if "topology/step" in e and k != "topology/step" and k.startswith("topology/")}  # fmt: skip
+    assert logged == {(int(r.step), r.feature): pytest.approx(r.value) for r in everything.itertuples()}
+    # the event file TensorBoard wrote, read back by its own reader (the integration prefixes train/)
+    (events,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    board = EventAccumulator(str(events))
+    board.Reload()
+    steps = [round(e.value) for e in board.Scalars("train/topology/step")]
+    assert steps == [50, 100, 150, 200]  # every measurement, in order, before the writer closed
+    np_norm = everything[everything["feature"] == "np_norm"].set_index("step")["value"]
+    got = [e.value for e in board.Scalars("train/topology/np_norm")]
+    assert got == pytest.approx(np_norm.loc[steps].tolist(), rel=1e-6)  # float32 in the event file
     assert sorted(features["step"].unique()) == [50, 100, 150, 200]
     run = scan_run_folder(run_dir)
     assert [c.step for c in run.checkpoints] == [50, 100, 150, 200] and run.skipped == []
@@ -265,6 +331,34 @@ def test_trainer_callback_logs_what_the_saved_checkpoints_hold(tmp_path):
         # and the monitor's losses are the Trainer's own logs at that step
         logged = losses.set_index("step").loc[ckpt.step]
         assert logged["val_loss"] == pytest.approx(table.set_index("step").loc[ckpt.step, "val_loss"])
+
+
+def test_a_measurement_logged_at_a_logging_step_keeps_the_trainers_own_loss_row(tmp_path):
+    # Trainer.log clears control.should_log; the callback waits for (and logs) the last step's measurement
+    # in on_step_end, after the flow callback set the flag, so the Trainer used to skip that step's loss
+    pytest.importorskip("accelerate", reason="the Hugging Face Trainer needs accelerate, not installed here")
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    windows = torch.randint(0, 32, (8, 8), generator=torch.Generator().manual_seed(0))
+    model = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=32, n_positions=8))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "run"), max_steps=2, per_device_train_batch_size=4, logging_steps=2,
+        save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0,
+    )  # fmt: skip
+    threads = torch.get_num_threads()
+    with TopologyMonitor(tmp_path / "live", every=2, params=PARAMS, log=lambda _: None) as monitor:
+        try:
+            train = [{"input_ids": w, "labels": w} for w in windows]
+            trainer = Trainer(model=model, args=args, train_dataset=train, callbacks=[OneThread()])
+            trainer.add_callback(TopologyCallback(monitor, trainer))
+            trainer.train()
+        finally:
+            torch.set_num_threads(threads)
+    history = trainer.state.log_history
+    assert [e["step"] for e in history if "topology/step" in e] == [2]
+    assert [e["step"] for e in history if "loss" in e] == [2]  # the Trainer's own row of the same step
+    _, losses = read_log(tmp_path / "live")
+    assert losses["step"].tolist() == [2] and losses["train_loss"].notna().all()
 
 
 def test_a_diverged_snapshot_gives_null_rows_with_the_reason(tmp_path):
@@ -287,7 +381,7 @@ def test_dvc_repro_ingests_a_trainer_run_folder_and_its_live_log(tmp_path):
     import yaml
     from test_pipeline import commit, make_project, run
 
-    run_dir, live = trainer_run(tmp_path)
+    run_dir, live, _ = trainer_run(tmp_path)
     project = make_project(tmp_path / "project")
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["series"] = {"seq_len": 16, "sources": {"gpt2-run": {"path": str(run_dir)}, "gpt2-live": {"log": str(live)}}}

@@ -174,8 +174,8 @@ def test_the_default_params_declare_one_base_run_per_rung():
         ({"v": {"monitor_every": 10}}, "variants.v.monitor_every: train.monitor_every applies to every run"),
         ({"v": {"sketch_every": 5}}, "variants.v.sketch_every: train.sketch_every applies to every run"),
         ({"v": {"learning_rate": 1}}, "unknown param variants.v.learning_rate; variants may set steps"),
-        ({"": {"lr": 1}}, "variants: the name '' must be non-empty letters, digits or '_'"),
-        ({"lr-hi": {"lr": 1}}, "variants: the name 'lr-hi' must be non-empty"),
+        ({"": {"lr": 1}}, "variants: the name '' must be 1 to 64 ASCII letters, digits or '_'"),
+        ({"lr-hi": {"lr": 1}}, "variants: the name 'lr-hi' must be 1 to 64"),
         ({"base": {"lr": 1}}, "variants.base: 'base' is the recipe in train itself"),
         ({"v": {"lr": "fast"}}, "variants.v.lr must be float"),
         ({"v": {"steps": 550}}, "variants.v: steps=550 is not a multiple of ckpt_every=100"),
@@ -270,24 +270,54 @@ def test_a_rung_without_residual_connections_says_so_and_the_others_keep_their_s
         ({"fraction": 0.3, "cv": "rung"}, "declare a family"),
         ({"family": "weights_np", "fraction": 0.4, "cv": "rung"}, "fraction 0.4 is not in analysis.fractions"),
         ({"family": "weights_np", "fraction": 0.3, "cv": "seed"}, "cv 'seed' needs >= 3 groups"),
-        ({"family": "weights_np", "fraction": 0.3, "cv": "rung", "baseline": "x"}, "baseline 'x': 'norm' or"),
+        ({"family": "weights_np", "fraction": 0.3, "cv": "rung", "baseline": "x"}, "baseline 'x': 'recipe', 'norm' or"),
         ({"family": "weights_np", "cv": "rung"}, "fraction 0.0 is not in analysis.fractions"),
     ],
 )
 def test_a_primary_endpoint_the_sweep_does_not_compute_is_a_params_error(primary, message):
-    raw = default_raw()
+    raw = default_raw() | {"variants": RECIPES}
     raw["analysis"]["primary"] = primary
     with pytest.raises(ParamsError, match=message):
         parse_params(raw)
 
 
+RECIPES = {"lr_lo": {"lr": 0.001}, "lr_hi": {"lr": 0.006}}  # 3 recipes per rung: cell permutations can pass 5 %
+
+
 def test_a_primary_endpoint_of_up_to_three_declared_features_loads():
-    raw = default_raw()
+    raw = default_raw() | {"variants": RECIPES}
     raw["analysis"]["primary"] = {"family": "weights_vr", "features": ["vr_tp0"], "fraction": 0.3, "cv": "rung"}
     primary = parse_params(raw).analysis.primary
-    assert (primary.family, primary.features, primary.fraction, primary.cv, primary.baseline) == (
-        "weights_vr", ("vr_tp0",), 0.3, "rung", "norm"
+    assert (primary.family, primary.features, primary.fraction, primary.cv, primary.baseline, primary.level) == (
+        "weights_vr", ("vr_tp0",), 0.3, "rung", "recipe", "between"
     )  # fmt: skip
+
+
+def test_the_coming_sweeps_endpoint_between_cells_over_recipe_and_curvature_loads():
+    raw = default_raw() | {"variants": {f"r{i:02d}": {"lr": 0.001 * (i + 1)} for i in range(15)}}
+    raw["ladder"] = {name: raw["ladder"][name] for name in ("tiny", "small", "medium")}
+    raw["train"]["seeds"] = [1, 2]
+    endpoint = {"family": "landscape", "features": ["ls_rand_range"], "fraction": 0.2, "level": "between"}
+    raw["analysis"]["primary"] = endpoint | {"cv": "variant", "baseline": "recipe+curvature"}
+    raw["analysis"]["fractions"] = [0.2, 0.3, 0.5]
+    primary = parse_params(raw).analysis.primary
+    assert (primary.level, primary.cv, primary.baseline) == ("between", "variant", "recipe+curvature")
+
+
+@pytest.mark.parametrize(
+    ("recipes", "seeds", "level", "message"),
+    [
+        ({}, [1, 2, 3], "between", r"1 recipes per rung give a smallest p above alpha=0.05; declare >= 3 recipes"),
+        (RECIPES, [1], "within", r"1 seed per cell; declare >= 2 seeds"),
+        (RECIPES, [1, 2], "sideways", r"level 'sideways' is not 'between' or 'within'"),
+    ],
+)
+def test_a_primary_endpoint_at_a_level_the_runs_cannot_carry_is_one_params_line(recipes, seeds, level, message):
+    raw = default_raw() | {"variants": recipes}
+    raw["train"]["seeds"] = seeds
+    raw["analysis"]["primary"] = {"family": "weights_vr", "fraction": 0.3, "cv": "rung", "level": level}
+    with pytest.raises(ParamsError, match=message):
+        parse_params(raw)
 
 
 def test_a_loss_unit_other_than_nats_or_bpb_is_one_params_error_naming_the_key():
@@ -328,3 +358,60 @@ def test_a_bad_tokenizer_is_one_params_error_naming_the_key(tokenizer, message):
     assert parse_params(raw).data.tokenizer.vocab_size == 257
     raw["data"]["tokenizer"] = {"kind": "bpe", "vocab_size": 65_535}
     assert parse_params(raw).data.tokenizer.vocab_size == 65_535
+
+
+def test_a_train_shape_key_every_rung_overrides_is_one_line_at_the_config_stage():
+    from stages.config import inherited_by_no_run
+
+    assert inherited_by_no_run(parse_params(default_raw())) is None  # xl inherits train's shape
+    raw = default_raw()
+    raw["ladder"] = {"a": {"hidden": 8, "layers": 1, "heads": 1}, "b": {"hidden": 16, "heads": 2}}
+    raw["train"]["hidden"] = 64
+    assert inherited_by_no_run(parse_params(raw)) == (
+        "config: note: train.hidden = 64, train.heads = 4: no run inherits it (every ladder rung sets its own), "
+        "so changing it changes nothing; set ladder.<rung>.hidden instead"
+    )  # train.layers is b's, so it is not named
+
+
+def _config_stage(raw: dict, tmp_path: Path, capsys) -> str:
+    """stderr of the real config stage (its ``main`` in ``run_stage``) over params ``raw``; it must exit 1 writing
+    no config, before any corpus is read or run trained."""
+    from stages.config import main
+    from topometrics.errors import run_stage
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    argv = ["--params", str(tmp_path / "params.yaml"), "--corpus", str(tmp_path / "corpus"), "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as stop:
+        run_stage(main, [*argv[:-1], str(tmp_path / "config")])
+    assert stop.value.code == 1 and not (tmp_path / "config").exists()
+    return capsys.readouterr().err
+
+
+LONG = "r" * 300
+
+
+@pytest.mark.parametrize(
+    ("section", "change", "expected"),
+    [
+        ("train", {"seeds": [2**63]}, "error: train.seeds: seed 9223372036854775808 is outside 0 to 2**31-1"),
+        ("train", {"seeds": [2**64]}, "error: train.seeds: seed 18446744073709551616 is outside 0 to 2**31-1"),
+        ("series", {"sources": {"x": {"path": "/p", "seed": 2**40}}}, "error: series.sources.x.seed: seed 1099511"),
+        ("ladder", {LONG: {}}, "error: ladder: the name 'rrrrrrrr"),
+        ("variants", {LONG: {"lr": 0.01}}, "error: variants: the name 'rrrrrrrr"),
+        ("series", {"sources": {LONG: {"path": "/p"}}}, "error: series.sources: the name 'rrrrrrrr"),
+        ("ladder", {"tiny/../x": {}}, "error: ladder: the name 'tiny/../x' must be 1 to 64 ASCII letters"),
+        ("series", {"sources": {"tiny": {"path": "/p"}}}, "error: series.sources.tiny: a series may not share a rung"),
+        ("train", {"device": "x" * 1_000_000}, "error: train.device must be auto, cpu or cuda, got 'xxxx"),
+        ("data", {"corpus": ["y" * 1_000_000]}, "error: data.corpus must be str, got ['yyyy"),
+    ],
+)
+def test_seeds_names_and_huge_values_stop_the_config_stage_in_one_short_line_naming_the_key(
+    section, change, expected, tmp_path, capsys
+):
+    """Seeds beyond 32 bits (the warehouse's column; 2**64 overflowed torch), names of 300 characters or with a
+    '/', a series named like a rung and a 1 MB string (10 MB reads the same, slower): one line of at most ~300
+    characters naming the key."""
+    raw = default_raw()
+    raw[section] = raw[section] | change
+    err = _config_stage(raw, tmp_path, capsys)
+    assert err.startswith(expected) and err.count("\n") == 1 and len(err) <= 310, err[:400]

@@ -54,7 +54,19 @@ def test_window_summary_of_a_line():
     t = np.arange(0, 1001, 100.0)
     level, rate = predict.window_summary(t, 2.0 + 0.001 * t, cutoff=500)
     assert level == pytest.approx(2.5)  # mean of the last quarter of the 6 observed points: the last one
-    assert rate == pytest.approx(0.001 * 500 / level)
+    sd = np.std([2.3, 2.4, 2.5])  # the last half's values
+    assert rate == pytest.approx(0.001 * 500 / np.hypot(level, sd))
+    assert rate == pytest.approx(0.001 * 500 / level, rel=0.01)  # far from zero: slope / |level|
+
+
+def test_window_summary_rate_stays_finite_when_the_level_crosses_zero():
+    # slope / |level| exploded here (level 1e-12): the scale sqrt(level^2 + sd^2) cannot be ~0 for a moving series
+    t = np.arange(0, 1001, 100.0)
+    for crossing in (500.0, 500.0 + 1e-9, 450.0):
+        level, rate = predict.window_summary(t, 0.001 * (t - crossing), cutoff=500)
+        assert abs(level) < 0.06 and np.isfinite(rate)
+        assert 0 < rate <= 2 * np.sqrt(12)  # a rising straight line, whatever its offset
+    assert predict.window_summary(t, np.zeros_like(t), cutoff=500) == (0.0, 0.0)
 
 
 def test_window_summary_needs_three_points():

@@ -379,3 +379,76 @@ def test_s3_mistakes_fail_with_what_docs_sharing_md_lists(tiny_repo, s3):
     assert f'ERROR: unexpected error - Could not connect to the endpoint URL: "{endpoint}/' in failing(
         ["dvc", "push"], tiny_repo
     )
+
+
+def test_a_fresh_clone_that_pulls_reproduces_nothing_that_changes_a_tracked_output(reproduced, tmp_path):
+    """`dvc pull` + `dvc repro` in a fresh clone: the always-changed series stage reuses the pulled shards and writes
+    the same status.json (a current shard is 'computed' there too), so no later stage reruns, dvc.lock stays as
+    committed and the warehouse is byte-identical to the pusher's. The series is the project's own run folder (its
+    resume state is a skip)."""
+    params = yaml.safe_load((reproduced / "params.yaml").read_text())
+    params["series"]["sources"] = {"own": {"path": "data/runs/a-42", "seed": 42}}
+    (reproduced / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert "series own: 5 computed, 0 reused, 1 skipped" in run(["dvc", "repro"], reproduced)
+    run(["dvc", "remote", "add", "-d", "shared", str(tmp_path / "remote")], reproduced)
+    commit(reproduced, "a series and a shared remote")
+    run(["dvc", "push"], reproduced)
+    other = clone(reproduced, tmp_path / "other")
+    run(["dvc", "pull"], other)
+    out = run(["dvc", "repro"], other)
+    assert "series own: 0 computed, 5 reused, 1 skipped" in out
+    assert set(re.findall(r"Running stage '([^']+)'", out)) <= always_changed(other), out
+    assert run(["git", "status", "--porcelain"], other) == ""  # dvc.lock (and every tracked file) as committed
+    for path in ("data/warehouse.duckdb", "data/series/status.json", "reports/report.html"):
+        assert (other / path).read_bytes() == (reproduced / path).read_bytes(), path
+
+
+MAKE_STAGE = {
+    "stages": {
+        "make": {
+            "cmd": "python -c \"import yaml; x = yaml.safe_load(open('params.yaml'))['x']; "
+            "open('out.txt', 'w').write(str(x) * 1000)\"",
+            "params": ["x"],
+            "outs": ["out.txt"],
+        }
+    }
+}
+
+
+def test_an_experiment_run_before_the_remote_was_committed_travels_when_each_clone_names_the_remote_locally(
+    tmp_path,
+):
+    """docs/sharing.md, "An experiment older than the remote": DVC reads the remote from the experiment's own
+    commit, so an experiment run before `dvc remote add` was committed is pushed without its outputs (the pinned
+    DVC says "Pushed experiment" and uploads nothing), and `dvc exp push -r` fails; the remote named in each
+    clone's `.dvc/config.local` carries it, and `dvc exp apply` cannot take that one away."""
+    origin, store = tmp_path / "origin.git", tmp_path / "store"
+    run(["git", "init", "-q", "--bare", str(origin)], tmp_path)
+    alice = tmp_path / "alice"
+    alice.mkdir()
+    run(["git", "init", "-q"], alice)
+    run(["dvc", "init", "-q"], alice)
+    (alice / "params.yaml").write_text("x: 1\n")
+    (alice / "dvc.yaml").write_text(yaml.safe_dump(MAKE_STAGE))
+    run(["dvc", "repro", "-q"], alice)
+    commit(alice, "base")
+    run(["git", "remote", "add", "origin", str(origin)], alice)
+    run(["git", "push", "-q", "origin", "HEAD"], alice)
+    run(["dvc", "exp", "run", "-q", "-n", "x2", "-S", "x=2"], alice)  # before any remote
+    run(["dvc", "remote", "add", "-d", "shared", str(store)], alice)
+    commit(alice, "the shared remote")
+    run(["git", "push", "-q", "origin", "HEAD"], alice)
+
+    assert "Pushed experiment x2" in run(["dvc", "exp", "push", "origin", "x2"], alice)
+    assert not store.exists()  # the trap: the experiment's commit names no remote, so no output went
+    run(["dvc", "remote", "add", "--local", "shared", str(store)], alice)
+    assert "1 file uploaded" in run(["dvc", "exp", "push", "-f", "-r", "shared", "origin", "x2"], alice)
+
+    bob = clone(origin, tmp_path / "bob")
+    run(["dvc", "remote", "add", "--local", "shared", str(store)], bob)
+    run(["dvc", "exp", "pull", "-r", "shared", "origin", "x2"], bob)
+    run(["dvc", "exp", "apply", "x2"], bob)
+    assert (bob / "out.txt").read_text() == "2" * 1000 and "shared" in (bob / ".dvc/config.local").read_text()
+    run(["git", "checkout", "HEAD", "--", ".dvc/config"], bob)  # the committed remote back, as the docs say
+    assert "shared" in (bob / ".dvc/config").read_text()
+    assert "up to date" in run(["dvc", "status"], bob)

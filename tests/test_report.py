@@ -235,7 +235,8 @@ def test_a_warehouse_without_a_view_is_reported_not_raised():
 
 def test_stage_writes_html_figures_and_dvc_plots(stage_out):
     out, stdout = stage_out
-    assert stdout.startswith(f"report: {out / 'report.html'}, 11/12 figures")  # one seed per rung: no verdict
+    # one seed per rung: no verdict and no stopping curve
+    assert stdout.startswith(f"report: {out / 'report.html'}, 11/13 figures")
     names = {p.name for p in (out / "figures").iterdir()}
     assert {"loss_curves.svg", "loss_curves.png", "validation_series.png", "scaling.svg"} <= names
     assert (out / "figures" / "tp0_vs_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -248,6 +249,7 @@ def test_stage_writes_html_figures_and_dvc_plots(stage_out):
 def test_html_is_self_contained_and_shows_the_skipped_series(stage_out):
     page = (stage_out[0] / "report.html").read_text()
     assert "vegaEmbed" in page and page.count('data-chart="') == 11
+    assert 'class="terms"' not in page  # no verdict, no sentences of results: no terms to define
     lead, figures = page.index("<h2>What topology adds</h2>"), page.index("<h2>Figures</h2>")
     assert lead < figures and 'data-chart="partial_rho"' in page[lead:figures]
     assert "not available: `verdict` is empty (the analysis stage has not filled" in page[lead:figures]

@@ -45,6 +45,17 @@ def test_each_row_reads_as_a_sentence_with_its_numbers():
     assert list(table.columns[:5]) == ["role", "cv", "fraction", "family", "baseline"]
 
 
+def test_a_change_below_numerical_precision_reads_identical_not_as_a_number():
+    noise = ROWS.iloc[[0]].assign(delta_mae=-2.78e-17, ci_low=-1e-16, ci_high=1e-16, verdict="no evidence")
+    read = report_verdict.verdict_table(noise)["reads as"].iloc[0]
+    assert "identical to the baseline's to numerical precision" in read and "e-17" not in read
+    assert read.endswith("leave-one-seed-out, exploratory, Holm-corrected): no evidence.")
+    worse = ROWS.iloc[[0]].assign(delta_mae=0.0258, gain_share=-1.066)  # a share past 100 %: no exponent
+    assert "−107% of the baseline MAE" in report_verdict.verdict_table(worse)["reads as"].iloc[0]
+    small = ROWS.iloc[[0]].assign(delta_mae=-1e-6)  # a millionth of a nat on a baseline of 0.05 is a number
+    assert "changes MAE by −1e−06 nats" in report_verdict.verdict_table(small)["reads as"].iloc[0]
+
+
 def test_forest_plot_encodes_delta_mae_and_its_ci_with_a_zero_rule():
     spec = report_verdict.forest_plot(ROWS).to_dict()
     zero, bars, points = spec["spec"]["layer"]

@@ -273,10 +273,10 @@ def test_a_tensor_larger_than_the_free_memory_is_skipped_naming_the_sizes(tmp_pa
 @pytest.mark.parametrize(
     ("state", "why"),
     [
-        ('{"global_step": Infinity}', "global_step inf is not a step (an integer from 0 to 2**53)"),
-        ('{"global_step": 1e30}', "global_step 1e+30 is not a step (an integer from 0 to 2**53)"),
-        ('{"global_step": "12"}', "global_step '12' is not a step (an integer from 0 to 2**53)"),
-        ('{"global_step": -3}', "global_step -3 is not a step (an integer from 0 to 2**53)"),
+        ('{"global_step": Infinity}', "global_step inf is not a step (an integer from 0 to 2**31-1)"),
+        ('{"global_step": 1e30}', "global_step 1e+30 is not a step (an integer from 0 to 2**31-1)"),
+        ('{"global_step": "12"}', "global_step '12' is not a step (an integer from 0 to 2**31-1)"),
+        ('{"global_step": -3}', "global_step -3 is not a step (an integer from 0 to 2**31-1)"),
         ("[" * 100_000 + "]" * 100_000, "nested deeper than a JSON file here may be"),
     ],
 )
@@ -292,6 +292,30 @@ def test_a_trainer_state_without_a_usable_step_is_a_skip_with_the_reason(tmp_pat
                             "reason": f"{folder / 'trainer_state.json'}: {why}"}]  # fmt: skip
 
 
+def test_a_step_beyond_the_warehouses_32_bit_step_column_is_a_skip_naming_the_file(tmp_path):
+    """Steps up to 2**53 passed the scan, though the warehouse's step column is a 32-bit INTEGER."""
+    plain_run(tmp_path, steps=(0, 2**31 - 1, 2**31))
+    folder = tmp_path / "checkpoint-4294967296"  # a Trainer checkpoint named with the step
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes((tmp_path / "run-0.safetensors").read_bytes())
+    final = tmp_path / "final"  # no step in the name: its trainer state gives one
+    final.mkdir()
+    (final / "model.safetensors").write_bytes((tmp_path / "run-0.safetensors").read_bytes())
+    (final / "trainer_state.json").write_text('{"global_step": 2147483648}')
+    run = scan_within(30, tmp_path)
+    assert [c.step for c in run.checkpoints] == [0, 2**31 - 1]
+    beyond = "is beyond the warehouse's 32-bit step column (at most 2**31-1); renumber it"
+    assert sorted(run.skipped, key=lambda s: s["revision"]) == [
+        {"revision": "checkpoint-4294967296", "step": None, "status": "skipped",
+         "reason": f"{folder}: step 4,294,967,296 {beyond}"},
+        {"revision": "final", "step": None, "status": "skipped",
+         "reason": f"{final / 'trainer_state.json'}: global_step 2147483648 is not a step (an integer from 0 to "
+                   "2**31-1)"},
+        {"revision": "run-2147483648.safetensors", "step": None, "status": "skipped",
+         "reason": f"{tmp_path / 'run-2147483648.safetensors'}: step 2,147,483,648 {beyond}"},
+    ]  # fmt: skip
+
+
 def test_losses_that_are_not_numbers_leave_null_losses_with_the_reason(tmp_path):
     history = [{"step": 10, "loss": "NaN-ish", "eval_loss": [1]}, {"step": 10, "eval_loss": float("inf")}]
     (tmp_path / "trainer_state.json").write_text(trainer_state(10, history))
@@ -303,11 +327,12 @@ def test_losses_that_are_not_numbers_leave_null_losses_with_the_reason(tmp_path)
     assert (val, train) == (None, None) and reason.endswith("deep.json: nested deeper than a JSON file here may be")
 
 
-@pytest.mark.parametrize("step", ["ten", "1e30", "-1", "2.5", ""])
+@pytest.mark.parametrize("step", ["ten", "1e30", "-1", "2.5", "", "2147483648"])
 def test_a_losses_csv_with_a_step_that_is_not_a_step_names_the_row(tmp_path, step):
     path = tmp_path / "losses.csv"
     path.write_text(f"step,val_loss\n0,4.0\n{step},3.0\n")
-    with pytest.raises(RunFolderError, match=r"losses.csv: step .* \(row 2\) is not an integer from 0 to 2\*\*53; fix"):
+    bound = r"is not an integer from 0 to 2\*\*31-1; fix"
+    with pytest.raises(RunFolderError, match=rf"losses.csv: step .* \(row 2\) {bound}"):
         read_losses(path)
     path.write_text("step,val_loss\n0,four\n1,3.0\n")
     assert read_losses(path)["val_loss"].isna().tolist() == [True, False]  # a loss that is no number is missing

@@ -3,6 +3,7 @@ stopping alone, and a real SIGKILL of the whole queue resuming every run bit-ide
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,6 +77,20 @@ def test_the_longest_runs_go_first_and_a_resumed_run_counts_what_is_left():
     cost = {k: estimated_flops(config(hidden=h, layers=n)) for k, (h, n) in shapes.items()}
     assert sorted(cost, key=cost.get) == list(shapes)
     assert estimated_flops(config(steps=40), from_step=30) == pytest.approx(estimated_flops(config(steps=40)) / 4)
+
+
+def test_the_progress_line_weighs_steps_by_their_cost():
+    from topometrics.training.progress import overall_line
+
+    cheap, costly = config(hidden=8, steps=40), config(hidden=48, layers=3, steps=40)
+    per_step = {c: estimated_flops(c, 39) for c in (cheap, costly)}
+    assert per_step[costly] * 40 == pytest.approx(estimated_flops(costly))  # one step's cost, times the steps
+    # the costly run half trained, the cheap one not started: most of the compute is done, not a quarter
+    done, total = per_step[costly] * 20, (per_step[costly] + per_step[cheap]) * 40
+    line = overall_line(done, total, 0, 2, time.monotonic() - 60)
+    share = done / total
+    assert share > 0.45 and f"{share:.0%} of the compute to train" in line
+    assert f"about {60 * (1 - share) / share / 60:,.1f} min left" in line
 
 
 def test_runs_train_at_once_a_diverging_run_stops_alone_and_complete_runs_are_skipped_untouched(tmp_path):
@@ -200,7 +215,9 @@ def test_kill_9_of_the_whole_queue_resumes_every_run_bit_identically(tmp_path):
     code = KILLED.format(tests=str(Path(__file__).parent), root=str(killed))
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)  # its own process group
     marks = [killed / "runs" / name / "step_000060.json" for name in ("t-1", "t-2")]
-    deadline = time.time() + 120
+    # a bound on the wait only (it ends at the first mark): two pool workers and their monitors' fork servers take
+    # ~190 s to import torch before step 0 on a loaded 2-core machine, then step 60 comes within seconds
+    deadline = time.time() + 400
     while not any(p.exists() for p in marks) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.005)
     time.sleep(0.1)  # into the next interval: the kill lands between checkpoints
@@ -356,3 +373,37 @@ def test_a_bpe_run_records_its_tokenizer_and_another_tokenizer_is_refused_before
     with pytest.raises(TokenizerError, match=r"tokenizer.json: content changed after the corpus stage wrote it"):
         train_runs([run], data, Pool(1, 1, ("cpu",)), log=quiet)
     assert snapshot(run.run_dir) == before  # every refusal left the finished run as it was
+
+
+def test_a_run_whose_first_checkpoint_is_far_off_shows_its_rate_and_eta_before_it(tmp_path):
+    """train.steps 1,000,000,000 (a checkpoint every 100,000,000): the queue's StepRate observer logs the steps/s
+    and the hours to the next checkpoint and to the end long before any checkpoint (here: after 0.5 s)."""
+    from test_train import TRAIN, VAL, quiet
+
+    from topometrics.training.progress import StepRate
+    from topometrics.training.train import Recipe, RunConfig, train_run
+
+    lines = []
+
+    class Enough(Exception):
+        pass
+
+    class StopAfterTheLine:  # stops the billion-step run once the line is there
+        def on_step(self, model, step, loss):
+            if lines:
+                raise Enough
+
+        def on_checkpoint(self, step, val_loss):
+            pass
+
+    recipe = Recipe(10**9, 10**8, 8, 3e-3, 5, 0.0, 0.01, 1.0, 7, 8)
+    cfg = RunConfig("big", GPTConfig(hidden=8, layers=1, heads=1, context=32), recipe)
+    rate = StepRate("big", recipe.steps, recipe.ckpt_every, every_s=0.5, log=lines.append)
+    with pytest.raises(Enough):
+        train_run(cfg, TRAIN, VAL, tmp_path, "sha", "cpu", quiet, False, observers=[rate, StopAfterTheLine()])
+    (line,) = lines
+    assert re.fullmatch(
+        r"\[big\] step [\d,]+/1,000,000,000, [\d,.]+ steps/s; checkpoint 100,000,000 in about [\d,.]+ h, "
+        r"the end in about [\d,.]+ h",
+        line,
+    ), line

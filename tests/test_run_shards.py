@@ -4,6 +4,7 @@ LocalCluster, and whole after a worker is killed with SIGKILL mid-run."""
 
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -20,6 +21,14 @@ from topometrics.features.sweep import run_shards
 from topometrics.params_sources import ComputeParams
 
 STEPS = (0, 100, 200, 300)
+
+
+def run_features_stage(tmp_path, steps, change) -> subprocess.CompletedProcess:
+    """``stages/features.py`` over one run ``tmp_path/runs/tiny-42`` (``stage_project``) with small params, after
+    ``change(run_dir)``, into ``tmp_path/out``: the real stage, in its own process."""
+    cmd = stage_project(tmp_path, steps, {"workers": 1, "rep_points": 60, "rep_batch": 4, "betti_scales": 4})
+    change(tmp_path / "runs" / "tiny-42")
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
 def read_back(root):
@@ -112,12 +121,11 @@ def test_on_a_dask_cluster_with_a_worker_killed_mid_run_nothing_is_missing_or_tw
 
 
 def test_a_failed_checkpoint_fails_the_stage_in_one_line_after_the_others_are_written(tmp_path):
-    import subprocess
+    def truncate(run):
+        damaged = run / "step_000100.safetensors"
+        damaged.write_bytes(damaged.read_bytes()[:100])
 
-    cmd = stage_project(tmp_path, (0, 100, 200), {"workers": 1, "rep_points": 60, "rep_batch": 4, "betti_scales": 4})
-    damaged = tmp_path / "runs/tiny-42/step_000100.safetensors"
-    damaged.write_bytes(damaged.read_bytes()[:100])
-    stage = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    stage = run_features_stage(tmp_path, (0, 100, 200), truncate)
     assert stage.returncode == 1, stage.stderr
     assert "features@tiny-42: 3 checkpoints, 2 computed, 0 already current, 1 failed" in stage.stdout
     (error,) = [line for line in stage.stderr.splitlines() if line.startswith("error: ")]  # the others: progress
@@ -128,6 +136,41 @@ def test_a_failed_checkpoint_fails_the_stage_in_one_line_after_the_others_are_wr
         "step=0",
         "step=200",
     ]
+
+
+def test_a_checkpoint_of_another_run_or_step_is_named_with_whose_it_is_and_not_read_by_the_stage(tmp_path):
+    """`cp small-42/step_000100.* tiny-42/`: whole, and its hash its own sidecar's, it was read as tiny-42's
+    step 100 (and its shard written as small-42's); a checkpoint renamed to another step was read as its sidecar's."""
+    import json
+    import shutil
+
+    from test_features import tiny_model
+
+    from topometrics.models.checkpoints import save_checkpoint, verify_checkpoint
+
+    def copy_in(run):
+        theirs = json.loads((run / "step_000100.json").read_text()) | {"rung": "small"}
+        save_checkpoint(run, tiny_model(100), {k: v for k, v in theirs.items() if k != "sha256"})  # small-42's
+        for suffix in (".safetensors", ".json"):  # step 200 under the name of step 300
+            shutil.copy(run / f"step_000200{suffix}", run / f"step_000300{suffix}")
+
+    stage = run_features_stage(tmp_path, (0, 100, 200), copy_in)
+    run = tmp_path / "runs" / "tiny-42"
+    assert stage.returncode == 1, stage.stderr
+    assert "features@tiny-42: 4 checkpoints, 2 computed, 0 already current, 2 failed" in stage.stdout
+    (error,) = [line for line in stage.stderr.splitlines() if line.startswith("error: ")]
+    assert error == (
+        "error: features@tiny-42: 2 checkpoints failed (step 100: step_000100.json: a checkpoint of run small-42, "
+        "not of this run tiny-42; delete it (the train stage recomputes this run's)); the others are written, "
+        "re-run to retry them"
+    )
+    out = tmp_path / "out" / "tiny-42"
+    shards = sorted(str(p.parent.relative_to(out)) for p in out.glob("**/features.parquet"))
+    assert shards == ["rung=tiny/variant=base/seed=42/step=0", "rung=tiny/variant=base/seed=42/step=200"]
+    assert verify_checkpoint(run, 300) == (
+        "step_000300.json: describes step 200, not step 300 as its name says; delete it (the train stage recomputes "
+        "this run's)"
+    )
 
 
 def test_a_checkpoint_changed_after_training_is_named_and_not_read_and_one_without_a_hash_is_read_unverified(tmp_path):

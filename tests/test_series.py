@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
 
+from topometrics import vocabulary
 from topometrics.features import checkpoint as feat
 from topometrics.features.run_shards import read_tables
 from topometrics.models.checkpoints import CheckpointError
@@ -292,6 +293,15 @@ def test_uncached_revisions_offline_are_skipped_with_the_reason(monkeypatch, tmp
     assert found[1]["reason"].startswith("not cached and not downloadable (LocalEntryNotFoundError")
 
 
+def test_a_hub_revision_whose_step_the_warehouse_cannot_hold_is_skipped_before_any_download(monkeypatch, tmp_path):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    found = list(hub_checkpoints("acme/absent", ("step2147483648", "step2147483647"), cache_dir=tmp_path))
+    beyond = "step 2,147,483,648 is beyond the warehouse's 32-bit step column (at most 2**31-1)"
+    assert found[0] == {"revision": "step2147483648", "step": None, "status": "skipped",
+                        "reason": f"revision 'step2147483648': {beyond}"}  # fmt: skip
+    assert found[1]["step"] == 2**31 - 1 and found[1]["reason"].startswith("not cached and not downloadable")
+
+
 def populate_hf_cache(hub: Path, repo_id: str, revisions: dict[str, Path], extra: list[Path]) -> None:
     """Lay out a Hugging Face hub cache: blobs named by sha256, snapshots of symlinks, refs."""
     repo = hub / f"models--{repo_id.replace('/', '--')}"
@@ -318,34 +328,35 @@ def test_stage_reads_hub_revisions_from_a_local_cache_offline(local_series, loca
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["features"].update(max_points=20, rep_points=60, rep_dim=5, rep_batch=2, betti_scales=4, workers=1)
     wanted = ["step0", "step20", "step30", "step40"]  # step30 is not cached
-    params["series"] = {"seq_len": SEQ_LEN, "sources": {"tiny": {"model": "acme/tiny-neox", "revisions": wanted}}}
+    # named unlike params.yaml's rungs (a series named like a rung is refused: its rows would mix into the rung's)
+    params["series"] = {"seq_len": SEQ_LEN, "sources": {"neox": {"model": "acme/tiny-neox", "revisions": wanted}}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     (tmp_path / "data" / "corpus").mkdir(parents=True)
     encode(TEXT).tofile(tmp_path / "data" / "corpus" / "val.u8")
     env = os.environ | {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     env.pop("HF_HUB_CACHE", None)
     cmd = [sys.executable, str(REPO / "stages" / "series.py"), "--corpus", "data/corpus", "--out", "data/series"]
-    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    assert "series tiny: 3 computed, 0 reused, 1 skipped" in run.stdout
+    assert "series neox: 3 computed, 0 reused, 1 skipped" in run.stdout
     status = json.loads((tmp_path / "data" / "series" / "status.json").read_text())["series"][0]
     by_revision = {c["revision"]: c for c in status["checkpoints"]}
     assert by_revision["step30"]["status"] == "skipped"
     assert "LocalEntryNotFoundError" in by_revision["step30"]["reason"]
     assert by_revision["step40"]["duplicate_of"] == "step20" and by_revision["step20"]["duplicate_of"] is None
     shards = tmp_path / "data" / "series"
-    frame = pd.concat([pd.read_parquet(p) for p in sorted(shards.glob("rung=tiny/**/features.parquet"))])
+    frame = pd.concat([pd.read_parquet(p) for p in sorted(shards.glob("rung=neox/**/features.parquet"))])
     assert set(frame["series"]) == {"acme/tiny-neox"} and set(frame["step"]) == {0, 20, 40}
     got = {(r.step, r.layer, r.feature): r.value for r in frame.itertuples()}
     for step in (0, 20):  # distances differ at 20: its previous checkpoint here is 0, there 10
         for (layer, name), value in values(local_result.features, step).items():
             if not name.endswith("_prev") and not name.startswith("traj_"):  # both in the distances table
                 assert got[(step, layer, name)] == pytest.approx(value, rel=1e-9, abs=1e-12, nan_ok=True)
-    assert sum(len(pd.read_parquet(p)) for p in shards.glob("rung=tiny/**/diagrams.parquet")) > 0
-    distances = pd.concat([pd.read_parquet(p) for p in sorted(shards.glob("rung=tiny/**/distances.parquet"))])
+    assert sum(len(pd.read_parquet(p)) for p in shards.glob("rung=neox/**/diagrams.parquet")) > 0
+    distances = pd.concat([pd.read_parquet(p) for p in sorted(shards.glob("rung=neox/**/distances.parquet"))])
     assert set(distances["step"]) == {0, 20, 40} and set(distances["revision"]) == {"step0", "step20", "step40"}
-    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert "series tiny: 0 computed, 3 reused, 1 skipped" in again.stdout  # current shards are not recomputed
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "series neox: 0 computed, 3 reused, 1 skipped" in again.stdout  # current shards are not recomputed
 
 
 # ---------------------------------------------------------------------------
@@ -515,12 +526,13 @@ def test_grouped_lines_and_the_advice_for_a_hub_series():
     records += [{"revision": "step5000", "step": 5000, "status": "computed", "reason": None}]
     records += [{"revision": "step9000", "step": 9000, "status": "reused", "reason": None}]
     assert grouped_lines("pythia", records) == ["pythia: 2 skipped: " + reason, "pythia: 1 computed"]
-    series = {"name": "pythia", "model": "EleutherAI/pythia-14m", "computed": 1, "reused": 1, "skipped": 2}
-    assert summary_line(series | {"checkpoints": records}) == (
+    series = {"name": "pythia", "model": "EleutherAI/pythia-14m", "computed": 2, "skipped": 2}
+    assert summary_line(series | {"checkpoints": records}, reused=1) == (
         "series pythia: 1 computed, 1 reused, 2 skipped (see status.json; rerun `dvc repro` when the hub or cache "
         "has them)"
     )
-    assert summary_line(series | {"skipped": 0, "checkpoints": []}) == "series pythia: 1 computed, 1 reused, 0 skipped"
+    line = summary_line(series | {"skipped": 0, "checkpoints": []}, 1)
+    assert line == "series pythia: 1 computed, 1 reused, 0 skipped"
 
 
 def test_one_hostile_source_never_stops_the_others_and_each_bad_file_is_a_skip_with_its_reason(local_series, tmp_path):
@@ -573,7 +585,7 @@ def test_one_hostile_source_never_stops_the_others_and_each_bad_file_is_a_skip_w
     assert reasons["step_9.safetensors"].endswith("not a regular file (a FIFO, socket or device; it could block the "
                                                   "stage forever): never read")  # fmt: skip
     assert "sparse file" in reasons["step_7.safetensors"] or "GiB free" in reasons["step_7.safetensors"]
-    assert reasons["final"].endswith("trainer_state.json: global_step inf is not a step (an integer from 0 to 2**53)")
+    assert reasons["final"].endswith("trainer_state.json: global_step inf is not a step (an integer from 0 to 2**31-1)")
     (layer_skip,) = by_name["layers"]["checkpoints"]
     assert layer_skip["status"] == "skipped" and "num_hidden_layers=10000000 is not a" in layer_skip["reason"]
     assert by_name["wide"]["computed"] == 1  # weight features from the file; the forward pass refused, with why
@@ -581,7 +593,7 @@ def test_one_hostile_source_never_stops_the_others_and_each_bad_file_is_a_skip_w
     rep = features[(features["rung"] == "wide") & (features["feature"] == "rep_tp0")]
     assert rep["value"].isna().all() and rep["reason"].str.contains("config.json describes").all()
     (csv_skip,) = by_name["csv"]["checkpoints"]
-    assert csv_skip["reason"].endswith("losses.csv: step 'ten' (row 2) is not an integer from 0 to 2**53; fix that "
+    assert csv_skip["reason"].endswith("losses.csv: step 'ten' (row 2) is not an integer from 0 to 2**31-1; fix that "
                                        "row of the losses file")  # fmt: skip
     (log_skip,) = by_name["log"]["checkpoints"]
     assert log_skip["status"] == "skipped" and log_skip["reason"].startswith(f"{tmp_path / 'log'}: ")
@@ -616,3 +628,188 @@ def test_a_series_trajectory_dimension_is_from_its_checkpoints_through_the_per_c
     assert got["value"] == pytest.approx(est.dimension, rel=1e-9)
     early = rows.loc[(50, "traj_ckpt_phdim")]  # six checkpoints in (-950, 50]: too few, NULL with the reason
     assert np.isnan(early["value"]) and "6 points allow" in early["reason"]
+
+
+# ---------------------------------------------------------------------------
+# One call: topometrics.features_of
+# ---------------------------------------------------------------------------
+
+
+def test_features_of_a_folder_or_a_model_are_the_series_stages_rows(local_series, local_result):
+    import topometrics
+
+    root, models_by_step = local_series
+    keys = ["rung", "seed", "step", "layer", "feature"]
+    got = topometrics.features_of(root, text=TEXT, params=PARAMS, seq_len=SEQ_LEN, name="tiny")
+    stored = local_result.features  # the stage's shards, the rows the warehouse loads
+    both = stored.merge(got, on=keys, how="outer", suffixes=("_stage", "_call"), indicator=True)
+    only_stage = both[both["_merge"] == "left_only"]
+    assert set(only_stage["feature"].map(lambda f: vocabulary.lookup(f).family.name)) <= {"distance", "trajectory"}
+    assert (both["_merge"] != "right_only").all() and len(got) == len(both) - len(only_stage)
+    common = both[both["_merge"] == "both"]
+    stage, call = common["value_stage"], common["value_call"]
+    same = (stage == call) | (stage.isna() & call.isna())
+    assert same.all() and (common["reason_stage"].fillna("") == common["reason_call"].fillna("")).all()
+    # a model in memory, with its tokenizer passed: the same rows as its saved folder at step 0
+    model = topometrics.features_of(models_by_step[0], tokenizer=AutoTokenizer.from_pretrained(root), text=TEXT,
+                                    params=PARAMS, seq_len=SEQ_LEN, name="tiny")  # fmt: skip
+    pd.testing.assert_frame_equal(model, got[got["step"] == 0].reset_index(drop=True))
+    weights_only = topometrics.features_of(root / "step0", params=PARAMS, families=["np", "vr"])
+    assert {"grad_norm", "rep_tp0"}.isdisjoint(weights_only["feature"]) and weights_only["value"].notna().any()
+    off = weights_only[weights_only["feature"] == "w_fro"]
+    assert set(off["reason"]) == {"family switched off (features.families)"}
+
+
+def test_features_of_anything_else_is_one_line_saying_what_it_accepts(tmp_path):
+    import topometrics
+    from topometrics.errors import TopometricsError
+    from topometrics.series.api import ACCEPTS
+
+    things = [(object(), "got a object"), (tmp_path / "absent", "is not a folder"), (tmp_path, "no checkpoint")]
+    for thing, start in things:
+        with pytest.raises(TopometricsError) as err:
+            topometrics.features_of(thing)
+        assert start in str(err.value) and str(err.value).endswith(f"it accepts {ACCEPTS}")
+        assert "\n" not in str(err.value)
+
+
+def run_series_stage(tmp_path: Path, sources: dict) -> tuple[subprocess.CompletedProcess, dict]:
+    """``stages/series.py`` in ``tmp_path`` over ``sources`` (params.yaml's series.sources); its run and status."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["features"].update(max_points=20, rep_points=60, rep_dim=5, rep_batch=2, betti_scales=4, workers=1)
+    params["series"] = {"seq_len": SEQ_LEN, "sources": sources}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    (tmp_path / "data" / "corpus").mkdir(parents=True, exist_ok=True)
+    encode(TEXT).tofile(tmp_path / "data" / "corpus" / "val.u8")
+    cmd = [sys.executable, str(REPO / "stages" / "series.py"), "--corpus", "data/corpus", "--out", "data/series"]
+    run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    status = tmp_path / "data" / "series" / "status.json"
+    return run, json.loads(status.read_text()) if status.is_file() else {}
+
+
+def test_an_entry_that_cannot_be_stated_and_signed_step_names_are_skipped_and_the_stage_writes_its_status(
+    local_series, tmp_path
+):
+    """One entry the system refuses to stat (a link whose target name is too long: ENAMETOOLONG even for root, as
+    /proc/1/cwd is EACCES for a user), a source folder that cannot be listed, and step names that are no plain
+    non-negative integer (``checkpoint--5``, ``step_-1``): each a skip with its reason; ``checkpoint-1`` keeps step 1,
+    the good source is computed, status.json is written."""
+    root, _ = local_series
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for folder in (good, bad):
+        folder.mkdir()
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (root / name).exists():
+                shutil.copy(root / name, folder / name)
+    shutil.copytree(root / "step0", good / "step0")
+    shutil.copytree(root / "step0", bad / "checkpoint-1")
+    shutil.copytree(root / "step0", bad / "checkpoint--5")
+    shutil.copy(root / "step0" / "config.json", bad / "config.json")
+    shutil.copy(root / "step_000010" / "model.safetensors", bad / "step_-1.safetensors")
+    (bad / "unreadable").symlink_to("x" * 300)  # stat: [Errno 36] File name too long
+    (tmp_path / "nowhere").symlink_to("y" * 300)
+    sources = {"good": {"path": str(good)}, "bad": {"path": str(bad)}, "gone": {"path": str(tmp_path / "nowhere")}}
+    run, status = run_series_stage(tmp_path, sources)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    by_name = {s["name"]: s for s in status["series"]}
+    assert (by_name["good"]["computed"], by_name["good"]["skipped"]) == (1, 0)
+    checkpoints = {c["revision"]: c for c in by_name["bad"]["checkpoints"]}
+    assert (checkpoints["checkpoint-1"]["status"], checkpoints["checkpoint-1"]["step"]) == ("computed", 1)
+    assert checkpoints["unreadable"]["reason"] == (
+        f"{bad / 'unreadable'}: cannot be read (File name too long); make it readable or move it out of the series "
+        "folder"
+    )
+    for name in ("checkpoint--5", "step_-1.safetensors"):
+        assert checkpoints[name]["status"] == "skipped" and checkpoints[name]["step"] is None
+        assert checkpoints[name]["reason"] == (
+            f"{bad / name}: a step name ends in a plain non-negative integer (step_1, checkpoint-5); rename it"
+        )
+    (gone,) = by_name["gone"]["checkpoints"]
+    assert gone["status"] == "skipped" and "cannot be read (File name too long)" in gone["reason"]
+    assert "series good: 1 computed, 0 reused, 0 skipped" in run.stdout
+
+
+def test_a_tokenizer_wrong_for_its_model_costs_only_the_families_that_need_it_naming_the_file_and_the_fix(
+    local_series, tmp_path
+):
+    """tokenizer.json truncated, without its 'added_tokens', or giving ids beyond the model's embedding (another
+    model's): the checkpoint is computed, its weight families have values, and the forward-pass families are NULL
+    with a reason naming the file and the fix (the stage, its status and shards)."""
+    root, _ = local_series
+    tokenizer = json.loads((root / "tokenizer.json").read_text())
+    shifted = tokenizer | {"model": tokenizer["model"] | {"vocab": {t: i + 1000 for t, i in tokenizer["model"]["vocab"]
+                                                                     .items()}}}  # fmt: skip
+    broken = {
+        "truncated": (root / "tokenizer.json").read_text()[:2000],
+        "keys": json.dumps({k: v for k, v in tokenizer.items() if k != "added_tokens"}),
+        "beyond": json.dumps(shifted),
+    }
+    for name, text in broken.items():
+        shutil.copytree(root / "step0", tmp_path / name / "step0")
+        shutil.copy(root / "tokenizer_config.json", tmp_path / name / "tokenizer_config.json")
+        (tmp_path / name / "tokenizer.json").write_text(text)
+    shutil.copytree(root / "step0", tmp_path / "unknown" / "step0")  # and a model_type transformers does not know
+    config = json.loads((root / "step0" / "config.json").read_text()) | {"model_type": "no-such-model"}
+    (tmp_path / "unknown" / "step0" / "config.json").write_text(json.dumps(config))
+    sources = {name: {"path": str(tmp_path / name)} for name in [*broken, "unknown"]}
+    run, status = run_series_stage(tmp_path, sources)
+    assert run.returncode == 0, run.stderr
+    by_name = {s["name"]: s for s in status["series"]}
+    assert {(n, by_name[n]["computed"], by_name[n]["skipped"]) for n in broken} == {(n, 1, 0) for n in broken}
+    (unknown,) = by_name["unknown"]["checkpoints"]
+    assert unknown["status"] == "skipped" and "model_type 'no-such-model'" in unknown["reason"]
+    assert "`layers:` option" in unknown["reason"] and len(unknown["reason"]) < 400
+    assert max(len(line) for line in run.stdout.splitlines()) < 500  # not every transformers model type
+    features, _ = read_tables(tmp_path / "data" / "series")
+    for name in broken:
+        rows = features[(features["rung"] == name) & (features["layer"] == "all")].set_index("feature")
+        assert np.isfinite(rows.loc["np_norm", "value"])  # a weight family, computed from the file
+        reason = rows.loc["rep_tp0", "reason"]
+        assert pd.isna(rows.loc["rep_tp0", "value"]) and reason.startswith(str(tmp_path / name / "tokenizer.json"))
+        assert reason.endswith("give the series the tokenizer files the model was trained with") and len(reason) < 300
+    assert "is beyond the model's 300 embeddings" in features[features["rung"] == "beyond"]["reason"].dropna().iloc[0]
+
+
+def test_a_series_shape_is_its_config_and_the_tensors_its_files_hold_and_reaches_the_rungs_table(
+    local_series, tmp_path
+):
+    from safetensors import safe_open
+
+    from topometrics.analysis import warehouse
+    from topometrics.atomic import write_parquet
+
+    root, _ = local_series
+    out = tmp_path / "shards"
+    result = series_shards(
+        SeriesParams(sources={"neox": SeriesSource(path=str(root))}, seq_len=SEQ_LEN), PARAMS, TEXT, out
+    )
+    with safe_open(root / "step0" / "model.safetensors", "pt") as f:  # counted independently: every stored tensor
+        names = f.keys()  # safe_open is no mapping: it lists its tensors only through keys()
+        held = sum(int(np.prod(f.get_slice(name).get_shape())) for name in names)
+    # tiny_neox's config: hidden 32, 2 layers, 4 heads, 300 ids; GPTNeoXConfig's default context is 2048
+    expected = {"rung": "neox", "kind": "series", "n_params": held, "hidden": 32, "layers": 2, "heads": 4,
+                "vocab_size": 300, "context": 2048}  # fmt: skip
+    assert result.shapes.to_dict("records") == [expected]
+    assert all("shape" not in c for c in result.status["series"][0]["checkpoints"])  # the rungs table's, not status
+    write_parquet(out / "rungs.parquet", result.shapes)
+    (tmp_path / "config").mkdir()
+    inputs = warehouse.discover_inputs(tmp_path / "config", tmp_path / "runs", None, [out])
+    settings = parse_params(yaml.safe_load((REPO / "params.yaml").read_text())).analysis.settings()
+    target = warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, settings, {})
+    import duckdb
+
+    with duckdb.connect(str(target), read_only=True) as con:
+        row = con.execute("SELECT * FROM rungs").df().to_dict("records")
+    assert row == [expected]
+
+
+def test_a_series_without_a_config_has_its_tensor_count_and_a_null_shape(local_series, tmp_path):
+    root, _ = local_series
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    shutil.copy(root / "step0" / "model.safetensors", folder / "step_0.safetensors")
+    layers = {part: rf"gpt_neox\.layers\.(\d+)\.{module}\.weight" for part, module in MAPPING}
+    source = SeriesSource(path=str(folder), layers=layers)
+    result = series_shards(SeriesParams(sources={"plain": source}, seq_len=SEQ_LEN), PARAMS, TEXT, tmp_path / "s")
+    (row,) = result.shapes.to_dict("records")
+    assert row["n_params"] > 0 and all(pd.isna(row[c]) for c in ("hidden", "layers", "heads", "vocab_size", "context"))

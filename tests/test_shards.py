@@ -1,6 +1,7 @@
 """Parquet shards: layout, fingerprints in the metadata, atomic writes, resume after a real kill,
 and reading a folder of mixed feature params with DuckDB."""
 
+import hashlib
 import json
 import os
 import signal
@@ -18,6 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from topometrics.execution.shards import (
+    CONTENT_KEY,
+    INFO_KEY,
     META_KEY,
     Fingerprint,
     ShardError,
@@ -32,6 +35,7 @@ from topometrics.execution.shards import (
     remove_temporaries,
     scan,
     stored_fingerprint,
+    stored_info,
     write_shard,
 )
 from topometrics.params import FeaturesParams
@@ -193,6 +197,47 @@ def test_a_shard_whose_data_pages_changed_is_named_and_recomputed_identically(tm
     assert run.damaged[ShardKey("tiny", "base", 1, 100)].startswith("features.parquet: content changed after it")
     assert run.damage_note().startswith("; 1 damaged shards recomputed (step 100: features.parquet: content changed")
     assert path.read_bytes() == good and content_problem(path) is None
+
+
+def with_info(job):
+    """A job whose shard keeps facts in its footer's info, as the series' weights hash and the trajectory's
+    iterate are kept."""
+    return double(job) | {"info": {"weights_sha256": f"{job:064x}", "iterate": [0.25, float(job)]}}
+
+
+@pytest.mark.parametrize("changed", ["iterate", "weights_sha256"])
+def test_a_shard_whose_footer_info_changed_is_named_and_recomputed_identically(tmp_path, changed):
+    """The content hash covered the data pages only: an iterate or weights hash edited in the footer was read as
+    the shard's (the trajectory's distances, the series' duplicate check)."""
+    compute_shards(tmp_path, tasks_for([0, 100]), with_info, in_process, ("features",))
+    path = ShardKey("tiny", "base", 1, 100).folder(tmp_path) / "features.parquet"
+    good = path.read_bytes()
+    table = pq.read_table(path)
+    info = json.loads(table.schema.metadata[INFO_KEY.encode()])
+    info[changed] = [0.25, 101.0] if changed == "iterate" else "0" * 64
+    edited = table.schema.metadata | {INFO_KEY.encode(): json.dumps(info, sort_keys=True).encode()}
+    pq.write_table(table.replace_schema_metadata(edited), path)  # the same pages, another info
+    assert stored_info(path) == info and stored_fingerprint(path) == tasks_for([100])[0].fingerprint
+    assert content_problem(path).startswith("features.parquet: content changed after it was written (sha256 ")
+    run = compute_shards(tmp_path, tasks_for([0, 100]), with_info, in_process, ("features",))
+    assert [k.step for k in run.computed] == [100] and [k.step for k in run.reused] == [0]
+    assert run.damaged[ShardKey("tiny", "base", 1, 100)].startswith("features.parquet: content changed after it")
+    assert path.read_bytes() == good and content_problem(path) is None
+
+
+def test_a_shard_whose_content_hash_covers_its_pages_only_is_recomputed_saying_why(tmp_path):
+    """As shards were written before the hash covered the footer's fingerprint and info."""
+    (task,) = tasks_for([0])
+    compute_shards(tmp_path, [task], with_info, in_process, ("features",))
+    path = task.key.folder(tmp_path) / "features.parquet"
+    good = path.read_bytes()
+    table = pq.read_table(path)
+    pages = hashlib.sha256(good[: len(good) - 8 - int.from_bytes(good[-8:-4], "little")]).hexdigest()
+    pq.write_table(table.replace_schema_metadata(table.schema.metadata | {CONTENT_KEY.encode(): pages.encode()}), path)
+    why = "features.parquet: its content hash covers its data pages only (written before it covered the info)"
+    assert content_problem(path) == why
+    run = compute_shards(tmp_path, [task], with_info, in_process, ("features",))
+    assert run.damaged == {task.key: why} and path.read_bytes() == good
 
 
 def test_a_shard_written_without_a_content_hash_is_recomputed_not_trusted(tmp_path):

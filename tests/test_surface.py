@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from topometrics.landscape.slice import functional_loss, random_direction
+from topometrics.landscape.slice import functional_loss, loss_grid, random_direction
 from topometrics.landscape.sublevel import SUMMARY_KEYS
 from topometrics.landscape.surface import (
     CURVATURE_KEYS,
@@ -77,7 +77,8 @@ def test_the_curvature_of_a_quadratic_is_its_matrix_and_the_top_ratio_follows():
     loss = lambda p: 0.5 * p["w"] @ torch.as_tensor(h) @ p["w"]  # noqa: E731
     params = {"w": torch.zeros(5, dtype=torch.float64)}
     _, curvature = surface_values(loss, params, SurfaceSettings(grid=5, radius=1.0, top=3, probes=2, iters=10, seed=3))
-    assert [curvature.values[k] for k in CURVATURE_KEYS] == pytest.approx([5.0, 3.0, 2.0, 11.5, 5.0 / 11.5])
+    # 5 parameters, under hessian_exact_max: the trace is exact and its standard error 0
+    assert [curvature.values[k] for k in CURVATURE_KEYS] == pytest.approx([5.0, 3.0, 2.0, 11.5, 5.0 / 11.5, 0.0])
 
 
 def test_a_non_finite_loss_on_the_slice_is_null_with_the_reason_and_the_curvature_stays():
@@ -91,6 +92,7 @@ def test_a_non_finite_loss_on_the_slice_is_null_with_the_reason_and_the_curvatur
     assert np.isnan(landscape.values["rand_minima"])
     assert landscape.reasons["rand_minima"].startswith("non-finite loss at ")
     assert "of 49 slice points" in landscape.reasons["rand_range"]
+    assert landscape.reasons["rand_curv"] == landscape.reasons["rand_range"]  # a NULL slice has no curvature
     assert not curvature.reasons and np.isfinite(curvature.values["eig1"])
 
 
@@ -100,7 +102,7 @@ def test_an_unconverged_lanczos_run_nulls_its_eigenvalues_and_the_hess_slice():
     assert curvature.reasons["eig1"] == "Lanczos did not converge in 3 steps (features.hessian_iters)"
     assert curvature.reasons["eig1_over_trace"] == curvature.reasons["eig1"]
     assert "trace" not in curvature.reasons  # Hutchinson has no convergence test: its value stands
-    assert set(landscape.reasons) == {f"hess_{k}" for k in SUMMARY_KEYS}
+    assert set(landscape.reasons) == {f"hess_{k}" for k in (*SUMMARY_KEYS, "curv")}  # the slice's curvature too
     assert all(np.isnan(landscape.values[f"hess_{k}"]) for k in SUMMARY_KEYS)
     assert all(np.isfinite(landscape.values[f"rand_{k}"]) for k in SUMMARY_KEYS)
 
@@ -143,3 +145,57 @@ def test_the_grid_in_one_vmapped_pass_gives_the_plain_loops_summaries():
     batched, _ = slice_values(loss, params, d, SETTINGS._replace(chunk=grid_chunk(params, SETTINGS.grid)))
     looped, _ = slice_values(loss, params, d, SETTINGS)  # 0: a plain loop on CPU
     assert batched == pytest.approx(looped, rel=1e-12, abs=1e-12)
+
+
+def test_the_global_range_is_the_radius_one_slices_range_on_the_coarse_grid_and_at_most_the_fine_ones():
+    loss, params = mlp_loss()
+    landscape, _ = surface_values(loss, params, SETTINGS)
+    gen = torch.Generator().manual_seed(SETTINGS.seed)  # the rand slice's directions, drawn as surface_values draws
+    rand = (random_direction(params, gen), random_direction(params, gen))
+    coarse, _ = slice_values(loss, params, rand, SETTINGS._replace(radius=1.0, grid=5))
+    fine, _ = slice_values(loss, params, rand, SETTINGS._replace(radius=1.0, grid=13))  # 5 points are among its 13
+    assert landscape.values["rand_range_global"] == coarse["range"]
+    assert landscape.values["rand_range"] < coarse["range"] <= fine["range"]  # radius 0.5 < 1 on this network
+
+
+def dense_hessian(loss, params):
+    """The ``(dim, dim)`` Hessian of ``loss`` over ``params`` flattened in their order (torch.autograd)."""
+    names, shapes, sizes = list(params), [p.shape for p in params.values()], [p.numel() for p in params.values()]
+
+    def flat_loss(w):
+        return loss({n: part.reshape(s) for n, part, s in zip(names, torch.split(w, sizes), shapes, strict=True)})
+
+    return torch.autograd.functional.hessian(flat_loss, torch.cat([p.reshape(-1) for p in params.values()])).numpy()
+
+
+def test_the_slice_curvature_is_the_dense_hessians_and_the_slices_second_difference_at_the_centre():
+    loss, params = mlp_loss()
+    landscape, curvature = surface_values(loss, params, SETTINGS)
+    dense = dense_hessian(loss, params)
+    assert curvature.values["trace"] == pytest.approx(np.trace(dense), rel=1e-6) and curvature.values["trace_se"] == 0
+    gen = torch.Generator().manual_seed(SETTINGS.seed)
+    rand = (random_direction(params, gen), random_direction(params, gen))
+    flat = [torch.cat([t.reshape(-1) for t in d.values()]).numpy() for d in rand]
+    assert landscape.values["rand_curv"] == pytest.approx(np.mean([d @ dense @ d for d in flat]), rel=1e-6)
+    h = 1e-3  # a 3 x 3 slice of half-width h: second differences along each axis, error O(h^2)
+    grid = loss_grid(loss, params, *rand, h, 3)
+    second = [(grid[2, 1] - 2 * grid[1, 1] + grid[0, 1]) / h**2, (grid[1, 2] - 2 * grid[1, 1] + grid[1, 0]) / h**2]
+    assert landscape.values["rand_curv"] == pytest.approx(np.mean(second), rel=1e-4)
+    eig = np.linalg.eigvalsh(dense)[::-1]
+    assert curvature.values["eig1"] == pytest.approx(eig[0], rel=LANCZOS_TOL)
+    assert np.isfinite(landscape.values["hess_curv"]) and not landscape.reasons
+
+
+def test_the_slice_curvature_is_null_with_the_hess_slices_reason_when_lanczos_did_not_converge():
+    landscape, _ = surface_values(*mlp_loss(), SETTINGS._replace(iters=3))
+    assert np.isnan(landscape.values["hess_curv"]) and landscape.reasons["hess_curv"] == landscape.reasons["hess_range"]
+    assert np.isfinite(landscape.values["rand_curv"])
+
+
+def test_above_exact_max_the_trace_is_estimated_within_its_standard_error_of_the_dense_trace():
+    loss, params = mlp_loss()
+    exact = np.trace(dense_hessian(loss, params))
+    _, curvature = surface_values(loss, params, SETTINGS._replace(exact_max=30))  # dim 31: estimated
+    se = curvature.values["trace_se"]
+    assert 0 < se <= SETTINGS.trace_rse * abs(curvature.values["trace"])
+    assert abs(curvature.values["trace"] - exact) < 4 * se

@@ -5,6 +5,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from topometrics.params import FeaturesParams, ParamsError
 from topometrics.training.corpus import CorpusError, offline_text
 from topometrics.training.monitor_log import read_log
 from topometrics.training.run_dir import resume_info, truncate_steps_log
+from topometrics.training.run_queue import is_complete
 from topometrics.training.train import (
     Recipe,
     RunConfig,
@@ -284,6 +286,35 @@ def test_a_damaged_checkpoint_of_a_finished_run_is_recomputed_identically(tmp_pa
              "sidecar": "step_000010.json: not valid JSON",
              "flip": "step_000010.safetensors: content changed after it was written (sha256 "}[damage]  # fmt: skip
     assert any(named in line and "recomputing from step 0" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("copied", ["another run's, over its own", "another run's, past its last step",
+                                    "its own, of another recipe"])  # fmt: skip
+def test_a_checkpoint_copied_in_from_another_run_is_named_not_complete_and_recomputed_identically(tmp_path, copied):
+    """`cp small-42/step_000040.* tiny-42/`: whole and matching its own sidecar's hash, the copy was accepted
+    as the run's checkpoint; its sidecar's run, recipe and step must be the run directory's."""
+    torch.set_num_threads(1)
+    run, other = tmp_path / "t-7", tmp_path / "other"
+    train_run(config(steps=30), TRAIN, VAL, run, "sha", "cpu", quiet)
+    write_checkpoint_table(run, run / "checkpoints.csv")  # as the queue marks a run complete
+    assert is_complete(config(steps=30), run, "sha")
+    good = {p.name: p.read_bytes() for p in run.glob("step_*")}
+    source, step, named = {
+        "another run's, over its own": (config(steps=30, seed=8), 10, "a checkpoint of run t-8, not of this run t-7"),
+        "another run's, past its last step": (config(seed=8), 40, "a checkpoint of run t-8, not of this run t-7"),
+        "its own, of another recipe": (config(steps=30, lr=1e-3), 10, "a checkpoint of run t-7 made with another "),
+    }[copied]
+    train_run(source, TRAIN, VAL, other, "sha", "cpu", quiet)
+    for suffix in (".safetensors", ".json"):
+        shutil.copy(other / f"step_{step:06d}{suffix}", run)
+    assert not is_complete(config(steps=30), run, "sha")
+    lines = []
+    summary = train_run(config(steps=30), TRAIN, VAL, run, "sha", "cpu", lines.append)
+    assert summary["status"] == "complete" and summary["checkpoints"] == 4
+    assert {p.name: p.read_bytes() for p in run.glob("step_*")} == good  # the copy gone, its step recomputed
+    line = next(line for line in lines if "recomputing from step 0" in line)
+    assert f"step_{step:06d}.json: {named}" in line and "; delete it (the train stage recomputes" in line, line
+    assert is_complete(config(steps=30), run, "sha")
 
 
 def test_sidecars_record_the_weights_sha256_and_one_written_before_hashes_is_recorded_not_retrained(tmp_path):

@@ -97,13 +97,18 @@ def test_the_verdict_families_declared_in_the_vocabulary_in_report_order():
     assert verdict.family_columns()["changepoints"] == ("cp_count", "cp_first")
     assert verdict.family_columns()["trajectory"] == ("traj_phdim_level", "traj_phdim_rate") + (
         "traj_ckpt_phdim_level", "traj_ckpt_phdim_rate")  # fmt: skip
-    topological = [f for f in verdict_families() if f not in ("heavy_tail", "curvature")]
-    # the geometric family (curvature) is a context row and, with the norm, every topological family's second baseline
+    # a loss slice's range and basin share are geometric, its bars topological: the landscape family is mixed
+    topological = [f for f in verdict_families() if f not in ("heavy_tail", "landscape", "curvature")]
+    # the recipe baseline (loss curve + norm + recipe) is every topology row's; + curvature its second; the old
+    # norm baselines stay as context rows, and so do the recipe over the norm and the other families
     assert [(c["family"], c["baseline"]) for c in verdict.comparisons()] == [
-        ("weight_norm", "loss"), ("heavy_tail", "norm"), ("curvature", "norm"),
-        *((f, "norm") for f in topological), *((f, "norm+curvature") for f in topological), ("everything", "norm"),
+        ("weight_norm", "loss"), ("recipe", "norm"), ("heavy_tail", "recipe"), ("landscape", "recipe"),
+        ("curvature", "recipe"), *((f, "recipe") for f in topological), *((f, "recipe+curvature") for f in topological),
+        *((f, "norm") for f in topological), *((f, "norm+curvature") for f in topological), ("everything", "recipe"),
     ]  # fmt: skip
-    assert {c["role"] for c in verdict.comparisons() if c["family"] in topological} == {"topology"}
+    roles = {(c["family"], c["baseline"]): c["role"] for c in verdict.comparisons() if c["family"] in topological}
+    assert {r for (f, b), r in roles.items() if b.startswith("recipe")} == {"topology"}
+    assert {r for (f, b), r in roles.items() if b.startswith("norm")} == {"context"}
 
 
 FAMILIES = {"scale_free": ("vr_unit_tp0",), "weights_vr": ("vr_tp0", "vr_tp1"), "heavy_tail": ("w_alpha", "rep_alpha")}
@@ -158,7 +163,7 @@ def test_view_numbers_equal_a_direct_numpy_scipy_computation(topology_case):
     view = con.execute("SELECT * FROM topology_verdict").df()
     for r in view.itertuples():
         e = errors[(errors.cv == r.cv) & (errors.fraction == r.fraction) & (errors.comparison == r.comparison)]
-        e = e[e.family == r.family]
+        e = e[(e.family == r.family) & (e.level == r.level)]
         if r.verdict.startswith("skipped"):
             continue
         d = e["error_with"].to_numpy() - e["error_without"].to_numpy()
@@ -171,8 +176,9 @@ def test_view_numbers_equal_a_direct_numpy_scipy_computation(topology_case):
         assert (r.ci_low, r.ci_high) == pytest.approx((d.mean() - half, d.mean() + half), abs=1e-12)
         assert r.bound_share == pytest.approx(-(d.mean() - half) / e["error_without"].mean(), rel=1e-9)
         assert r.mae_without_sd == pytest.approx(r.mae_without / r.seed_sd, rel=1e-12)
-        actual, y_hat = e["actual"].to_numpy(), e["predicted_with"].to_numpy()
-        pairs = [(i, j) for i in range(len(e)) for j in range(i + 1, len(e))]
+        actual, y_hat, within = e["actual"].to_numpy(), e["predicted_with"].to_numpy(), r.level == "within"
+        # between: pairs of different cells (which recipe/size ends better); within: pairs of one cell
+        pairs = [(i, j) for i in range(len(e)) for j in range(i + 1, len(e)) if (cells[i] == cells[j]) == within]
         right = np.mean([np.sign(y_hat[i] - y_hat[j]) == np.sign(actual[i] - actual[j]) for i, j in pairs])
         assert r.decision_with == pytest.approx(right, abs=1e-12)
 
@@ -208,7 +214,7 @@ def test_the_not_enough_runs_rule_counts_usable_cells():
     runs = synthetic_runs("topology")
     one_recipe = runs[runs.variant == "x"]  # 12 runs, 3 cells, one per rung: no cell permutation exists
     table, _ = verdict.incremental_validity(one_recipe, AnalysisParams(permutations=9), FAMILIES)
-    tested = table[(table.cv == "seed") & (table.status == "ok")]
+    tested = table[(table.cv == "seed") & (table.status == "ok") & (table.level == "between")]
     assert (tested.min_p == 1.0).all() and tested.verdict.str.startswith("not enough runs (n=12, 3 cells)").all()
     # a cell whose runs lack the family's values does not count: 2 usable cells in rung a -> 2! = 2 permutations
     rungs, cells = np.array(["a"] * 6 + ["b"] * 3), np.array([0, 0, 1, 1, 2, 2, 3, 3, 3])
@@ -271,14 +277,18 @@ def test_a_geometric_family_becomes_a_second_baseline_for_every_topological_fami
     with pytest.MonkeyPatch.context() as patch:  # w_fro stands in for a declared geometric feature
         patch.setattr(verdict, "kind", lambda f: "geometric" if f == "w_fro" else "topological")
         plan = verdict.comparisons(families)
-        assert list(verdict.baselines(families)) == ["norm", "norm+norms"]
+        assert list(verdict.baselines(families)) == ["recipe", "recipe+norms", "norm", "norm+norms"]
     got = [(c["family"], c["baseline"], c["role"]) for c in plan]
     assert got == [
-        ("weight_norm", "loss", "context"), ("norms", "norm", "context"), ("weights_vr", "norm", "topology"),
-        ("scale_free", "norm", "topology"), ("weights_vr", "norm+norms", "topology"),
-        ("scale_free", "norm+norms", "topology"), ("everything", "norm", "context"),
+        ("weight_norm", "loss", "context"), ("recipe", "norm", "context"), ("norms", "recipe", "context"),
+        ("weights_vr", "recipe", "topology"), ("scale_free", "recipe", "topology"),
+        ("weights_vr", "recipe+norms", "topology"), ("scale_free", "recipe+norms", "topology"),
+        ("weights_vr", "norm", "context"), ("scale_free", "norm", "context"),
+        ("weights_vr", "norm+norms", "context"), ("scale_free", "norm+norms", "context"),
+        ("everything", "recipe", "context"),
     ]  # fmt: skip
-    assert plan[4]["base"] == (*verdict.LOSS_INPUTS, *verdict.NORM_INPUTS, "w_fro_level", "w_fro_rate")
+    recipe = (*verdict.LOSS_INPUTS, *verdict.NORM_INPUTS, *verdict.RECIPE_INPUTS)
+    assert plan[5]["base"] == (*recipe, "w_fro_level", "w_fro_rate")
 
 
 def test_a_baseline_whose_geometric_family_has_no_values_is_skipped_not_run_as_the_norm_baseline():

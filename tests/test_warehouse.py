@@ -615,3 +615,16 @@ def test_a_checkpoint_tables_bits_per_byte_reaches_the_warehouse_and_older_table
     tiny, small = rows[rows["rung"] == "tiny"], rows[rows["rung"] == "small"]
     assert np.allclose(tiny["val_bpb"], tiny["val_loss"] * 0.9) and small["val_bpb"].isna().all()
     assert unit == "nats"
+
+
+def test_a_runs_throughput_is_its_summarys_and_null_without_one_and_a_broken_summary_names_the_file(tmp_path):
+    inputs = write_inputs(tmp_path, rungs={"tiny": 2936, "small": 7408})
+    (tmp_path / "runs" / "tiny-42" / "summary.json").write_text(json.dumps({"tokens_per_s": 1234.5, "device": "cpu"}))
+    (tmp_path / "runs" / "small-42" / "summary.json").write_text(json.dumps({"tokens_per_s": None}))
+    target = warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, AnalysisParams().settings(), {})
+    with warehouse.connect_read_only(target) as con:
+        rows = con.execute("SELECT rung, tokens_per_s FROM runs ORDER BY rung").fetchall()
+    assert rows == [("small", None), ("tiny", 1234.5)]
+    (tmp_path / "runs" / "tiny-42" / "summary.json").write_text("[1, 2")
+    with pytest.raises(WarehouseError, match=r"runs/tiny-42/summary\.json is not a JSON object .*re-run its train"):
+        warehouse.build_warehouse(tmp_path / "w2.duckdb", inputs, AnalysisParams().settings(), {})

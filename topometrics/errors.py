@@ -50,10 +50,16 @@ def stage_parser(doc: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+MAX_LINE = 300  # characters of a one-line error; a longer message (a value echoed whole) keeps its head and tail
+
+
 def one_line(err: BaseException) -> str:
-    """``error: <message>`` on one line (a multi-line message is joined with ' | ')."""
-    text = " | ".join(line.strip() for line in str(err).splitlines() if line.strip())
-    return f"error: {text or type(err).__name__}"
+    """``error: <message>`` on one line (a multi-line message is joined with ' | '), at most about
+    :data:`MAX_LINE` characters: the head (what is wrong, which key or file) and the tail (the fix) are kept."""
+    text = " | ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+    if len(text) > MAX_LINE:
+        text = f"{text[:180]} [... {len(text) - 260:,} characters ...] {text[-80:]}"
+    return f"error: {text}"
 
 
 def run_stage(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None = None) -> None:

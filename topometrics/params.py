@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
-from math import prod
 from pathlib import Path
 
 import yaml
 
-from topometrics.params_schema import ParamsError, at_least, build, non_negative, positive, reject_unknown, within
+from topometrics import params_schema as schema
+from topometrics.params_schema import (
+    ParamsError,
+    at_least,
+    build,
+    check_primary_shape,
+    non_negative,
+    positive,
+    reject_unknown,
+    within,
+)
 from topometrics.params_sources import (
     ComputeParams,
     SeriesParams,
@@ -91,10 +100,7 @@ class TrainParams:
         positive(self, "train", SHAPE_KEYS)
         non_negative(self, "train", ("threads", "workers", "monitor_every", "sketch_every"))
         positive(self, "train", ("sketch_dim",))
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
-            raise ParamsError(
-                f"train.seeds must be a non-empty list of distinct integers >= 0, got {list(self.seeds)}; e.g. [42, 43]"
-            )
+        schema.check_seeds("train.seeds", self.seeds)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ParamsError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
         if self.device == "cuda" and not _cuda_available():
@@ -147,7 +153,7 @@ class Variant:
 
 
 STRICTLY_POSITIVE_FEATURES = """max_points rep_points rep_dim rep_batch betti_scales workers null_draws unit_points
-    landscape_radius landscape_batch landscape_every hessian_probes grad_dim phdim_window phdim_alpha"""
+    landscape_radius landscape_batch landscape_every hessian_trace_rse grad_dim phdim_window phdim_alpha"""
 
 
 @dataclass(frozen=True)
@@ -164,11 +170,14 @@ class FeaturesParams:
     unit_points: int = 64  # unit rows per layer for vr_unit_* (farthest-point subsample)
     families: tuple[str, ...] = FEATURE_FAMILIES  # those computed; the others are NULL with a reason
     landscape_grid: int = 13  # loss-slice points per axis (odd: the weights at the centre)
-    landscape_radius: float = 1.0  # slice half-width, in units of the filter-normalised directions
+    landscape_radius: float = 0.1  # slice half-width, in units of the filter-normalised directions (local)
     landscape_batch: int = 4  # validation windows of the fixed loss-surface batch (landscape and curvature)
     landscape_every: int = 5  # every k-th checkpoint of a run (the first included) gets landscape and curvature
     hessian_top: int = 3  # Hessian eigenvalues kept (hess_eig1..3); Lanczos finds at least 2 (the hess directions)
-    hessian_probes: int = 8  # Rademacher probes of the Hutchinson trace
+    hessian_probes: int = 8  # the least Rademacher probes of a Hutchinson trace (at least 2: a standard error)
+    hessian_probes_max: int = 400  # the most; probes are added until the standard error is hessian_trace_rse
+    hessian_trace_rse: float = 0.05  # target standard error of an estimated trace, as a share of it
+    hessian_exact_max: int = 10_000  # models with at most this many parameters get the exact trace
     hessian_iters: int = 20  # most Lanczos steps (Hessian products); it stops once the kept eigenvalues converge
     grad_batch: int = 16  # validation windows whose per-example gradients form the gradient clouds
     grad_dim: int = 64  # JL projection dimension of the whole network's gradient cloud
@@ -185,7 +194,8 @@ class FeaturesParams:
             raise ParamsError(f"features.phdim_sizes needs 3 distinct sizes >= 8, got {list(self.phdim_sizes)}")
         at_least(self, "features", ("landscape_grid",), 3, "a local minimum needs neighbours on both sides")
         at_least(self, "features", ("hessian_iters",), 3, "Lanczos needs more steps than the eigenvalues it keeps")
-        non_negative(self, "features", ("seed", "significance"))
+        within(self, "features", "hessian_probes", 2, self.hessian_probes_max, "a standard error needs 2 probes")
+        non_negative(self, "features", ("seed", "significance", "hessian_exact_max"))
         within(self, "features", "significance", 0.0, 1.0, "a share of the longest bar's persistence")
         loop = "fewer points cannot form a loop, so every H1 feature would be 0 whatever the weights"
         at_least(self, "features", ("max_points", "rep_points", "unit_points", "grad_batch"), MIN_CLOUD_POINTS, loop)
@@ -194,13 +204,16 @@ class FeaturesParams:
 
 @dataclass(frozen=True)
 class PrimaryParams:
-    """analysis.primary: the one pre-registered test (family or <= 3 of its features, fraction, scheme, baseline)."""
+    """analysis.primary: the one pre-registered test (family or <= 3 of its features, fraction, scheme, level,
+    baseline)."""
 
     family: str = ""
     fraction: float = 0.0
     cv: str = ""
     features: tuple[str, ...] = ()  # empty: the whole family (which must have <= 3 features)
-    baseline: str = "norm"  # 'norm' (loss curve + weight norm) or 'norm+<geometric verdict family>'
+    # 'recipe' (loss curve + weight norm + recipe), 'norm' (loss curve + weight norm), either + '+<geometric family>'
+    baseline: str = "recipe"
+    level: str = "between"  # between (which recipe/size ends better) | within (which seed of a cell ends better)
     power: float | None = None  # `bench power`'s share of 'adds' at s = 0.3 for the sweep's layout, recorded with it
     needed_runs: int | None = None  # below 80 % power: the runs `bench power --need 0.8` says would reach it
 
@@ -275,9 +288,7 @@ class Params:
 
     def runs(self) -> list[tuple[str, str, int]]:
         """Every training run params.yaml declares, as (rung, variant, seed): ladder x variants x seeds.
-
-        The base variant (``train``'s own recipe) comes first, then ``variants`` in file order.
-        """
+        The base variant (``train``'s own recipe) comes first, then ``variants`` in file order."""
         variants = [BASE_VARIANT, *self.variants]
         return [(rung, v, seed) for v in variants for rung in self.ladder for seed in self.train.seeds]
 
@@ -310,11 +321,9 @@ class Params:
 
 
 def run_name(rung: str, seed: int, variant: str = BASE_VARIANT) -> str:
-    """Name of one training run (data/runs/<name>, data/config/<name>.json, features@<name>).
-
+    """Name of one training run (data/runs/<name>, data/config/<name>.json, features@<name>):
     ``<rung>-<seed>`` for the base variant, as DVC's matrix over ladder x train.seeds keys it;
-    ``<rung>-<variant>-<seed>`` for the others (the key of the matrix over ladder x variants x seeds).
-    """
+    ``<rung>-<variant>-<seed>`` for the others (the key of the matrix over ladder x variants x seeds)."""
     return f"{rung}-{seed}" if variant == BASE_VARIANT else f"{rung}-{variant}-{seed}"
 
 
@@ -341,8 +350,7 @@ def parse_params(raw: dict) -> Params:
         raise ParamsError("ladder must map rung names to shape overrides, e.g. tiny: {hidden: 8}")
     ladder = {}
     for rung, shape in ladder_raw.items():
-        if not isinstance(rung, str) or not rung.replace("_", "").replace("-", "").isalnum():
-            raise ParamsError(f"ladder.{rung}: rung names must be letters, digits, '-' or '_'")
+        schema.check_name("ladder", rung, "-_", "tiny")
         ladder[rung] = build(RungShape, shape or {}, f"ladder.{rung}")
         positive(ladder[rung], f"ladder.{rung}", SHAPE_KEYS)
     data = raw.get("data") or {}
@@ -369,10 +377,7 @@ def parse_params(raw: dict) -> Params:
             f"use one of {[BASE_VARIANT, *params.variants]}"
         )
     _check_primary(params)
-    names = params.run_names()
-    if len(set(names)) != len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
-        raise ParamsError(f"runs {twice} are declared twice (a rung name with '-' meets a variant); rename one")
+    schema.check_run_names(params.run_names(), list(ladder), list(params.series.sources))
     return params
 
 
@@ -387,22 +392,9 @@ def _parse_analysis(raw: object) -> AnalysisParams:
 def _check_primary(params: Params) -> None:
     """The primary endpoint's shape against the declared runs (its names against the vocabulary are
     topometrics.verdict.verdict.check_primary's: training must not depend on it)."""
-    p = params.analysis.primary
-    if p is None:
-        return
-    groups = {"seed": len(params.train.seeds), "variant": 1 + len(params.variants), "rung": len(params.ladder)}
-    problems = [
-        (not p.family or len(p.features) > 3, f"declare a family and at most 3 features, got {p.family!r}"),
-        (p.fraction not in params.analysis.fractions, f"fraction {p.fraction} is not in analysis.fractions"),
-        (groups.get(p.cv, 0) < 3, f"cv {p.cv!r} needs >= 3 groups among the declared runs ({groups})"),
-        (p.baseline.split("+")[0] != "norm", f"baseline {p.baseline!r}: 'norm' or 'norm+<family>'"),
-        (p.power is not None and not 0 < p.power <= 1, f"power {p.power} is not a share in (0, 1]"),
-        (p.needed_runs is not None and (p.power is None or p.power >= 0.8 or p.needed_runs <= prod(groups.values())),
-         f"needed_runs {p.needed_runs} goes with a power below 0.8 and more than the {prod(groups.values())} runs"),
-    ]  # fmt: skip
-    for bad, why in problems:
-        if bad:
-            raise ParamsError(f"analysis.primary: {why}; fix it in params.yaml before the sweep")
+    if params.analysis.primary is not None:
+        groups = {"seed": len(params.train.seeds), "variant": 1 + len(params.variants), "rung": len(params.ladder)}
+        check_primary_shape(params.analysis.primary, groups, params.analysis.fractions, params.analysis.alpha)
 
 
 def _parse_variants(raw: object) -> dict[str, Variant]:
@@ -413,8 +405,7 @@ def _parse_variants(raw: object) -> dict[str, Variant]:
         )
     variants = {}
     for name, overrides in raw.items():
-        if not isinstance(name, str) or not name or not name.replace("_", "").isalnum():
-            raise ParamsError(f"variants: the name {name!r} must be non-empty letters, digits or '_', e.g. lr_hi")
+        schema.check_name("variants", name, "_", "lr_hi")
         if name == BASE_VARIANT:
             raise ParamsError(
                 f"variants.{BASE_VARIANT}: '{BASE_VARIANT}' is the recipe in train itself; "

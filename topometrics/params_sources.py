@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from topometrics.params_schema import ParamsError, build, non_negative, positive, within
+from topometrics.params_schema import ParamsError, build, check_name, check_seeds, non_negative, positive, within
 
 TOKENIZER_KINDS = ("char", "bpe")  # data.tokenizer: the 128-symbol characters, or a byte-level BPE
 PYTHIA_REVISIONS = ("step0", "step1000", "step5000", "step10000", "step50000", "step100000", "step143000")
@@ -41,6 +41,7 @@ class SeriesSource:
         if self.log is not None and self.layers is not None:
             raise ParamsError(f"{prefix}.layers does not apply to a monitor log (its layers are named already)")
         non_negative(self, prefix, ("seed",))
+        check_seeds(f"{prefix}.seed", (self.seed,))
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,7 @@ def parse_series(raw: object) -> SeriesParams:
         raise ParamsError("series.sources must map series names to {model, revisions} or {path}")
     sources = {}
     for name, source in sources_raw.items():
-        if not isinstance(name, str) or not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
-            raise ParamsError(f"series.sources.{name}: series names must be letters, digits, '-', '_' or '.'")
+        check_name("series.sources", name, "-_.", "pythia-14m")
         sources[name] = build(SeriesSource, source or {}, f"series.sources.{name}")
     return dataclasses.replace(params, sources=sources)
 

@@ -15,9 +15,10 @@ row only). Aggregations:
 ``norm``      the 2-norm over layers, ``sqrt(sum v^2)`` (a global Frobenius norm)
 ``mean_finite`` the mean over the layers with a value (NULL when no layer has one)
 
-``kind`` is what the analysis compares: ``topological`` features against ``spectral`` ones
-(Steiger's test); ``geometric`` features (the loss surface's curvature) are a baseline the verdict adds to
-the loss curve and the weight norm, never a topological row; ``other`` features are not compared.
+``kind`` is what the analysis compares: ``topological`` features (persistence, saddles, Betti-type counts)
+against ``spectral`` ones (Steiger's test); ``geometric`` features (the loss surface's curvature, a loss
+slice's range and basin share) are a baseline the verdict adds to the loss curve, weight norm and recipe,
+never a topological row; ``other`` features are not compared. A family mixing kinds is a context row.
 
 ``input`` is what a feature is computed from, and so which features are NULL together when that
 input is unusable (:func:`computed_from`): ``weights`` (the linear layers), ``forward`` (the fixed
@@ -125,6 +126,9 @@ _SLICE_SUMMARY = (  # topometrics.landscape.sublevel.SUMMARY_KEYS, in order
     ("centre_basin", "share of the grid whose steepest descent ends where the centre's does"),
     ("range", "max - min loss (nats)"),
 )
+# A slice's range and basin share measure its shape (geometry); only its bars, minima and merges (persistence,
+# saddles, Betti-0-type counts) are topological.
+_SLICE_GEOMETRIC = frozenset({"range", "centre_basin"})
 
 # Every feature, family by family in the order the features tables list them.
 FEATURES = (
@@ -217,9 +221,36 @@ FEATURES = (
         in_verdict=False,
     ),
     *(
-        Feature(f"ls_{pair}_{key}", LANDSCAPE, MODEL, f"{text} of the loss slice along the {where} (docs/features.md)")
+        Feature(
+            f"ls_{pair}_{key}",
+            LANDSCAPE,
+            MODEL,
+            f"{text} of the loss slice along the {where} (docs/features.md)",
+            kind="geometric" if key in _SLICE_GEOMETRIC else None,
+        )
         for pair, where in (("rand", "random filter-normalised directions"), ("hess", "top-2 Hessian eigenvectors"))
         for key, text in _SLICE_SUMMARY
+    ),
+    Feature(
+        "ls_rand_range_global",
+        LANDSCAPE,
+        MODEL,
+        "max - min loss (nats) of the random directions' slice at radius 1 on a 5 x 5 grid: mostly the loss of a "
+        "destroyed network, not local sharpness",
+        kind="geometric",
+        in_verdict=False,
+    ),
+    *(
+        Feature(
+            f"ls_{pair}_curv",
+            LANDSCAPE,
+            MODEL,
+            f"(d1^T H d1 + d2^T H d2) / 2 along the {where} (filter-normalised, unscaled): the slice's curvature "
+            "at the weights (nats per squared direction unit)",
+            kind="geometric",
+            in_verdict=False,
+        )
+        for pair, where in (("rand", "random slice's directions"), ("hess", "Hessian slice's eigenvectors"))
     ),
     *(
         Feature(
@@ -227,8 +258,22 @@ FEATURES = (
         )
         for i, label in ((1, "largest"), (2, "second largest"), (3, "third largest"))
     ),
-    Feature("hess_trace", CURVATURE, MODEL, "trace of the Hessian of the fixed-batch loss (Hutchinson, Rademacher)"),
+    Feature(
+        "hess_trace",
+        CURVATURE,
+        MODEL,
+        "trace of the Hessian of the fixed-batch loss (exact up to features.hessian_exact_max parameters, else "
+        "deflated Hutchinson to a relative standard error of features.hessian_trace_rse)",
+    ),
     Feature("hess_eig1_over_trace", CURVATURE, MODEL, "hess_eig1 / hess_trace: the top direction's share"),
+    Feature(
+        "hess_trace_se",
+        CURVATURE,
+        MODEL,
+        "standard error of hess_trace (0 when exact; the Hutchinson probes' when estimated)",
+        kind="geometric",
+        in_verdict=False,
+    ),
     *(
         Feature(f"gt_{unit}{key}", GRADIENT_TOPOLOGY, agg, f"{text} of the layer's per-example weight gradients{what}")
         for unit, what in (("", ""), ("unit_", " scaled to unit norm"))

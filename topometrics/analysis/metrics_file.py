@@ -16,7 +16,7 @@ from topometrics.analysis.tables import DIVERGED, diverged_runs
 from topometrics.atomic import write_parquet, write_text
 from topometrics.execution.shards import params_digest
 from topometrics.params import AnalysisParams, Params
-from topometrics.verdict import verdict
+from topometrics.verdict import live, verdict
 
 
 def write_analysis(params: Params, configs, runs, corpus, features, out: Path, metrics: Path, log=print) -> str:
@@ -36,6 +36,10 @@ def write_analysis(params: Params, configs, runs, corpus, features, out: Path, m
     con = cons["variant"]  # the paper's analysis is of one recipe variant at a time
     tables = analysis.run_analysis(con, params.analysis) | analysis.between_run_tables(cons["all"], params.analysis)
     Path(out).mkdir(parents=True, exist_ok=True)
+    inputs = tables.pop("verdict_inputs")  # the live forecaster's runs: one JSON file, no pickle
+    source = json.loads(Path(corpus).read_text()) if Path(corpus).exists() else {}
+    forecaster = live.forecaster_file(inputs, source, params.analysis.loss_unit)
+    write_text(Path(out) / "live_forecast.json", json.dumps(forecaster, indent=1, sort_keys=True) + "\n")
     for name, frame in tables.items():
         write_parquet(Path(out) / f"{name}.parquet", frame)
         warehouse.load_parquet(con, name, [Path(out) / f"{name}.parquet"])

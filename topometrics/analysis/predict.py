@@ -222,9 +222,11 @@ def window_summary(t, values, cutoff: float) -> tuple[float, float]:
     """Level and relative rate of a series over the observed window ``t <= cutoff``.
 
     level: mean of the last quarter of the observed points (robust to per-step noise);
-    rate: least-squares slope over the last half, per unit of ``cutoff``, divided by |level|,
-    so series of different scale across rungs (sums over layers) stay comparable.
-    Both NaN when fewer than 3 finite points are observed.
+    rate: least-squares slope over the last half, per unit of ``cutoff``, divided by the series' scale there,
+    ``sqrt(level^2 + sd^2)`` (sd: the SD of the last half's values), so series of different scale across rungs
+    (sums over layers) stay comparable. Far from zero it is slope / |level|; a level that crosses zero cannot
+    make it explode (slope / |level| would), since the sd of a moving series is never ~0: |rate| <= 2 sqrt(12)
+    for a straight line. Both NaN when fewer than 3 finite points are observed; rate 0 for a constant 0.
     """
     t, v = np.asarray(t, float), np.asarray(values, float)
     keep = observed(t, cutoff) & np.isfinite(v)
@@ -238,7 +240,8 @@ def window_summary(t, values, cutoff: float) -> tuple[float, float]:
     if np.ptp(t[half]) == 0:
         return level, np.nan
     slope = np.polyfit(t[half] / cutoff, v[half], 1)[0]
-    return level, float(slope / abs(level)) if level != 0 else np.nan
+    scale = float(np.hypot(level, v[half].std()))
+    return level, float(slope / scale) if scale > 0 else 0.0
 
 
 def value_at(t, values, cutoff: float) -> float:

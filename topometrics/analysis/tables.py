@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from topometrics.analysis import partial, predict, stats
+from topometrics.analysis import decide, partial, predict, stats
 from topometrics.dynamics import changepoints
 from topometrics.models.lr_schedule import Schedule
 from topometrics.params import AnalysisParams, ParamsError
-from topometrics.verdict import decisions, verdict
+from topometrics.verdict import baselines, decisions, verdict
 from topometrics.vocabulary import kind, lookup, run_level, verdict_families
 
 LOSS_ONLY = "loss_power_law"
@@ -53,12 +53,15 @@ def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
 def between_run_tables(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
     """The ``incremental_validity`` and ``incremental_errors`` tables (:mod:`topometrics.verdict.verdict`, and the
     outlier rows of :func:`topometrics.verdict.decisions.outlier_verdict`) over every run in ``con``, all recipe
-    variants together (leave-one-variant-out needs them)."""
+    variants together (leave-one-variant-out needs them), and the decisions drawn from them
+    (:func:`topometrics.analysis.decide.decision_tables`); ``verdict_inputs``, the per run x fraction inputs
+    (not a warehouse table: the analysis stage fits the live forecaster on them)."""
     _, _, inputs = _predictions_and_inputs(con, params, learned=False)
     validity, errors = verdict.incremental_validity(inputs, params)
     if len(inputs):
         validity = pd.concat([validity, decisions.outlier_verdict(inputs, params)], ignore_index=True)
-    return {"incremental_validity": validity, "incremental_errors": errors}
+    tables = {"incremental_validity": validity, "incremental_errors": errors, "verdict_inputs": inputs}
+    return tables | decide.decision_tables(con, inputs, validity, errors, params)  # intervals, stopping
 
 
 def partial_tests(con, params: AnalysisParams) -> pd.DataFrame:
@@ -357,9 +360,11 @@ def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict, p
         fits.append(_fit_row("loss_curve", method, fit, rung=run.rung, seed=run.seed, fraction=fraction))
     anchor = float(loss[seen][np.argmax(t[seen])]) if seen.any() else np.nan
     features = base | {"variant": run.variant, "anchor": anchor, "n_seen": int(seen.sum())}
-    for name, value in (("loss_drop", pl_pred), ("mpl_drop", mpl_pred), ("tissue_drop", lra_pred)):
+    features |= baselines.recipe_inputs(_run_config(run))  # the recipe part of the verdict's baselines
+    for name, value in zip(baselines.LOSS, (pl_pred, mpl_pred, lra_pred), strict=True):  # the laws, in order
         features[name] = (value if value is not None else np.nan) - anchor
-    features["gn_mean"], features["gn_spread"] = predict.gradnorm_window(*run_values.get("grad_norm", ([], [])), cutoff)
+    window = predict.gradnorm_window(*run_values.get("grad_norm", ([], [])), cutoff)
+    features |= dict(zip(baselines.GRAD, window, strict=True))
     for name, (steps, values) in run_values.items():
         if name != "val_loss":
             features[f"{name}_level"], features[f"{name}_rate"] = predict.window_summary(steps, values, cutoff)
@@ -370,6 +375,17 @@ def _curve_predictions(run, schedule: Schedule, fraction: float, series: dict, p
         found = changepoints.window_changepoints(watched, cutoff, schedule.steps, params.changepoint_penalty)
         features["cp_count"], features["cp_first"] = found
     return rows, fits, features
+
+
+def _run_config(run) -> dict:
+    """A run's config (``runs.config_json``: recipe, shape, n_params), with the recipe's schedule filled in."""
+    config = json.loads(getattr(run, "config_json", None) or "{}")
+    recipe = config.get("recipe", {})
+    return config | {"recipe": recipe | {k: v for k, v in _recipe_columns(run).items() if recipe.get(k) is None}}
+
+
+def _recipe_columns(run) -> dict:
+    return {k: getattr(run, k, None) for k in ("steps", "warmup", "lr")}
 
 
 def changepoint_series(params: AnalysisParams) -> tuple[str, ...]:
@@ -387,7 +403,7 @@ def _trailing_window(name: str) -> bool:
 def _learned_methods(params: AnalysisParams) -> dict[str, tuple[str, ...]]:
     """Feature columns of every learned method; each predicts the drop from the last observed val loss."""
     topo = tuple(f"{s}_{k}" for s in ("np", *params.topology_features) for k in ("level", "rate"))
-    grad, weight = ("grad_norm_level", "grad_norm_rate"), ("weight_norm_level", "weight_norm_rate")
+    grad, weight = ("grad_norm_level", "grad_norm_rate"), baselines.NORM
     return {
         "loss_learned": ("loss_drop",),
         "topology": topo,

@@ -32,11 +32,14 @@ from topometrics.errors import TopometricsError, disk_full
 from topometrics.execution.shards import params_digest, split_by_params
 from topometrics.params import BASE_VARIANT, Params, ViewSettings, as_dict
 
-SCHEMA_VERSION = 4  # 2: runs lost the always-NULL fingerprint column; 3: a variant column keys every run;
-# 4: checkpoints.val_bpb and settings.loss_unit
+SCHEMA_VERSION = 5  # 2: runs lost the always-NULL fingerprint column; 3: a variant column keys every run;
+# 4: checkpoints.val_bpb and settings.loss_unit; 5: runs.tokens_per_s
 SQL_DIR = Path(__file__).parent / "sql"
 # Analysis tables the warehouse stage loads from the analysis stage's Parquet files.
-ANALYSIS_TABLES = ("predictions", "fits", "tests", "incremental_validity", "incremental_errors")
+ANALYSIS_TABLES = (
+    "predictions", "fits", "tests", "incremental_validity", "incremental_errors", "prediction_intervals", "stopping",
+    "scale_up",
+)  # fmt: skip
 # Columns a Parquet file may lack (they become NULL), per table: why a value or a loss is NULL.
 _OPTIONAL_COLUMNS = {"features": {"reason": "VARCHAR"}, "checkpoints": {"reason": "VARCHAR", "val_bpb": "DOUBLE"}}
 
@@ -58,6 +61,7 @@ class Inputs:
     not_read: list[str] = field(default_factory=list)  # one line per folder of shards from other feature params
     # checkpoints.parquet directly in a feature directory: losses of external series (data/series/checkpoints.parquet)
     checkpoint_files: list[Path] = field(default_factory=list)
+    rung_files: list[Path] = field(default_factory=list)  # rungs.parquet likewise: the series' model shapes
 
 
 def discover_inputs(
@@ -115,10 +119,11 @@ def discover_inputs(
         for path in configs:
             if not path.exists():
                 raise WarehouseError(f"{path} not found; run `dvc repro config` first")
-    losses = [
-        Path(root) / "checkpoints.parquet" for root in feature_dirs if (Path(root) / "checkpoints.parquet").exists()
-    ]
-    return Inputs(configs, Path(runs_dir), source, feature_files, diagram_files, analysis, not_read, losses)
+    losses, shapes = (
+        [Path(root) / name for root in feature_dirs if (Path(root) / name).exists()]
+        for name in ("checkpoints.parquet", "rungs.parquet")
+    )
+    return Inputs(configs, Path(runs_dir), source, feature_files, diagram_files, analysis, not_read, losses, shapes)
 
 
 def sql_files() -> list[Path]:
@@ -144,6 +149,7 @@ def populate(con: duckdb.DuckDBPyConnection, inputs: Inputs, settings: ViewSetti
         for variant, paths in by_variant.items():
             load_parquet(con, table, paths, {"variant": variant})
     load_parquet(con, "checkpoints", inputs.checkpoint_files, {"variant": BASE_VARIANT})  # external series
+    load_parquet(con, "rungs", inputs.rung_files)  # the series' shapes; a series without one gets a bare row below
     _add_series_runs(con, corpus, code)
     for table, path in inputs.analysis_files.items():
         load_parquet(con, table, [path])
@@ -316,7 +322,7 @@ def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str |
     run = {"rung": rung, "variant": variant, "seed": seed, "kind": "ladder"}
     run |= {"config_json": json.dumps(cfg, sort_keys=True), "code_version": code} | _corpus_columns(corpus)
     run |= {k: recipe.get(k) for k in ("steps", "ckpt_every", "lr", "warmup", "min_lr_ratio")}
-    run |= _run_status(Path(run_dir) / "run.json")
+    run |= _run_status(Path(run_dir) / "run.json") | {"tokens_per_s": _throughput(Path(run_dir) / "summary.json")}
     _insert(con, "runs", pd.DataFrame([run]))
     shape = {k: model.get(k) for k in ("vocab_size", "context", "hidden", "layers", "heads")}
     if not con.execute("SELECT 1 FROM rungs WHERE rung = ?", [rung]).fetchall():
@@ -332,6 +338,17 @@ def load_run(con, config_path: Path, run_dir: Path, corpus: Mapping, code: str |
         extra = [c for c in ("val_bpb",) if c in frame.columns and table == "checkpoints"]  # absent before bpb
         _insert(con, table, frame[["step", *columns, *extra]].assign(rung=rung, variant=variant, seed=seed), source=csv)
     return variant
+
+
+def _throughput(path: Path) -> float | None:
+    """The training throughput (tokens per second) the run's ``summary.json`` records (None when it has none)."""
+    try:
+        value = json.loads(path.read_text()).get("tokens_per_s")
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, AttributeError) as err:
+        raise WarehouseError(f"{path} is not a JSON object ({err}); re-run its train stage (dvc repro)") from err
+    return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
 def _run_status(path: Path) -> dict:

@@ -18,9 +18,11 @@ and neither is anything else secret.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,6 +88,8 @@ def connect(cluster: str, tls: SecurityParams | None = None, timeout_s: float = 
 
     where = describe(cluster)
     kwargs = _client_kwargs(cluster, tls)
+    if warning := unauthenticated_warning(cluster):
+        print(warning, file=sys.stderr, flush=True)
     _check_answers_as_dask(kwargs, where, timeout_s)
     try:
         client = Client(timeout=timeout_s, set_as_default=False, **kwargs)
@@ -172,6 +176,22 @@ def _check_answers_as_dask(kwargs: dict, where: str, timeout_s: float) -> None:
             f"{address} answers but is not a Dask scheduler (no Dask greeting within {timeout_s:g} s: another "
             "service, or a tls:// one); check compute.cluster (the scheduler's port, usually 8786, not the dashboard's)"
         )
+
+
+def unauthenticated_warning(cluster: str) -> str | None:
+    """A one-line warning when ``cluster`` is plain ``tcp://`` to a host other than this machine's loopback: anyone
+    who can reach that scheduler runs code on its workers (nothing is authenticated or encrypted); None otherwise."""
+    if not cluster.startswith("tcp://") or not _ADDRESS.match(cluster):
+        return None
+    host = cluster.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: only localhost is known to stay on this machine
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    return (f"warning: compute.cluster {cluster} is plain TCP: unauthenticated and unencrypted, anyone who reaches it "
+            "runs code on its workers; use tls:// with compute.security (docs/scaling.md)")  # fmt: skip
 
 
 def _client_kwargs(cluster: str, tls: SecurityParams | None) -> dict:

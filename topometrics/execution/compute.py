@@ -12,6 +12,7 @@ module-level function.
 
 from __future__ import annotations
 
+import ast
 import functools
 import multiprocessing
 import os
@@ -163,14 +164,14 @@ def _local_results(pool: ProcessPoolExecutor | None, fn: Callable, jobs: Sequenc
 
 def _in_one_thread(fn: Callable, job):
     """``fn(job)`` with one torch and one BLAS thread, as in a local worker (so results match)."""
-    with _one_thread():
+    with one_thread():
         return fn(job)
 
 
 @contextmanager
 def _executor(fn: Callable, workers: int, jobs: int) -> Iterator[ProcessPoolExecutor | None]:
     if workers <= 1 or jobs < MIN_JOBS_PER_WORKER * workers:
-        with _one_thread():
+        with one_thread():
             yield None
         return
     context = _pool_context(fn.__module__)
@@ -186,9 +187,55 @@ def background_pool(fn: Callable) -> ProcessPoolExecutor:
     where there is none), one torch and one BLAS thread (it shares the machine with the loop it must not
     slow down; not a lower priority either: on a machine the loop fills, the worker would then fall
     behind), and it dies with this process. The caller submits to it and shuts it down.
+
+    Called from a script's top level outside ``if __name__ == "__main__":`` (:func:`unguarded_main_line`) it
+    exits with one line saying what to add (``SystemExit``, no traceback: the script itself must change):
+    the worker would re-run the script, its training included, and the pool would break with a ~100-line
+    traceback and nothing measured.
     """
+    line = unguarded_main_line()
+    if line is not None:
+        raise SystemExit(
+            f"error: {line}: a worker process re-imports this script and would run it again; put the code "
+            f'that trains (from this line on) under `if __name__ == "__main__":` and run it again'
+        )
     context = _pool_context(fn.__module__)
     return ProcessPoolExecutor(1, mp_context=context, initializer=_worker_init, initargs=(os.getpid(),))
+
+
+def unguarded_main_line() -> str | None:
+    """``<script>:<line>`` of the ``__main__`` script's top-level line that is running now, when that line is
+    not inside an ``if __name__ == "__main__":`` block; None otherwise (guarded, an interactive session or a
+    notebook with no script file, a script whose source cannot be read).
+
+    A ``forkserver`` or ``spawn`` worker imports the main script as ``__mp_main__``: what runs unguarded runs
+    again in the worker, where starting a process is refused."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
+        frame = frame.f_back
+    if frame is None or path is None:
+        return None
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    guarded = any(
+        isinstance(node, ast.If) and _is_main_test(node.test) and node.lineno <= frame.f_lineno <= node.end_lineno
+        for node in tree.body
+    )
+    return None if guarded else f"{path}:{frame.f_lineno}"
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either side)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
+        isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
+    )
 
 
 def _worker_init(caller: int) -> None:
@@ -207,7 +254,7 @@ def _pool_context(preload: str) -> multiprocessing.context.BaseContext:
 
 
 @contextmanager
-def _one_thread():
+def one_thread():
     """torch and BLAS on one thread, as in a worker (so results match), restored afterwards."""
     threads = torch.get_num_threads()
     try:

@@ -7,12 +7,12 @@ Layout (Hive-style partition folders; the same columns are also inside every fil
 ``rung`` is a ladder rung or an external series' name. Each file's Parquet key-value metadata
 holds, under :data:`META_KEY`, the JSON :class:`Fingerprint` of what it was computed from: the
 inputs (weights hash, or hub model and revision), the feature params and the code version. A
-shard whose stored fingerprint equals the one the inputs have now, and whose data pages are the
-ones it was written with (their sha256, under :data:`CONTENT_KEY` in the same metadata), is
-*current*: it is not computed again, so a killed stage resumes where it stopped. A shard whose
-pages changed after it was written (a flipped byte keeps the footer whole) is named and
-recomputed. Files are written under a temporary name and renamed, so a shard is either whole or
-absent.
+shard whose stored fingerprint equals the one the inputs have now, and whose data pages and footer
+``info`` (a series' weights hash, a checkpoint's trajectory iterate) are the ones it was written with
+(their sha256 with the fingerprint's, under :data:`CONTENT_KEY` in the same metadata), is *current*:
+it is not computed again, so a killed stage resumes where it stopped. A shard whose pages or info
+changed after it was written (a flipped byte keeps the footer whole) is named and recomputed. Files
+are written under a temporary name and renamed, so a shard is either whole or absent.
 
 Readers select shards by feature params (:func:`scan`, DuckDB ``parquet_kv_metadata`` over the
 folder, local or ``s3://``): the matching ones are read, the others are counted and reported.
@@ -39,7 +39,7 @@ from topometrics.errors import TopometricsError
 
 META_KEY = "topometrics"
 INFO_KEY = "topometrics.info"
-CONTENT_KEY = "topometrics.content"  # sha256 of the file's bytes before its footer: every data page
+CONTENT_KEY = "topometrics.content"  # sha256 of every data page and the footer's fingerprint and info
 EXECUTION_PARAMS = frozenset({"workers"})  # how the work runs, not what it computes: not fingerprinted
 
 
@@ -160,17 +160,24 @@ def write_shard(
 
 
 def _hashed_parquet(table: pa.Table, metadata: dict[bytes, bytes]) -> bytes:
-    """The Parquet file of ``table`` whose footer holds ``metadata`` and the sha256 of its data pages.
+    """The Parquet file of ``table`` whose footer holds ``metadata`` and its content hash (:func:`_content_sha256`).
 
     The pages come before the footer and do not depend on its key-value metadata, so the file is
     encoded twice in memory: once to hash the pages, once with the hash in the footer (shards are
     small; the check that both encodings hold the same pages keeps that assumption honest).
     """
-    digest = _pages_sha256(_parquet_bytes(table, metadata))
-    data = _parquet_bytes(table, metadata | {CONTENT_KEY.encode(): digest.encode()})
-    if _pages_sha256(data) != digest:
+    pages = _pages_sha256(_parquet_bytes(table, metadata))
+    data = _parquet_bytes(table, metadata | {CONTENT_KEY.encode(): _content_sha256(pages, metadata).encode()})
+    if _pages_sha256(data) != pages:
         raise RuntimeError("pyarrow encoded the same table into different pages twice; shards cannot be hashed")
     return data
+
+
+def _content_sha256(pages: str, metadata: Mapping[bytes, bytes]) -> str:
+    """sha256 of the data pages' sha256 ``pages`` and the footer's fingerprint and info in ``metadata``: all a
+    shard says but its hash (the info is read as the shard's: a series' weights hash, a trajectory iterate)."""
+    footer = {key: value.decode() for key in (META_KEY, INFO_KEY) if (value := metadata.get(key.encode())) is not None}
+    return _sha256(f"{pages}\n{json.dumps(footer, sort_keys=True)}".encode())
 
 
 def _parquet_bytes(table: pa.Table, metadata: dict[bytes, bytes]) -> bytes:
@@ -186,23 +193,28 @@ def _pages_sha256(data: bytes) -> str:
 
 
 def content_problem(path: Path) -> str | None:
-    """``<file>: <why>`` when a shard file's data pages are not those its footer hashes, else None.
+    """``<file>: <why>`` when a shard file's data pages, fingerprint and info are not those its footer hashes,
+    else None.
 
     Reads the whole file (a footer-only read cannot see a changed page). A file without the hash
-    was written before shards carried one: it is recomputed rather than trusted.
+    was written before shards carried one, and one whose hash covers its pages only before it covered
+    the info: both are recomputed rather than trusted.
     """
     path = Path(path)
     data = path.read_bytes()
     try:
-        recorded = (pq.read_schema(pa.BufferReader(data)).metadata or {}).get(CONTENT_KEY.encode())
+        metadata = pq.read_schema(pa.BufferReader(data)).metadata or {}
     except (OSError, pa.ArrowInvalid):
         return f"{path.name}: damaged footer (not a Parquet file)"
-    if recorded is None:
+    if (recorded := metadata.get(CONTENT_KEY.encode())) is None:
         return f"{path.name}: no content hash (written before shards carried one)"
-    if (digest := _pages_sha256(data)) != recorded.decode():
-        hashes = f"sha256 {digest[:12]}..., its footer's {recorded[:12].decode()}..."
-        return f"{path.name}: content changed after it was written ({hashes})"
-    return None
+    pages = _pages_sha256(data)
+    if (digest := _content_sha256(pages, metadata)) == recorded.decode():
+        return None
+    if pages == recorded.decode():
+        return f"{path.name}: its content hash covers its data pages only (written before it covered the info)"
+    hashes = f"sha256 {digest[:12]}..., its footer's {recorded[:12].decode()}..."
+    return f"{path.name}: content changed after it was written ({hashes})"
 
 
 def stored_fingerprint(path: Path) -> Fingerprint | None:

@@ -230,6 +230,9 @@ def surface_features(surface: LossSurface | str, params: FeaturesParams) -> Chec
         params.hessian_probes,
         params.hessian_iters,
         params.seed,
+        exact_max=params.hessian_exact_max,
+        trace_rse=params.hessian_trace_rse,
+        probes_max=params.hessian_probes_max,
     )
     try:
         found = surface_values(surface.loss, surface.params, settings)

@@ -15,9 +15,14 @@ Optional early stopping follows Rieck et al. (2019), Algorithm 2, on NP (layer `
 ``np_norm``, the mean over layers): :class:`NPPatience`. As results arrive in the background, the
 decision comes one measurement or so after the step it is about.
 
-The worker is started with the ``forkserver`` method (``spawn`` where there is none), so a script
-that uses the monitor must guard its entry point with ``if __name__ == "__main__":`` as for any
-``multiprocessing`` code.
+Each finished measurement's layer-'all' values also go to the monitor's ``sinks`` (any callable
+``sink(step, values)``; a sink that raises is reported once and training goes on). The callback adds one that
+logs them through the Trainer's own ``log``, so every ``report_to`` integration (TensorBoard, W&B,
+MLflow, dvclive, ...) receives them as ``topology/<feature>``.
+
+The worker is started with the ``forkserver`` method (``spawn`` where there is none), whose worker re-runs
+the script's top level: a monitor opened outside ``if __name__ == "__main__":`` is one line saying so
+(:func:`topometrics.execution.compute.background_pool`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,6 +40,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
+from topometrics.execution import cost
 from topometrics.execution.compute import background_pool
 from topometrics.features.monitor_measure import Snapshot, measure
 from topometrics.features.monitor_surface import SurfaceSource, due_batch, model_snapshot, state_bytes
@@ -91,6 +98,10 @@ class TopologyMonitor:
         declared in your ``dvc.yaml`` (docs/series.md).
     log : callable
         Receives one line per measurement.
+    sink : callable, optional
+        ``sink(step, values)`` after each finished measurement: the measured step and its layer-'all'
+        values (feature -> float, finite ones only), e.g. your tracker's log call. More can be added to
+        :attr:`sinks`. A sink that raises is named in one warning line (once) and training goes on.
     surface : SurfaceSource, optional
         Also the loss surface (``landscape`` and ``curvature`` rows, layer ``'all'``) at every
         ``features.landscape_every``-th measured step counted from step 0, on the fixed batch of the
@@ -112,6 +123,7 @@ class TopologyMonitor:
         max_pending_bytes: int = 1 << 30,
         live: bool = False,
         log=print,
+        sink: Callable[[int, dict[str, float]], object] | None = None,
         surface: SurfaceSource | None = None,
     ) -> None:
         if every <= 0:
@@ -127,6 +139,8 @@ class TopologyMonitor:
         self.stop_reason: str | None = None
         self.measured: list[int] = []
         self.skipped: list[int] = []
+        self.sinks: list[Callable[[int, dict[str, float]], object]] = [] if sink is None else [sink]
+        self._failed_sinks: set[int] = set()
         self._pool = background_pool(measure)
         # Start the worker now, beside the caller's own setup: the first start (the fork server
         # importing torch and the features) takes seconds the first measured step would otherwise wait.
@@ -141,6 +155,8 @@ class TopologyMonitor:
         self.collect()
         if step % self.every:
             return self.should_stop
+        if not self.measured and not self.pending and not self.skipped:  # the first measured step: say the cost
+            self.log(f"monitor: {self.estimate_line(model)}")
         batch = None if self.surface is None else due_batch(self.surface, self.params, step, self.every)
         size = self.snapshot_bytes(model) + (state_bytes(model) if isinstance(batch, tuple) else 0)
         if self.pending and sum(nbytes for _, _, nbytes in self.pending.values()) + size > self.max_pending_bytes:
@@ -155,6 +171,16 @@ class TopologyMonitor:
         if loss is not None:
             self.record_losses(step, train_loss=loss)
         return self.should_stop
+
+    def estimate_line(self, model: nn.Module) -> str:
+        """The cost of one measurement of ``model`` (:mod:`topometrics.execution.cost`): the weight families, and
+        the loss surface when it is on, with what does not fit the available memory."""
+        parameters = sum(p.numel() for p in model.parameters())
+        families = [f for f in self.params.families if f in cost.GROUP]
+        families += ["landscape", "curvature"] if self.surface is not None else []
+        costs = cost.checkpoint_costs(parameters, families)
+        too_big = cost.unaffordable(costs, cost.available_bytes())
+        return cost.plan_line(parameters, costs) + "".join(f"; {f} will not fit: {why}" for f, why in too_big.items())
 
     def linear_layers(self, model: nn.Module) -> list[LinearLayer]:
         """The model's linear layers (:func:`topometrics.models.architectures.module_layers`), found once."""
@@ -220,7 +246,22 @@ class TopologyMonitor:
             )
             if self._live is not None:
                 self._live.log(step, {name: summary[name] for name in SHOWN if name in summary}, summary=True)
+            self._to_sinks(step, summary)
             self._early_stopping(step, summary.get("np_norm", np.nan))
+
+    def _to_sinks(self, step: int, summary: dict) -> None:
+        values = {k: float(v) for k, v in summary.items() if not k.startswith("_") and np.isfinite(v)}
+        for sink in self.sinks:
+            try:
+                sink(step, values)
+            except Exception as err:  # noqa: BLE001 - a user's sink may raise anything; training must go on
+                if id(sink) not in self._failed_sinks:
+                    self._failed_sinks.add(id(sink))
+                    name = getattr(sink, "__qualname__", type(sink).__name__)
+                    self.log(
+                        f"monitor: warning: sink {name} raised {type(err).__name__}: {err} at step {step}; "
+                        f"training goes on, measurements still go to {self.out_dir} (further errors not shown)"
+                    )
 
     def close(self) -> None:
         """Wait for every queued measurement, then stop the worker."""
@@ -259,14 +300,37 @@ class TopologyCallback(TrainerCallback):
     Measures at ``on_step_end`` when ``global_step % every == 0``; the train loss (``on_log``) and
     eval loss (``on_evaluate``) logged at measured steps go to the losses log; early stopping
     sets ``control.should_training_stop``. The monitor is closed at ``on_train_end``.
+
+    With ``trainer`` (``trainer.add_callback(TopologyCallback(monitor, trainer))``) each finished
+    measurement is also logged through ``trainer.log`` as ``topology/<feature>`` plus ``topology/step``
+    (the step measured; the values arrive at the Trainer's step when the background worker finished,
+    usually the next step or so), so ``state.log_history`` and every ``report_to`` integration receive
+    them. The Trainer does not hand its callbacks the trainer itself, hence the argument. At the last
+    step (or a stop) the callback waits for the measurements still running, so the trackers get them
+    before they close.
     """
 
-    def __init__(self, monitor: TopologyMonitor) -> None:
-        self.monitor = monitor
+    def __init__(self, monitor: TopologyMonitor, trainer=None) -> None:
+        self.monitor, self.trainer = monitor, trainer
+        if trainer is not None:
+            monitor.sinks.append(self.to_trainer)
+
+    def to_trainer(self, step: int, values: dict[str, float]) -> None:
+        """Log one measurement through the Trainer's own ``log`` (its integrations' ``on_log``).
+
+        ``Trainer.log`` clears ``control.should_log`` (its callback handler's ``on_log`` does). Called from
+        ``on_step_end`` at a logging step, after the flow callback set the flag, that would drop the Trainer's
+        own ``loss`` row of that step (the last step's, always: the callback waits there), so the flag is put back.
+        """
+        should_log = self.trainer.control.should_log
+        self.trainer.log({f"topology/{name}": value for name, value in values.items()} | {"topology/step": step})
+        self.trainer.control.should_log = should_log
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.monitor.step(model, state.global_step):
             control.should_training_stop = True
+        if control.should_training_stop or state.global_step >= state.max_steps:
+            self.monitor.collect(wait=True)  # before the integrations close at on_train_end
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):

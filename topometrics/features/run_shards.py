@@ -53,6 +53,7 @@ from topometrics.features.trajectory import NO_SKETCH, Iterates, trajectory_valu
 from topometrics.models.checkpoints import (
     Checkpoint,
     content_problem,
+    foreign_problem,
     load_state,
     safetensors_problem,
 )
@@ -88,21 +89,26 @@ class DistanceJob:
     iterates: tuple[Iterates | str, Iterates | str] = (NO_SKETCH, "no checkpoint iterates given")  # trajectory
 
 
-def verified_weights(ckpts: list[Checkpoint], label: str, progress: Callable[[str], None]) -> tuple[dict, dict]:
-    """The sha256 of each checkpoint's weights (its shard's fingerprint) by step, checked against its sidecar,
-    and ``{step: reason}`` for the checkpoints whose bytes are not those training wrote (their shards are not
-    computed: the train stage recomputes them).
+def verified_weights(
+    ckpts: list[Checkpoint], owner: dict, label: str, progress: Callable[[str], None]
+) -> tuple[dict, dict]:
+    """The sha256 of each checkpoint's weights (its shard's fingerprint) by path, checked against its sidecar,
+    and ``{path: reason}`` for the checkpoints whose bytes are not those training wrote, or whose sidecar is not
+    of the run ``owner`` (:func:`topometrics.training.run_dir.directory_owner`) or of its file name's step: their
+    shards are not computed (the train stage recomputes them).
 
     Checkpoints whose sidecars predate content hashes are read unverified, said in one ``progress`` line
     (the train stage records their hash the next time it checks the run).
     """
     weights, changed = {}, {}
     for ckpt in ckpts:
-        weights[ckpt.step] = file_sha256(ckpt.path)
-        if problem := content_problem(ckpt.path, ckpt.meta.get("sha256"), weights[ckpt.step]):
+        weights[ckpt.path] = file_sha256(ckpt.path)
+        if problem := foreign_problem(ckpt.path.with_suffix(".json").name, ckpt.meta, ckpt.file_step, owner):
+            changed[ckpt.path] = problem  # never read as this run's, nor under its step
+        elif problem := content_problem(ckpt.path, ckpt.meta.get("sha256"), weights[ckpt.path]):
             structure = safetensors_problem(ckpt.path)  # truncated says more than a different hash
             problem = f"{ckpt.path.name}: {structure}" if structure else problem
-            changed[ckpt.step] = f"{problem}; `dvc repro` recomputes it (the train stage, identically)"
+            changed[ckpt.path] = f"{problem}; `dvc repro` recomputes it (the train stage, identically)"
     if unverified := [c.path.name for c in ckpts if "sha256" not in c.meta]:
         why = "written before checkpoints carried one"
         progress(f"{label}: {len(unverified)} checkpoints (e.g. {unverified[0]}) have no sha256 in their sidecars "

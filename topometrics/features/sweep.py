@@ -41,6 +41,7 @@ from topometrics.models.model import linear_layer_names
 from topometrics.models.tokens import load_tokens, read_record, token_bytes
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams
+from topometrics.training.run_dir import directory_owner
 
 
 @dataclass(frozen=True)
@@ -91,19 +92,18 @@ def sweep_shards(
             planned[run.run_dir] = _plan_run(run, inputs, params, progress)
         except CheckpointError as err:
             missing[run.run_dir] = str(err)
-    todo = [t for tasks, failed in planned.values() for t in tasks if t.key not in failed]
+    todo = [t for tasks, failed, _ in planned.values() for t in tasks if t.key not in failed]
     own = compute_shards(None, todo, checkpoint_tables, mapper(params, compute, "features"), TABLES)
     distances = []
     for run in (r for r in runs if r.run_dir in planned):
-        tasks, failed = planned[run.run_dir]
+        tasks, failed, layers = planned[run.run_dir]
         fine = [t for t in tasks if t.key not in own.failed and t.key not in failed]
-        layers = linear_layer_names(list_checkpoints(run.run_dir)[0].config.layers)
         iterates = run_iterates(run.run_dir, run.out, fine, params)
         distances += distance_tasks(run.out, fine, layers, params, iterates)
     dist = compute_shards(None, distances, distance_tables, mapper(params, compute, "distances"), ("distances",))
     results = {}
     for run in (r for r in runs if r.run_dir in planned):
-        tasks, failed = planned[run.run_dir]
+        tasks, failed, _ = planned[run.run_dir]
         keys = {t.key for t in tasks}
         ckpt_part = _run_part(own, keys, failed)
         results[run.run_dir] = result = ckpt_part.merge(_run_part(dist, keys, {}))
@@ -128,27 +128,32 @@ def _validation_inputs(corpus_dir: Path, params: FeaturesParams) -> dict:
     }
 
 
-def _plan_run(run: RunShards, inputs: dict, params: FeaturesParams, progress) -> tuple[list[Task], dict]:
-    """A run's checkpoint tasks (shards under ``run.out``) and ``{key: reason}`` for its damaged checkpoints."""
+def _plan_run(run: RunShards, inputs: dict, params: FeaturesParams, progress) -> tuple[list[Task], dict, list[str]]:
+    """A run's checkpoint tasks (shards under ``run.out``), ``{key: reason}`` for its damaged checkpoints (changed
+    bytes, or another run's sidecar), and its linear layers (from a checkpoint that is its own)."""
     ckpts = list_checkpoints(run.run_dir)
     label = f"features@{run.run_dir.name}"
     if not ckpts:
         why = "no complete checkpoints (step_*.safetensors + .json); run training first"
         raise CheckpointError(f"{run.run_dir}: {why}")
-    weights, damaged = verified_weights(ckpts, label, progress)
+    owner = directory_owner(run.run_dir, ckpts)
+    weights, damaged = verified_weights(ckpts, owner, label, progress)
     tasks, failed = [], {}
     for index, ckpt in enumerate(ckpts):
-        name, variant = ckpt.meta.get("rung", run.run_dir.name), ckpt.meta.get("variant", BASE_VARIANT)
-        key = ShardKey(name, variant, int(ckpt.meta.get("seed", -1)), ckpt.step)
+        # a checkpoint not read (changed, another run's) fails in this run's place: the step of its file name
+        record, step = (owner, ckpt.file_step) if ckpt.path in damaged else (ckpt.meta, ckpt.step)
+        name, variant, seed = record.get("rung") or run.run_dir.name, record.get("variant"), record.get("seed")
+        key = ShardKey(str(name), variant or BASE_VARIANT, -1 if seed is None else int(seed), step)
         due = index % params.landscape_every == 0  # in the inputs: a removed checkpoint shifts the others
         fingerprint = Fingerprint(
-            f"weights {weights[ckpt.step]} tokens {inputs['batch']} surface {due}", inputs["digest"], inputs["code"]
+            f"weights {weights[ckpt.path]} tokens {inputs['batch']} surface {due}", inputs["digest"], inputs["code"]
         )
         job = CheckpointJob(ckpt, key, inputs["tokens"], params, index, inputs["lengths"])
         tasks.append(Task(key, fingerprint, job, run.out))
-        if ckpt.step in damaged:
-            failed[key] = damaged[ckpt.step]
-    return tasks, failed
+        if ckpt.path in damaged:
+            failed[key] = damaged[ckpt.path]
+    layers = linear_layer_names(next((c for c in ckpts if c.path not in damaged), ckpts[0]).config.layers)
+    return tasks, failed, layers
 
 
 def _run_part(run: ShardRun, keys: set[ShardKey], failed: dict) -> ShardRun:

@@ -3,7 +3,8 @@
 Entry points: ``sublevel.sublevel_diagram`` (0-dimensional sublevel-set persistence of a grid of losses,
 axis-aligned neighbours) and ``sublevel.slice_summary`` (minima, saddles, persistence, the centre's basin,
 the loss range); ``curvature.top_eigenpairs`` (Lanczos on Hessian-vector products) and
-``curvature.hutchinson_trace``; ``slice.random_direction`` / ``filter_normalised`` (Li et al. 2018),
+``curvature.hutchinson_trace``; ``trace.hessian_trace`` (exact up to a parameter count, else deflated
+Hutchinson to a target standard error); ``slice.random_direction`` / ``filter_normalised`` (Li et al. 2018),
 ``slice.loss_grid`` (a model's loss on a 2-D grid around its weights, batched with ``torch.func``) and
 ``slice.flat_hvp`` (the exact Hessian-vector-product operator of any model's loss) and ``slice.difference_hvp``
 (the same by differences of float64 gradients, one-sided for the curvature); ``gradients.gradient_topology``

@@ -4,11 +4,18 @@ Both take the Hessian only as an operator ``hvp(v) -> H v`` on float64 vectors o
 they serve any loss whose Hessian-vector products can be computed (double backward, ``torch.func``)
 and are tested against explicit matrices. Randomness comes only from ``seed``.
 
-- :func:`top_eigenpairs`: Lanczos with full re-orthogonalisation from a seeded Gaussian start; the
-  ``k`` largest (algebraic) Ritz values, their vectors, and whether each has converged: the Lanczos
-  residual bound ``|beta_m * s_{m,i}|`` is at most ``tol * max(1, |theta_i|)``. With ``stop_early`` the
-  bound is checked after every step and the run stops as soon as all ``k`` have converged (the same test
-  as at the end, so an early stop returns exactly what a run cut at that step would).
+- :func:`top_eigenpairs`: Lanczos from a seeded Gaussian start; the ``k`` largest (algebraic) Ritz
+  values, their vectors, and whether each has converged: the Lanczos residual bound ``|beta_m * s_{m,i}|``
+  is at most ``tol * max(1, |theta_i|)``. With ``stop_early`` the bound is checked after every step and the
+  run stops as soon as all ``k`` have converged (the same test as at the end, so an early stop returns
+  exactly what a run cut at that step would). Memory: while the ``(steps, dim)`` float64 basis fits
+  ``basis_bytes`` it is kept and every step is fully re-orthogonalised against it (one product a step);
+  beyond that (a Pythia-160M basis of 20 steps is 26 GB) the basis is not kept: a first pass runs the
+  three-term recurrence (locally re-orthogonalised) for the tridiagonal matrix, a second pass regenerates
+  the same Lanczos vectors to sum the Ritz vectors (float32: the slice they span is taken in the weights'
+  float32), so memory is three float64 vectors and ``k`` float32 ones whatever the steps, for about twice the
+  products. Without full re-orthogonalisation a converged Ritz value can reappear as a spurious copy (Paige);
+  a vector whose cosine with a higher one exceeds ``sqrt(tol)`` is reported as not converged.
 - :func:`hutchinson_trace`: the mean of ``z^T H z`` over ``probes`` seeded Rademacher vectors
   (``E[z z^T] = I``, so the mean is unbiased; exact on a diagonal Hessian, whatever the probes),
   with its standard error.
@@ -20,13 +27,14 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+from scipy.linalg.blas import daxpy
 
 Operator = Callable[[np.ndarray], np.ndarray]
 
 
 class Eigenpairs(NamedTuple):
     values: np.ndarray  # (k,) largest eigenvalues, descending
-    vectors: np.ndarray  # (dim, k) unit eigenvectors, column i for values[i]
+    vectors: np.ndarray  # (dim, k) unit eigenvectors, column i for values[i] (float32 on the two-pass path)
     converged: np.ndarray  # (k,) bool: the residual bound is within tolerance
     products: int  # Hessian-vector products spent
 
@@ -37,23 +45,43 @@ class TraceEstimate(NamedTuple):
     products: int
 
 
+# The largest Lanczos basis kept in memory, in bytes (float64): every ladder model's 20-step basis (tens of
+# MB) stays on the one-pass path; a Pythia-70M-shaped one (20 x 70M x 8 bytes = 11 GB) goes to two passes.
+BASIS_BYTES = 1 << 30
+
+
 def top_eigenpairs(
-    hvp: Operator, dim: int, k: int, iters: int = 30, seed: int = 0, tol: float = 1e-6, stop_early: bool = False
+    hvp: Operator,
+    dim: int,
+    k: int,
+    iters: int = 30,
+    seed: int = 0,
+    tol: float = 1e-6,
+    stop_early: bool = False,
+    basis_bytes: int = BASIS_BYTES,
 ) -> Eigenpairs:
     """The ``k`` largest eigenvalues of the symmetric operator ``hvp`` on R^dim, by ``iters`` Lanczos steps.
 
     Stops early when the Krylov space is exhausted (an invariant subspace: every Ritz value is then
     exact) and, with ``stop_early``, as soon as the top ``k`` Ritz values have converged to ``tol``
     (checked from step ``k`` on; one ``(m, m)`` tridiagonal eigendecomposition a step, no product).
-    ``k`` must not exceed ``min(iters, dim)``.
+    ``k`` must not exceed ``min(iters, dim)``. A basis over ``basis_bytes`` is not kept (module docstring).
     """
     if not 1 <= k <= min(iters, dim):
         raise ValueError(f"k = {k} eigenvalues need 1 <= k <= min(iters, dim) = {min(iters, dim)}")
     rng = np.random.default_rng(seed)
     q = rng.standard_normal(dim)
+    q /= np.linalg.norm(q)
     steps = min(iters, dim)
-    basis = np.empty((steps, dim))  # row j: the j-th Lanczos vector, filled in place (no copy per step)
-    basis[0] = q / np.linalg.norm(q)
+    if steps * dim * 8 <= basis_bytes:
+        return _kept_basis(hvp, q, k, steps, tol, stop_early)
+    return _two_pass(hvp, q, k, steps, tol, stop_early)
+
+
+def _kept_basis(hvp: Operator, q: np.ndarray, k: int, steps: int, tol: float, stop_early: bool) -> Eigenpairs:
+    """Lanczos with full re-orthogonalisation against the kept ``(steps, dim)`` basis."""
+    basis = np.empty((steps, len(q)))  # row j: the j-th Lanczos vector, filled in place (no copy per step)
+    basis[0] = q
     alphas, betas = [], []
     for j in range(steps):
         w = np.asarray(hvp(basis[j]), dtype=np.float64)
@@ -63,28 +91,137 @@ def top_eigenpairs(
         w = w - (stacked @ w) @ stacked
         beta = float(np.linalg.norm(w))
         betas.append(beta)
-        if beta <= 1e-12 * max(1.0, abs(alphas[-1])) or j + 1 == steps:
-            break
-        if stop_early and j + 1 >= k and _ritz(alphas, betas, k, tol)[2].all():
+        if _stop(alphas, betas, k, j + 1 == steps, tol, stop_early):
             break
         basis[j + 1] = w / beta
+    theta, s, converged = _checked_ritz(alphas, betas, k, tol)
+    vectors = basis[: len(alphas)].T @ s
+    return Eigenpairs(theta, vectors / np.linalg.norm(vectors, axis=0), converged, len(alphas))
+
+
+def _two_pass(hvp: Operator, q: np.ndarray, k: int, steps: int, tol: float, stop_early: bool) -> Eigenpairs:
+    """Lanczos keeping three vectors: the recurrence for the tridiagonal matrix, then again for the Ritz vectors."""
+    alphas, betas = [], []
+    previous, current = None, q
+    most = min(2 * steps, len(q))
+    for _ in range(most):  # first pass: the coefficients only
+        alpha, w = _recurrence_step(hvp, previous, current, betas[-1] if betas else 0.0)
+        alphas.append(alpha)
+        betas.append(float(np.linalg.norm(w)))
+        # a step spent on a spurious copy adds no dimension to the Krylov space: it does not count
+        last = len(alphas) - _spurious(alphas, betas, tol) >= steps or len(alphas) == most
+        if _stop(alphas, betas, k, last, tol, stop_early, genuine=True):
+            break
+        w /= betas[-1]
+        previous, current = current, w
+    del previous, current, w
+    theta, s, converged = _checked_ritz(alphas, betas, k, tol, genuine=True)
     m = len(alphas)
-    theta, s, converged = _ritz(alphas, betas, k, tol)
+    sums = np.zeros((k, len(q)), dtype=np.float32)  # row i: Ritz vector i, summed as the vectors come back
+    previous, current = None, q
+    for j in range(m):  # second pass: the same vectors (the same products), summed with the Ritz coordinates
+        for i in range(k):
+            sums[i] += np.float32(s[j, i]) * current.astype(np.float32)
+        if j + 1 < m:
+            _, w = _recurrence_step(hvp, previous, current, betas[j - 1] if j else 0.0)
+            w /= betas[j]
+            previous, current = current, w
+    sums /= np.linalg.norm(sums, axis=1, keepdims=True)  # in place: no second copy of k parameter vectors
+    cosines = np.abs(np.triu(sums @ sums.T, 1)).astype(np.float64)
+    converged &= cosines.max(axis=0, initial=0.0) <= np.sqrt(tol)  # a spurious copy of a higher Ritz vector
+    return Eigenpairs(theta, sums.T, converged, 2 * m - 1)
+
+
+def _recurrence_step(
+    hvp: Operator, previous: np.ndarray | None, current: np.ndarray, beta: float
+) -> tuple[float, np.ndarray]:
+    """``(alpha_j, w)``: ``w = H q_j - alpha_j q_j - beta_{j-1} q_{j-1}``, once more orthogonalised against both
+    (local re-orthogonalisation keeps the two-pass vectors as orthogonal as floating point lets them be).
+    In place (BLAS axpy): no temporary vector beyond the product itself."""
+    w = np.asarray(hvp(current), dtype=np.float64)
+    if not w.flags.c_contiguous or w.flags.writeable is False or np.may_share_memory(w, current):
+        w = np.array(w, dtype=np.float64)  # never update the caller's (or our own) vector in place
+    alpha = float(current @ w)
+    w = daxpy(current, w, a=-alpha)
+    if previous is not None:
+        w = daxpy(previous, w, a=-beta)
+        w = daxpy(previous, w, a=-float(previous @ w))
+    w = daxpy(current, w, a=-float(current @ w))
+    return alpha, w
+
+
+def _stop(
+    alphas: list[float], betas: list[float], k: int, last: bool, tol: float, stop_early: bool, genuine=False
+) -> bool:
+    """Whether the run ends after this step: an invariant subspace, the ``last`` step, or (``stop_early``) converged."""
+    if betas[-1] <= 1e-12 * max(1.0, abs(alphas[-1])) or last:
+        return True
+    if not stop_early or len(alphas) < k:
+        return False
+    converged = _ritz(alphas, betas, k, tol, genuine)[2]
+    return len(converged) == k and bool(converged.all())
+
+
+def _spurious(alphas: list[float], betas: list[float], tol: float) -> int:
+    """How many Ritz values after these steps are spurious copies (:func:`_genuine`)."""
+    return len(alphas) - len(_ritz(alphas, betas, len(alphas), tol, genuine=True)[0])
+
+
+def _checked_ritz(alphas: list[float], betas: list[float], k: int, tol: float, genuine: bool = False):
+    theta, s, converged = _ritz(alphas, betas, k, tol, genuine)
     if len(theta) < k:
-        raise ValueError(f"the Krylov space has dimension {m} < k = {k}")
-    vectors = basis[:m].T @ s
-    return Eigenpairs(theta, vectors / np.linalg.norm(vectors, axis=0), converged, m)
+        raise ValueError(f"the Krylov space has dimension {len(alphas)} < k = {k}")
+    return theta, s, converged
 
 
-def _ritz(alphas: list[float], betas: list[float], k: int, tol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _ritz(
+    alphas: list[float], betas: list[float], k: int, tol: float, genuine: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The top ``k`` Ritz values (descending), their ``(m, k)`` coordinates in the Lanczos basis and whether
-    each has converged (residual bound ``|beta_m s_{m,i}| <= tol max(1, |theta_i|)``), after ``m`` steps."""
+    each has converged (residual bound ``|beta_m s_{m,i}| <= tol max(1, |theta_i|)``), after ``m`` steps.
+
+    ``genuine`` (vectors not re-orthogonalised): only :func:`_genuine` Ritz values are ranked."""
     m = len(alphas)
     tridiagonal = np.diag(alphas) + np.diag(betas[: m - 1], 1) + np.diag(betas[: m - 1], -1)
     theta, s = np.linalg.eigh(tridiagonal)
-    top = np.argsort(theta)[::-1][:k]
-    residual = np.abs(betas[m - 1] * s[m - 1, top])
-    return theta[top], s[:, top], residual <= tol * np.maximum(1.0, np.abs(theta[top]))
+    order = np.argsort(theta)[::-1]
+    residual = np.abs(betas[m - 1] * s[m - 1])
+    if genuine:
+        order = _genuine(theta, residual, order, tridiagonal, tol)
+    top = order[:k]
+    return theta[top], s[:, top], residual[top] <= tol * np.maximum(1.0, np.abs(theta[top]))
+
+
+def _genuine(
+    theta: np.ndarray, residual: np.ndarray, order: np.ndarray, tridiagonal: np.ndarray, tol: float
+) -> np.ndarray:
+    """``order`` less the spurious Ritz values of a Lanczos run without re-orthogonalisation (Cullum and
+    Willoughby, "Lanczos algorithms for large symmetric eigenvalue computations", 1985, ch. 4).
+
+    Lost orthogonality makes converged eigenvalues reappear: a numerically multiple Ritz value is one
+    eigenvalue (kept once, the copy with the smallest residual bound), and a simple one that is also an
+    eigenvalue of the matrix less its first row and column is spurious. "Numerically": within
+    ``1000 m eps ||T||``; spurious copies sit at a few ``eps ||T||``, genuine values about ``s_{1,i}^2`` times
+    their gap away (``s_{1,i}`` the start vector's component, ``1/sqrt(dim)`` for a random start).
+    Products by differences of gradients are not exactly linear, so copies there differ by more than that:
+    a value within ``tol max(1, |theta|)`` of a higher converged one is also taken for its copy (the two-pass
+    path does not resolve eigenvalues closer than the tolerance to a converged one).
+    """
+    m = len(theta)
+    close = 1e3 * m * np.finfo(np.float64).eps * max(float(np.abs(theta).max()), np.finfo(np.float64).tiny)
+    hat = np.linalg.eigvalsh(tridiagonal[1:, 1:]) if m > 1 else np.empty(0)
+    kept: list[int] = []
+    for i in order:
+        near = tol * np.maximum(1.0, np.abs(theta[kept]))
+        if np.any((np.abs(theta[kept] - theta[i]) <= near) & (residual[kept] <= near)):
+            continue  # a copy of a converged eigenvalue, at the tolerance
+        copies = np.flatnonzero(np.abs(theta - theta[i]) <= close)
+        if len(copies) > 1:
+            if not any(j in copies for j in kept):
+                kept.append(int(copies[np.argmin(residual[copies])]))
+        elif not (len(hat) and np.abs(hat - theta[i]).min() <= close):
+            kept.append(int(i))
+    return np.array(kept, dtype=int)
 
 
 def hutchinson_trace(hvp: Operator, dim: int, probes: int, seed: int = 0) -> TraceEstimate:

@@ -5,16 +5,23 @@ at the checkpoint's weights:
 
 1. Lanczos on Hessian-vector products (one-sided differences of float64 gradients, ``slice.difference_hvp``;
    at most ``hessian_iters`` steps, stopping as soon as the kept Ritz values have converged, seed ``seed``)
-   for the top ``max(hessian_top, 2)`` eigenpairs, and the Hutchinson trace (``hessian_probes`` Rademacher
-   probes);
+   for the top ``max(hessian_top, 2)`` eigenpairs, and the trace (:func:`topometrics.landscape.trace.hessian_trace`:
+   exact up to ``hessian_exact_max`` parameters, above that Hutchinson's with the top eigenvectors deflated and
+   Rademacher probes added from ``hessian_probes`` until the standard error ``trace_se`` is ``hessian_trace_rse``
+   of the trace, or ``hessian_probes_max`` are spent);
 2. two ``landscape_grid`` x ``landscape_grid`` loss slices of half-width ``landscape_radius``: ``rand``
    along two seeded Gaussian directions, ``hess`` along the top-2 eigenvectors, both filter-normalised;
-3. :func:`topometrics.landscape.sublevel.slice_summary` of each slice.
+3. :func:`topometrics.landscape.sublevel.slice_summary` of each slice;
+4. ``rand_range_global``: the loss range of the ``rand`` directions' slice at radius :data:`GLOBAL_RADIUS` on a
+   coarse :data:`GLOBAL_GRID` x :data:`GLOBAL_GRID` grid (:func:`global_range`);
+5. ``rand_curv``, ``hess_curv``: each slice's curvature ``d^T H d`` along its two directions at the weights
+   (:func:`slice_curvature`), from the same products.
 
 Every value set comes back with a reason or None; a reason makes its values NULL. Reasons: a Lanczos
 run whose kept Ritz values did not converge (the residual bound above :data:`LANCZOS_TOL` relative) NULLs
 the eigenvalues it concerns and the ``hess`` slice when the top two did not; a non-finite loss anywhere on
-a slice NULLs that slice; a non-finite Hessian product NULLs the curvature and the ``hess`` slice.
+a slice NULLs that slice; a non-finite Hessian product NULLs the curvature, the ``hess`` slice and the
+slices' ``curv``.
 Keys are the vocabulary's, less the family prefix (``rand_minima``, ``eig1``).
 """
 
@@ -25,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from topometrics.landscape.curvature import hutchinson_trace, top_eigenpairs
+from topometrics.landscape.curvature import top_eigenpairs
 from topometrics.landscape.slice import (
     LossOfParams,
     Params,
@@ -36,18 +43,27 @@ from topometrics.landscape.slice import (
     unflatten,
 )
 from topometrics.landscape.sublevel import SUMMARY_KEYS, slice_summary
+from topometrics.landscape.trace import hessian_trace
 
 # Relative Lanczos residual bound under which a Ritz value counts as converged: 1e-3 of the eigenvalue
 # is far below the spread between checkpoints, and tens of steps reach it on our models' top eigenvalues.
 LANCZOS_TOL = 1e-3
 EIGEN_KEYS = ("eig1", "eig2", "eig3")
-CURVATURE_KEYS = (*EIGEN_KEYS, "trace", "eig1_over_trace")
+CURVATURE_KEYS = (*EIGEN_KEYS, "trace", "eig1_over_trace", "trace_se")
 PAIRS = ("rand", "hess")
 # Stacked parameter values one vmapped grid call may hold on a GPU (2^26 floats, 256 MiB in float32): the
 # whole 13 x 13 grid of xl (97k parameters) in one forward pass, a few points at a time for a 19M-parameter
 # model. On CPU the grid is a plain loop: one thread's CPU time per point was 0.42 forward+backward passes
 # looped against 1.2-1.7 vmapped on the math kernel (xl, ``python -m bench features --surface``).
 GRID_PARAMETERS = 1 << 26
+# Half-width of the global random slice (rand_range_global), in filter-normalised units: radius 1 moves every
+# weight row by its own norm, so its range is mostly the loss of a destroyed network (the features' old
+# landscape_radius, kept under a name that says so); the local slices use landscape_radius.
+GLOBAL_RADIUS = 1.0
+# Points per axis of that slice: a, b in {-1, -1/2, 0, 1/2, 1}, a subset of a 13-point grid of the same radius, so
+# its range is at most the fine grid's; on trained checkpoints the two agreed (docs/performance.md), at 25 points
+# instead of 169. Part of the feature's definition, like the radius: a context column, not a tuned one.
+GLOBAL_GRID = 5
 
 
 class SurfaceSettings(NamedTuple):
@@ -60,6 +76,9 @@ class SurfaceSettings(NamedTuple):
     iters: int
     seed: int
     chunk: int = 0  # grid points per vmap call; 0: a plain loop on CPU, grid_chunk on a GPU
+    exact_max: int = 10_000  # parameters up to which the trace is exact (one product per parameter)
+    trace_rse: float = 0.05  # above it: Hutchinson probes until the standard error is this share of the trace
+    probes_max: int = 400  # ... or this many probes (``probes`` is the least)
 
 
 class Values(NamedTuple):
@@ -69,19 +88,63 @@ class Values(NamedTuple):
 
 def surface_values(loss: LossOfParams, params: Params, settings: SurfaceSettings) -> tuple[Values, Values]:
     """``(landscape, curvature)`` of ``loss`` at ``params``; see the module docstring."""
-    curvature, eig = curvature_values(loss, params, settings)
+    hvp, dim = difference_hvp(loss, params, one_sided=True)  # curvature_values' default products, shared
+    hvp = _finite(hvp)
+    curvature, eig = _curvature_values(hvp, dim, params, settings)
     gen = torch.Generator().manual_seed(settings.seed)
     rand = (random_direction(params, gen), random_direction(params, gen))
-    landscape = Values({}, {})
+    landscape, slice_reasons = Values({}, {}), {}
     for pair, directions in (("rand", rand), ("hess", eig)):
         if isinstance(directions, str):
             summary, reason = dict.fromkeys(SUMMARY_KEYS, np.nan), directions
         else:
             summary, reason = slice_values(loss, params, directions, settings)
         landscape.values.update({f"{pair}_{k}": v for k, v in summary.items()})
+        slice_reasons[pair] = reason
         if reason:
             landscape.reasons.update({f"{pair}_{k}": reason for k in summary})
+    landscape.values["rand_range_global"], reason = global_range(loss, params, rand, settings)
+    if reason:
+        landscape.reasons["rand_range_global"] = reason
+    for pair, directions in (("rand", rand), ("hess", eig)):  # a NULL slice has no curvature either
+        landscape.values[f"{pair}_curv"], reason = slice_curvature(hvp, slice_reasons[pair] or directions)
+        if reason:
+            landscape.reasons[f"{pair}_curv"] = reason
     return landscape, curvature
+
+
+def global_range(
+    loss: LossOfParams, params: Params, directions: tuple[Params, Params], settings: SurfaceSettings
+) -> tuple[float, str | None]:
+    """``max - min`` loss (nats) of the :data:`GLOBAL_GRID` x :data:`GLOBAL_GRID` slice of half-width
+    :data:`GLOBAL_RADIUS` along ``directions``, or NaN and why (a non-finite loss on it)."""
+    on_gpu = next(iter(params.values())).is_cuda
+    chunk = settings.chunk or (grid_chunk(params, GLOBAL_GRID) if on_gpu else 1)
+    grid = loss_grid(loss, params, *directions, GLOBAL_RADIUS, GLOBAL_GRID, chunk)
+    bad = int((~np.isfinite(grid)).sum())
+    if bad:
+        return np.nan, f"non-finite loss at {bad} of {grid.size} slice points"
+    return float(grid.max() - grid.min()), None
+
+
+def slice_curvature(hvp, directions: tuple[Params, Params] | str) -> tuple[float, str | None]:
+    """``(d1^T H d1 + d2^T H d2) / 2`` (nats per squared filter-normalised unit): the slice's mean second
+    derivative along its two axes at the centre, or NaN and why (``directions`` is the reason: no directions, a
+    NULL slice; a non-finite product).
+
+    The directions are the slice's own, unscaled, so this is the curvature the slice's grid shows at the
+    weights (its second differences tend to it, tests); ``d^T H d / ||d||^2`` would be a Rayleigh quotient
+    instead, comparable with the eigenvalues but not with the slice."""
+    if isinstance(directions, str):
+        return np.nan, directions
+    try:
+        values = []
+        for d in directions:
+            flat = torch.cat([t.detach().reshape(-1) for t in d.values()]).double().cpu().numpy()
+            values.append(float(flat @ hvp(flat)))
+    except FloatingPointError as err:
+        return np.nan, str(err)
+    return float(np.mean(values)), None
 
 
 def curvature_values(
@@ -95,19 +158,25 @@ def curvature_values(
     # attention kernels (central: two; the exact forward-over-reverse product: 15-30, slice.py), accurate
     # to about 1e-7 relative, four orders below LANCZOS_TOL.
     hvp, dim = difference_hvp(loss, params, one_sided)
-    return _curvature_values(hvp, dim, params, settings, stop_early)
+    return _curvature_values(_finite(hvp), dim, params, settings, stop_early)
 
 
 def _curvature_values(hvp, dim: int, params: Params, settings: SurfaceSettings, stop_early: bool = True):
+    """``hvp`` raises FloatingPointError on a non-finite product (:func:`_finite`)."""
     try:
         k = max(settings.top, 2)
-        eig = top_eigenpairs(_finite(hvp), dim, k, settings.iters, settings.seed, LANCZOS_TOL, stop_early)
-        trace = hutchinson_trace(_finite(hvp), dim, settings.probes, settings.seed).trace
+        eig = top_eigenpairs(hvp, dim, k, settings.iters, settings.seed, LANCZOS_TOL, stop_early)
+        found = hessian_trace(
+            hvp, dim, settings.exact_max, settings.probes, settings.trace_rse, settings.probes_max, settings.seed,
+            basis=eig.vectors,
+        )  # fmt: skip
+        trace = found.trace
     except FloatingPointError as err:
         reason = str(err)
         return Values(dict.fromkeys(CURVATURE_KEYS, np.nan), dict.fromkeys(CURVATURE_KEYS, reason)), reason
     values = {key: float(eig.values[i]) if i < settings.top else np.nan for i, key in enumerate(EIGEN_KEYS)}
     values |= {"trace": trace, "eig1_over_trace": float(eig.values[0]) / trace if trace != 0 else np.nan}
+    values["trace_se"] = found.stderr
     reasons = {}
     for i, key in enumerate(EIGEN_KEYS):
         if i >= settings.top:

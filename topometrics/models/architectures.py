@@ -74,6 +74,7 @@ _ATTN_WORDS, _MLP_WORDS = ("attn", "attention"), ("mlp", "ffn", "feed_forward")
 _MLP_NAMES = ("ff",)  # too short to look for inside a module name (diff_attn): the whole name only
 _BLOCK_NUMBER = re.compile(r"\.(\d+)\.")
 LAYERS_EXAMPLE = r"layers: {attn.qkv: 'blk\.(\d+)\.attn\.qkv\.weight', attn.out: 'blk\.(\d+)\.attn\.out\.weight', ...}"
+LAYERS_FIX = "map the layers with the source's `layers:` option (docs/series.md, Any decoder)"
 
 
 class ArchitectureError(ValueError):
@@ -245,7 +246,11 @@ def _rules_for_config(config_json: str) -> tuple[TensorRule, ...]:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     except (ValueError, KeyError, TypeError, AssertionError) as err:
-        raise ArchitectureError(f"transformers has no causal LM for model_type {model_type!r} ({err})") from err
+        # transformers' own message for an unknown type lists every type it knows (12,000 characters): its start only
+        why = (str(err).splitlines() or [type(err).__name__])[0][:100]
+        raise ArchitectureError(
+            f"config.json: transformers has no causal LM for model_type {repr(model_type)[:60]} ({why}...)"
+        ) from err
     return tuple(rules_from_layers(module_layers(model)))
 
 
@@ -335,7 +340,11 @@ def checkpoint_layers(
     shapes: Mapping[str, tuple[int, ...]], config_dir: Path | None, layers: Mapping[str, str] | None, label: str
 ) -> list[LinearLayer]:
     """A checkpoint's linear layers: by the ``layers:`` option if given, else by the rules of its
-    ``config.json``'s family, else by tensor names (:func:`name_layers`)."""
+    ``config.json``'s family, else by tensor names (:func:`name_layers`).
+
+    A ``config.json`` no rules come from (an unknown ``model_type``, a layer count no model has) is one short
+    line naming it and the ``layers:`` option, which reads the file without it; the tensor list of
+    :func:`unknown_architecture_message` is kept for files whose tensors the rules do not name."""
     if layers:
         return match_tensors(shapes, user_rules(layers), label, every_rule=True)
     if config_dir is None:
@@ -343,8 +352,7 @@ def checkpoint_layers(
     try:
         rules = config_rules(config_dir)
     except ArchitectureError as err:
-        two_d = [f"{n} {tuple(s)}" for n, s in shapes.items() if len(s) == 2]
-        raise ArchitectureError(unknown_architecture_message(label, two_d, str(err))) from err
+        raise ArchitectureError(f"{label}: unknown architecture, {err}; {LAYERS_FIX}") from err
     return match_tensors(shapes, rules, label)
 
 

@@ -9,7 +9,9 @@ A rung's run directory holds, for every checkpoint step ``s``::
 so any later stage rebuilds the model from the checkpoint alone. Nothing here ever
 unpickles: safetensors stores raw tensors and JSON stores the rest. ``sha256`` is the weights
 file's content hash: :func:`verify_checkpoint` checks it before a run is called complete, and the
-features stage before it reads the weights (a flipped bit keeps the header and the size).
+features stage before it reads the weights (a flipped bit keeps the header and the size). A whole,
+unchanged checkpoint can still be another run's (``cp small-42/step_000040.* tiny-42/``): its sidecar
+must also describe the run directory it sits in and the step its file name says (:func:`foreign_problem`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from safetensors.torch import load_file, save
 from topometrics.atomic import file_sha256, write_bytes, write_text
 from topometrics.errors import TopometricsError
 from topometrics.models.model import GPT, GPTConfig
+from topometrics.params import BASE_VARIANT, run_name
 
 _STEP_FILE = re.compile(r"^step_(\d{6,})\.safetensors$")
 
@@ -43,6 +46,11 @@ class Checkpoint:
     @property
     def step(self) -> int:
         return int(self.meta["step"])
+
+    @property
+    def file_step(self) -> int:
+        """The step its file name says (``step`` is its sidecar's: they differ only in a file renamed by hand)."""
+        return int(self.path.stem.removeprefix("step_"))
 
     @property
     def config(self) -> GPTConfig:
@@ -119,8 +127,39 @@ def safetensors_problem(path: Path) -> str | None:
     return None
 
 
-def verify_checkpoint(run_dir: Path, step: int) -> str | None:
-    """Why checkpoint ``step`` of ``run_dir`` is not usable (``<file>: <reason>``), or None when whole and unchanged.
+def run_owner(meta: dict) -> dict:
+    """The run a sidecar or resume state describes: its rung, variant, seed and recipe fingerprint (a record
+    written before variants is of the base variant)."""
+    keys = ("rung", "seed", "recipe_fingerprint")
+    return {k: meta.get(k) for k in keys} | {"variant": meta.get("variant", BASE_VARIANT)}
+
+
+def foreign_problem(sidecar: str, meta: dict, step: int, owner: dict) -> str | None:
+    """``<sidecar>: ...`` when the sidecar named ``sidecar``, of checkpoint ``step`` by its file name, describes
+    another step, another run than ``owner`` (:func:`run_owner`) or another recipe; else None.
+
+    Such a checkpoint was copied or moved in by hand: whole, and its hash its own sidecar's, so only this
+    sees it. It is named with whose it is and never read as this run's checkpoint.
+    """
+    theirs, fix = run_owner(meta), "delete it (the train stage recomputes this run's)"
+    if meta.get("step") != step:
+        return f"{sidecar}: describes step {meta.get('step')!r}, not step {step} as its name says; {fix}"
+    name, own = _label(theirs), _label(owner)
+    if name != own:
+        return f"{sidecar}: a checkpoint of run {name}, not of this run {own}; {fix}"
+    if theirs["recipe_fingerprint"] != owner["recipe_fingerprint"]:
+        fingerprints = f"{str(theirs['recipe_fingerprint'])[:12]}..., this run's {owner['recipe_fingerprint'][:12]}..."
+        return f"{sidecar}: a checkpoint of run {name} made with another recipe ({fingerprints}); {fix}"
+    return None
+
+
+def _label(owner: dict) -> str:
+    return run_name(str(owner["rung"]), owner["seed"], owner["variant"])
+
+
+def verify_checkpoint(run_dir: Path, step: int, owner: dict | None = None) -> str | None:
+    """Why checkpoint ``step`` of ``run_dir`` is not usable (``<file>: <reason>``), or None when whole, unchanged
+    and, given the run's ``owner`` (:func:`run_owner`), this run's (:func:`foreign_problem`).
 
     Structure first (the sidecar, the safetensors header and size), then content: the weights'
     sha256 against the sidecar's (:func:`content_problem`). A sidecar written before checkpoints
@@ -136,8 +175,10 @@ def verify_checkpoint(run_dir: Path, step: int) -> str | None:
         return f"{sidecar.name}: missing"
     except (json.JSONDecodeError, UnicodeDecodeError):
         return f"{sidecar.name}: not valid JSON"
-    if not isinstance(meta, dict) or meta.get("step") != step:
+    if not isinstance(meta, dict):
         return f"{sidecar.name}: does not describe step {step}"
+    if problem := foreign_problem(sidecar.name, meta, step, owner or run_owner(meta)):
+        return problem
     problem = safetensors_problem(path)
     if problem:
         return f"{path.name}: {problem}"

@@ -1,4 +1,4 @@
-"""A small GPT-style character-level language model (the paper's ladder, Table 1).
+"""A small GPT-style language model over characters or byte-level BPE tokens (the paper's ladder, Table 1).
 
 Pre-LayerNorm decoder blocks with causal self-attention and a 4x GELU MLP, learned
 positional embeddings, biases everywhere, and an output head tied to the token

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -27,7 +28,15 @@ QUESTION = (
     "predicts the run's final validation loss better, between runs"
 )
 NORM_BASELINE_WORDS = "its loss curve and weight norm"
+BASELINE_WORDS = {"norm": NORM_BASELINE_WORDS, "recipe": "its loss curve, weight norm and recipe"}
 SCHEME_GROUPS = {"seed": "seeds", "variant": "recipe variants", "rung": "rungs"}
+# Defined once, under the sentences that use them first (a newcomer met "cells" and "recipes" undefined).
+TERMS = (
+    "Terms: a recipe is one set of training settings (learning rate and its schedule, weight decay, warm-up, batch, "
+    "steps): the base or a variant; a cell is one rung trained with one recipe, its runs differing only in seed; "
+    "MAE is the mean absolute error of the predicted final validation loss over held-out runs; "
+    "leave-one-X-out holds out every run of one X in turn."
+)
 
 
 @dataclass(frozen=True)
@@ -39,14 +48,64 @@ class Answer:
     command: str | None = None
     command_why: str | None = None
     computed: bool = False
+    terms: str | None = TERMS  # the words the sentences use, defined (None when there are no sentences of results)
+    for_answer: bool = False  # the command trains the layout an answer needs (its last sentence says what it is)
 
 
-def answer(verdict, meta) -> Answer:
-    """The opening from the ``topology_verdict`` frame (or :class:`Missing`) and the ``meta`` frame."""
+def answer(verdict, meta, runs=None) -> Answer:
+    """The opening from the ``topology_verdict`` frame (or :class:`Missing`), the ``meta`` frame and the ``runs``
+    frame (their measured throughput projects the training an answer needs), ending, when the declared runs are
+    fewer than an answer needs, with what it needs and the one command that trains it."""
     params = _params(meta)
     if isinstance(verdict, Missing):
-        return Answer((f"No verdict yet: {verdict.reason}.",), "dvc repro", "runs the analysis and the warehouse")
+        why = "runs the analysis and the warehouse"
+        return Answer((f"No verdict yet: {verdict.reason}.",), "dvc repro", why, terms=None)
+    opening = _opening(verdict, params)
+    layout = analysis_remedy.answer_layout(params) if params is not None else None
+    if layout is None:
+        return opening
+    needs = _needs(params, layout, _throughput(runs))
+    command = analysis_remedy.layout_command(params, layout)
+    return replace(opening, sentences=(*opening.sentences, needs), command=command, command_why=None, for_answer=True)
+
+
+def _needs(params: dict, layout: analysis_remedy.Layout, tokens_per_s: dict[str, float]) -> str:
+    """What an answer needs (runs, cells, seeds), against what params declares, and its projected training time."""
+    have = analysis_remedy.declared_layout(params)
+    said = (
+        f"An answer needs {layout.runs} runs: {layout.cells} cells ({layout.recipes} recipes x {len(layout.rungs)} "
+        f"rungs), {layout.seeds} seeds each, the layout whose power was measured at "
+        f"{100 * analysis_remedy.ANSWER_POWER:.0f} % (docs/results.md); "
+        f"this project declares {have.runs} runs in {have.cells} cells."
+    )
+    workers = int(params["train"].get("workers") or 0) or len(os.sched_getaffinity(0))
+    minutes = analysis_remedy.training_minutes(params, layout, tokens_per_s, workers)
+    if minutes is None:
+        sweep = f"{','.join(layout.rungs)}:{layout.recipes - 1}:{layout.seeds}:{params['train']['steps']}"
+        return said + f" `python -m bench train --sweep {sweep}` projects their training time on this machine."
+    return said + (
+        f" Training them takes about {_duration(minutes)} here ({workers} processes at each rung's measured "
+        "throughput); the command below trains them and keeps the runs already trained."
+    )
+
+
+def _duration(minutes: float) -> str:
+    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
+
+
+def _throughput(runs) -> dict[str, float]:
+    """Each rung's median training throughput (tokens per second) over its runs that recorded one."""
+    if not isinstance(runs, pd.DataFrame) or "tokens_per_s" not in runs:
+        return {}
+    rates = runs.loc[runs["kind"] == "ladder"].dropna(subset=["tokens_per_s"])
+    return {rung: float(r) for rung, r in rates.groupby("rung")["tokens_per_s"].median().items()}
+
+
+def _opening(verdict: pd.DataFrame, params: dict | None) -> Answer:
+    """The verdict's sentences, or why it cannot be computed, with the command that lets it."""
     verdict = verdict[verdict["role"] != "outlier"] if "role" in verdict else verdict  # the report's table has them
+    if "level" in verdict:  # the opening answers the between-cell question (and states a within-cell endpoint)
+        verdict = verdict[(verdict["level"].fillna("between") == "between") | (verdict["role"] == "primary")]
     scheme = analysis_verdict.headline_scheme(verdict)
     if scheme is None:
         return _not_computable(verdict, params)
@@ -144,17 +203,22 @@ def _baselines(verdict: pd.DataFrame) -> str:
     if "baseline" not in verdict or "role" not in verdict:
         return NORM_BASELINE_WORDS
     ran = verdict[(verdict["role"] != "context") & ~verdict["verdict"].astype(str).str.startswith("skipped")]
-    extra = sorted({str(b).split("+", 1)[1] for b in ran["baseline"] if str(b).startswith("norm+")})
+    bases = {str(b).partition("+")[0] for b in ran["baseline"].dropna()}
+    base = "recipe" if "recipe" in bases else "norm"
+    extra = sorted({str(b).split("+", 1)[1] for b in ran["baseline"] if str(b).startswith(f"{base}+")})
     if not extra:
-        return NORM_BASELINE_WORDS
+        return BASELINE_WORDS[base]
     words = " and ".join(FAMILY_WORDS.get(e, e.replace("_", "-")) for e in extra)
-    return f"{NORM_BASELINE_WORDS} and, the strongest baseline, to its loss curve, weight norm and {words}"
+    strongest = BASELINE_WORDS[base].removeprefix("its ").replace(" and ", ", ")
+    return f"{BASELINE_WORDS[base]} and, the strongest baseline, to its {strongest} and {words}"
 
 
 def _families(verdict: pd.DataFrame, scheme: str) -> str:
     """Which single families add or hurt in the headline scheme, at which fractions, and against which
     baseline when the verdict has more than one (each fraction named once)."""
     single = verdict[(verdict["cv"] == scheme) & ~verdict["family"].isin(["weight_norm", "everything"])]
+    if "role" in single:  # the tested rows; a context row's recipe-blind baseline leaves the recipe to be found
+        single = single[single["role"].isin(["topology", "primary"])]
     baselines = sorted(single["baseline"].dropna().unique()) if "baseline" in single else []
     found = []
     for word in ("adds", "hurts"):

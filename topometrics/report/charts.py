@@ -4,18 +4,21 @@ No function here reads or writes a file; the report stage saves the charts (HTML
 Data is inlined as JSON records (``alt.Data(values=...)``), so a chart's ``to_dict()`` is the
 complete Vega-Lite spec and needs no data transformer (nor altair's 5,000-row limit).
 
-Every chart that shows rungs colours them with :func:`rung_color`: the ladder order
-tiny -> xl first, then any other rung (an external series such as ``EleutherAI/pythia-14m``),
-so a rung has the same colour in every figure.
+Every chart that shows rungs colours them with :func:`rung_color`: the rungs it shows, ladder order
+tiny -> xl first, then any other rung (an external series such as ``EleutherAI/pythia-14m``); a rung
+has the same colour in every figure, and a legend lists only the rungs present.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterable
 
 import altair as alt
 import pandas as pd
+
+from topometrics import vocabulary
 
 RUNG_ORDER = ("tiny", "small", "medium", "large", "xl")
 # Ladder colours light-to-dark would fade "tiny" into the background; these are Vega's
@@ -26,15 +29,26 @@ WIDTH, HEIGHT = 320, 220
 
 
 def rung_domain(rungs: Iterable[str]) -> list[str]:
-    """The colour domain: every ladder rung in ladder order, then the other rungs sorted."""
-    return list(RUNG_ORDER) + sorted(set(rungs) - set(RUNG_ORDER))
+    """The colour domain: the ladder rungs present in ladder order, then the other rungs sorted (a legend lists
+    only what the chart shows)."""
+    present = set(rungs)
+    return [r for r in RUNG_ORDER if r in present] + sorted(present - set(RUNG_ORDER))
+
+
+def rung_hue(rung: str) -> str:
+    """A rung's fixed colour: its ladder hue, else an extra hue chosen by the name's CRC-32 (stable across charts
+    and runs, unlike Python's salted ``hash``)."""
+    if rung in RUNG_ORDER:
+        return RUNG_COLORS[RUNG_ORDER.index(rung)]
+    return EXTRA_COLORS[zlib.crc32(rung.encode()) % len(EXTRA_COLORS)]
 
 
 def rung_color(rungs: Iterable[str], title: str = "rung") -> alt.Color:
-    """``rung:N`` with a fixed domain and palette, so a rung keeps its colour across charts."""
+    """``rung:N`` with the rungs present as its domain and a fixed hue per rung, so a rung keeps its colour across
+    charts."""
     domain = rung_domain(rungs)
-    palette = list(RUNG_COLORS) + [EXTRA_COLORS[i % len(EXTRA_COLORS)] for i in range(len(domain) - len(RUNG_ORDER))]
-    return alt.Color("rung:N", scale=alt.Scale(domain=domain, range=palette), sort=domain, title=title)
+    return alt.Color("rung:N", scale=alt.Scale(domain=domain, range=[rung_hue(r) for r in domain]), sort=domain,
+                     title=title)  # fmt: skip
 
 
 def loss_curves(checkpoints: pd.DataFrame) -> alt.Chart:
@@ -102,20 +116,34 @@ def tp0_vs_loss(points: pd.DataFrame) -> alt.Chart:
     )
 
 
-def correlation_heatmap(rho: pd.DataFrame) -> alt.Chart:
-    """Spearman rho(feature, validation loss) for every feature x rung. Columns: rung, feature, rho."""
+def correlation_heatmap(rho: pd.DataFrame) -> alt.VConcatChart:
+    """Spearman rho(feature, validation loss) for every feature x rung, one panel per feature family, stacked (a
+    map of ~150 features in one panel hid its column labels far above the reader). Columns: rung, feature, rho."""
     _require(rho, "correlation_heatmap", ("rung", "feature", "rho"))
     domain = [r for r in rung_domain(rho["rung"]) if r in set(rho["rung"])]
-    base = _chart(rho, "Spearman rho(feature, validation loss)").encode(
-        x=alt.X("rung:N", sort=domain, title="rung"),
-        y=alt.Y("feature:N", title=None),
-    )
-    cells = base.mark_rect().encode(
-        color=alt.Color("rho:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1]), title="rho"),
-        tooltip=["rung:N", "feature:N", alt.Tooltip("rho:Q", format=".3f")],
-    )
-    height = max(HEIGHT, 12 * rho["feature"].nunique())
-    return cells.properties(width=40 * max(len(domain), 1), height=height)
+    frame = rho.assign(family=rho["feature"].map(feature_family))
+    panels = [
+        alt.Chart(_data(rows))
+        .mark_rect()
+        .encode(
+            # every panel labels its columns at its top, next to the rows it explains
+            x=alt.X("rung:N", sort=domain, title=None, axis=alt.Axis(orient="top", labelAngle=0)),
+            y=alt.Y("feature:N", title=None),
+            color=alt.Color("rho:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1]), title="rho"),
+            tooltip=["rung:N", "feature:N", alt.Tooltip("rho:Q", format=".3f")],
+        )
+        # a fixed height per panel: Vega-Lite's step height inside a facet fails in the browser ("datum is not
+        # defined"), so panels are concatenated, each sized to its own rows
+        .properties(width=40 * max(len(domain), 1), height=12 * rows["feature"].nunique(), title=family)
+        for family, rows in frame.groupby("family", sort=True)
+    ]
+    return alt.vconcat(*panels).properties(title="Spearman rho(feature, validation loss), by family")
+
+
+def feature_family(name: str) -> str:
+    """The family a ``feature`` column name is declared in (``vocabulary.lookup``), 'other' if undeclared."""
+    feature = vocabulary.lookup(name)
+    return feature.family.name if feature is not None else "other"
 
 
 def prediction_comparison(mae: pd.DataFrame) -> alt.Chart:

@@ -16,7 +16,7 @@ import altair as alt
 import pandas as pd
 
 from topometrics.analysis.predict import prediction_summary
-from topometrics.report import charts
+from topometrics.report import charts, decision
 from topometrics.report.answer import Answer, answer
 from topometrics.report.figures import dvc_plots, figures
 from topometrics.report.frames import BETTI, Missing, ladder_only, need, ordered, wide_features
@@ -66,9 +66,14 @@ def build(frames: dict[str, pd.DataFrame | Missing], series_status: dict | None 
     report = Report(
         *banner(available["runs"], available["meta"], series_status, available["rho"], available.get("predictions"))
     )
-    report.answer = answer(available["verdict"], available["meta"])
+    report.answer = answer(available["verdict"], available["meta"], available["runs"])
     report.verdict, report.verdict_figures = section(available)
+    report.verdict_figures["stopping_curve"] = decision.stopping_curve(available["stopping"])
     report.tables = {
+        "Stopping decisions — compute saved and regret when the worst runs stop early": available["stopping"],
+        "Prediction intervals — measured coverage beside the nominal 80 % and 95 %": decision.coverage_table(
+            available["coverage"]
+        ),
         "Table 1 — model configurations and final loss": table1(available["rungs"], available["final"]),
         "Table 2 — ρ(VR H0 total persistence, loss)": rho_table(
             available["spearman"], available["rho"], (H0_TOTAL,), PAPER_TABLE2

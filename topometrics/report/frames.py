@@ -47,6 +47,8 @@ QUERIES = {
     "scaling_fits": "SELECT * FROM fits WHERE kind = 'scaling'",
     "verdict": "SELECT * FROM topology_verdict ORDER BY cv, fraction, family",
     "partial": "SELECT * FROM partial_spearman WHERE layer = 'all'",
+    "stopping": "SELECT * FROM stopping_decisions ORDER BY cv, fraction, scope, kill_share, predictor",
+    "coverage": "SELECT * FROM interval_coverage ORDER BY cv, level, fraction, predictor, nominal",
 }
 
 
@@ -90,6 +92,8 @@ FILLED_BY = {
     "changepoints": "the analysis stage has not filled the changepoint tests",
     "verdict": "the analysis stage has not filled `incremental_validity`: too few runs, or an old warehouse",
     "partial": "the analysis stage has not filled the partial Spearman tests",
+    "stopping": "the analysis stage has not filled `stopping`: no run observed at a fraction",
+    "coverage": "no verdict predictions to put intervals on: too few runs for the verdict",
 }
 
 

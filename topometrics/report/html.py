@@ -100,10 +100,16 @@ def render_html(report: Report, vega_bundle: str) -> str:
 
 
 def lead_figure(report: Report) -> str | None:
-    """The figure shown beside the answer: the verdict's forest plot, else the loss curves (None: neither)."""
+    """The figure shown beside the answer: the stopping decision's compute saved vs regret curve, else the verdict's
+    forest plot, else the loss curves (None: none of them)."""
     drawn = {**report.verdict_figures, **report.figures}
     return next(
-        (n for n in ("topology_forest", "loss_curves") if n in drawn and not isinstance(drawn[n], Missing)), None
+        (
+            n
+            for n in ("stopping_curve", "topology_forest", "loss_curves")
+            if n in drawn and not isinstance(drawn[n], Missing)
+        ),
+        None,
     )
 
 
@@ -133,8 +139,16 @@ def _lead_html(report: Report, lead: str | None) -> str:
         words = '<p class="fallback">Offline fallback corpus: losses are not comparable with the paper.</p>' + words
     if answer.command:
         why = f" ({html.escape(answer.command_why)})" if answer.command_why else ""
-        label = "To show an effect" if answer.computed else "To make it computable"
+        label = (
+            "For an answer"
+            if answer.for_answer
+            else "To show an effect"
+            if answer.computed
+            else "To make it computable"
+        )
         words += f'<p class="command">{label}: <code>{html.escape(answer.command)}</code>{why}</p>'
+    if answer.terms:
+        words += f'<p class="terms">{html.escape(answer.terms)}</p>'
     drawn = {**report.verdict_figures, **report.figures}
     figure = f'<div class="lead-figure">{_figure_html(lead, drawn[lead])}</div>' if lead else ""
     return f'<div class="lead"><section id="answer" class="answer"><h2>The answer</h2>{words}</section>{figure}</div>'
@@ -206,6 +220,7 @@ table.data th { background: #f3f3f3; }
 div.lead { display: flex; flex-wrap: wrap; gap: 1em 3em; align-items: flex-start; }
 section.answer { flex: 1 1 420px; max-width: 640px; font-size: 16px; line-height: 1.45; }
 section.answer p.command code { background: #f3f3f3; padding: 2px 4px; }
+section.answer p.terms { font-size: 85%; color: #555; }
 section.answer p.fallback { color: #c00; font-weight: bold; }
 details summary { cursor: pointer; font-weight: bold; margin-bottom: 0.5em; }
 p.missing { color: #a40; font-style: italic; }

@@ -16,8 +16,11 @@ import pandas as pd
 from topometrics.report.frames import Missing
 
 # What the smaller model of each comparison already has, and what the larger one adds.
-BASELINE = {"loss": "the loss curve", "norm": "the loss curve + weight norm"}
-DEFAULT_BASELINE = "the loss curve + weight norm"
+BASELINE = {
+    "loss": "the loss curve", "norm": "the loss curve + weight norm", "recipe": "the loss curve + weight norm + recipe",
+}  # fmt: skip
+DEFAULT_BASELINE = "the loss curve + weight norm + recipe"
+RULED_OUT = "for a linear use of these columns"  # what 'ruled out' can exclude: a nonlinear use may still help
 ADDED = {"weight_norm": "the weight norm", "everything": "every family"}
 FAMILY_WORDS = {"weights_vr": "weights-VR", "weights_np": "weights-NP", "scale_free": "scale-free"}
 CV_WORDS = {"seed": "leave-one-seed-out", "variant": "leave-one-variant-out", "rung": "leave-one-rung-out"}
@@ -33,10 +36,10 @@ ROLE_WORDS = {
 
 
 def _baseline(name) -> str:
-    name = str(name) if isinstance(name, str) else "norm"
-    if name.startswith("norm+"):
-        return f"the loss curve + weight norm + {name.removeprefix('norm+')}"
-    return BASELINE.get(name, DEFAULT_BASELINE)
+    name = str(name) if isinstance(name, str) else "recipe"
+    base, _, family = name.partition("+")
+    words = BASELINE.get(base, DEFAULT_BASELINE)
+    return f"{words} + {family}" if family else words
 
 
 def _num(value, digits: int = 3) -> str:
@@ -46,11 +49,28 @@ def _num(value, digits: int = 3) -> str:
     return f"{float(value):.{digits}g}".replace("-", "\u2212")
 
 
+def _percent(value) -> str:
+    """A share in percent as the sentences print it: two significant digits, never an exponent (−107, not
+    −1.1e+02); NaN as 'n/a'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return _num(value, 2) if abs(value) < 100 else f"{value:.0f}".replace("-", "\u2212")
+
+
 def _added(family: str) -> str:
     return ADDED.get(family, f"the {FAMILY_WORDS.get(family, family.replace('_', '-'))} family")
 
 
 LOSS_UNITS = {"nats": "nats", "bpb": "bits per byte"}  # analysis.loss_unit as the sentences name it
+# A change in MAE this small a share of the baseline MAE is float round-off (float64 carries ~16 digits; the fits'
+# solvers lose a few), not a result: the sentence says "identical" rather than printing the noise as a number.
+PRECISION = 1e-9
+
+
+def identical(delta, mae_without) -> bool:
+    """Whether ``delta`` (a change in MAE) is below numerical precision relative to the baseline's MAE."""
+    scale = abs(mae_without) if mae_without is not None and not pd.isna(mae_without) else 1.0
+    return abs(float(delta)) <= PRECISION * max(scale, 1e-12)
 
 
 def loss_unit(final) -> str:
@@ -71,14 +91,22 @@ def sentence(row, unit: str = "nats") -> str:
     delta = row.get("delta_mae")
     if delta is None or pd.isna(delta):
         return f"{when}, {what} was not tested ({cv}, {role}): {row['verdict']}."
+    if identical(delta, row.get("mae_without")):
+        return (
+            f"{when}, {what} leaves the predictions identical to the baseline's to numerical precision "
+            f"(|ΔMAE| below {PRECISION:g} of its MAE; {cv}, {role}): "
+            f"{row['verdict']}."
+        )
     p = row.get("p_adjusted")
     kind = "Holm p" if row.get("role") == "topology" else "p"
     p_text = "no p-value" if p is None or pd.isna(p) else f"one-sided {kind}={_num(p, 2)}"
     bounds = f"[95% bounds {_num(row['ci_low'])}, {_num(row['ci_high'])}; cells as units]"
     numbers = f"{_num(delta)} {LOSS_UNITS.get(unit, unit)} {bounds}"
-    share = f"{_num(100 * row.get('gain_share', float('nan')), 2)}% of the baseline MAE {_num(row.get('mae_without'))}"
+    share = f"{_percent(100 * row.get('gain_share', float('nan')))}% of the baseline MAE {_num(row.get('mae_without'))}"
     n = f"n={int(row['n'])} runs in {int(row.get('n_cells') or 0)} cells"
-    return f"{when}, {what} changes MAE by {numbers}, {share} ({n}, {cv}, {role}, {p_text}): {row['verdict']}."
+    word = f"{row['verdict']} {RULED_OUT}" if str(row["verdict"]).startswith("ruled out") else row["verdict"]
+    level = {"within": "within cells, "}.get(row.get("level"), "")
+    return f"{when}, {what} changes MAE by {numbers}, {share} ({n}, {level}{cv}, {role}, {p_text}): {word}."
 
 
 def _outlier_sentence(row, when: str, cv: str, role: str) -> str:

@@ -134,6 +134,32 @@ def check_config_fits(config, files: tuple[Path, ...]) -> None:
         raise ValueError(f"its config.json describes {described:,} parameters, its weights hold {held:,}")
 
 
+# The warehouse's ``rungs`` columns and the config attribute each is read from (transformers' attribute maps name
+# them alike for every family: GPT-2's n_embd answers to hidden_size, n_positions to max_position_embeddings).
+SHAPE_ATTRIBUTES = {
+    "hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
+    "vocab_size": "vocab_size", "context": "max_position_embeddings",
+}  # fmt: skip
+
+
+def checkpoint_shape(ckpt: SeriesCheckpoint) -> dict[str, int | None]:
+    """The checkpoint's ``n_params`` (elements of every tensor its safetensors files hold: a head tied to the
+    embedding and stored once counts once) and the ``hidden, layers, heads, vocab_size, context`` its config.json
+    states (None where it has none, or there is no config.json). Headers and the config only: nothing is loaded."""
+    n_params = sum(math.prod(shard.shape(name)) for shard in map(SafetensorsFile, ckpt.weights) for name in shard.names)
+    shape = dict.fromkeys(SHAPE_ATTRIBUTES)
+    path = None if ckpt.config_dir is None else Path(ckpt.config_dir) / "config.json"
+    if path is not None and path.is_file():
+        try:
+            config = AutoConfig.from_pretrained(path.parent, trust_remote_code=False)
+        except (ValueError, KeyError, OSError):  # a family transformers does not know (its layers: mapped by hand)
+            return {"n_params": n_params, **shape}
+        for column, attribute in SHAPE_ATTRIBUTES.items():
+            value = getattr(config, attribute, None)
+            shape[column] = value if isinstance(value, int) and not isinstance(value, bool) else None
+    return {"n_params": n_params, **shape}
+
+
 def validation_tokens(tokenizer, text: str, needed: int) -> np.ndarray:
     """The first ``needed`` (or all) token ids of ``text`` under the model's own tokenizer.
 
@@ -147,6 +173,32 @@ def validation_tokens(tokenizer, text: str, needed: int) -> np.ndarray:
         if len(ids) >= needed + _TOKEN_MARGIN or chars >= len(text):
             return np.asarray(ids[:needed], dtype=np.int64)
         chars *= 4
+
+
+def own_tokens(folder: Path | None, text: str, needed: int, model: torch.nn.Module) -> tuple[object, np.ndarray]:
+    """The model's own tokenizer (from ``folder``) and the first ``needed`` ids of ``text`` under it.
+
+    Raises :class:`NoForwardPass` naming the tokenizer file and the fix when there is none, when it cannot be
+    loaded or used (truncated, missing keys), or when it gives ids beyond the model's embedding (a tokenizer of
+    another model): only the families that need a forward pass are lost, never the weight families.
+    """
+    if folder is None:
+        raise NoForwardPass("no tokenizer files (tokenizer.json, tokenizer_config.json) beside the weights; "
+                            "put the model's own beside config.json")  # fmt: skip
+    fix = "give the series the tokenizer files the model was trained with"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        ids = validation_tokens(tokenizer, text, needed)
+    # The tokenizers library (Rust) raises a bare Exception for a malformed tokenizer.json, transformers a KeyError
+    # or TypeError for a missing key: any of them means this file cannot tokenise, and is this checkpoint's reason.
+    except Exception as err:  # noqa: BLE001
+        why = f"{type(err).__name__}: {err}".splitlines()[0][:120]
+        raise NoForwardPass(f"{folder / 'tokenizer.json'}: cannot tokenise the text ({why}); {fix}") from err
+    rows = model.get_input_embeddings().num_embeddings
+    if ids.size and int(ids.max()) >= rows:
+        raise NoForwardPass(f"{folder / 'tokenizer.json'}: token id {int(ids.max())} is beyond the model's {rows} "
+                            f"embeddings (a tokenizer of another model?); {fix}")  # fmt: skip
+    return tokenizer, ids
 
 
 def causal_lm_on_batch(
@@ -198,17 +250,12 @@ def causal_lm_forward(
     """
     try:
         model = load_causal_lm(ckpt)
-        if ckpt.tokenizer_dir is None:
-            raise OSError("no tokenizer files (tokenizer.json, tokenizer_config.json) beside the weights")
-        tokenizer = AutoTokenizer.from_pretrained(ckpt.tokenizer_dir)
-        windows = max(params.rep_batch, params.landscape_batch, params.grad_batch)
-        ids = validation_tokens(tokenizer, text, windows * seq_len + 1)
-        x, y = validation_batch(ids, seq_len, params.rep_batch)
-        targets = tokenizer.decode(
-            y.reshape(-1).tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
     except (OSError, ValueError, RuntimeError) as err:
         raise NoForwardPass(f"model not loadable by transformers: {err}".splitlines()[0]) from err
+    windows = max(params.rep_batch, params.landscape_batch, params.grad_batch)
+    tokenizer, ids = own_tokens(ckpt.tokenizer_dir, text, windows * seq_len + 1, model)
+    x, y = validation_batch(ids, seq_len, params.rep_batch)
+    targets = tokenizer.decode(y.reshape(-1).tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
     # bits per byte of the targets' text under the model's own tokenizer
     grads = gradient_batch(ids, seq_len, params)
     result = causal_lm_on_batch(model, x, y, surface_batch(ids, seq_len, params, index), grads)
@@ -217,14 +264,14 @@ def causal_lm_forward(
 
 def series_checkpoint_features(
     ckpt: SeriesCheckpoint,
-    text: str,
+    text: str | None,
     params: FeaturesParams,
     seq_len: int,
     layers: Mapping[str, str] | None = None,
     index: int = 0,
 ) -> tuple[CheckpointFeatures, list[str]]:
     """All features of one checkpoint but the distances; also returns its layer names. ``index``: its
-    place in the series (``features.landscape_every``).
+    place in the series (``features.landscape_every``); ``text`` None: no forward pass (weight features only).
 
     The weights are streamed: pass 1 reads each linear layer's ``max |w|`` (for neural
     persistence's global maximum), pass 2 is :func:`topometrics.features.checkpoint.linear_and_forward_features`
@@ -238,7 +285,7 @@ def series_checkpoint_features(
         reason = "diverged: non-finite weights in a linear layer"
         warnings.warn(f"{ckpt.revision}: {reason}", RuntimeWarning, stacklevel=2)
         return null_features(list(layers), params, reason), list(layers)
-    forward = functools.partial(causal_lm_forward, ckpt, text, params, seq_len, index)
+    forward = None if text is None else functools.partial(causal_lm_forward, ckpt, text, params, seq_len, index)
     return linear_and_forward_features(loaders, global_max, forward, params), list(layers)
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from huggingface_hub import snapshot_download
 
+from topometrics.series.run_folders import BEYOND_STEPS, MAX_STEP
+
 # Files fetched per hub revision: weights, configs, tokenizer. Never *.bin (pickle).
 HUB_PATTERNS = ["*.safetensors", "*.json", "tokenizer*"]
 _STEP_NAME = re.compile(r"(?:step|checkpoint)[-_]?(\d+)", re.IGNORECASE)
@@ -38,16 +40,32 @@ def step_from_name(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def revision_steps(revisions: tuple[str, ...]) -> tuple[dict[str, int], list[dict]]:
+    """Each revision's step (:func:`step_from_name`), in step order, and a skip record for each revision whose
+    name gives none, or one the warehouse's 32-bit step column cannot hold (:data:`MAX_STEP`)."""
+    steps, skips = {}, []
+    for revision in revisions:
+        step = step_from_name(revision)
+        if step is None:
+            reason = f"cannot tell the step of revision {revision!r}; name a step<N> branch"
+        elif step >= MAX_STEP:
+            reason = f"revision {revision!r}: step {step:,} {BEYOND_STEPS}"
+        else:
+            steps[revision] = step
+            continue
+        skips.append(skip_record(revision, None, reason))
+    return dict(sorted(steps.items(), key=lambda item: item[1])), skips
+
+
 def hub_checkpoints(model_id: str, revisions: tuple[str, ...], cache_dir: Path | None = None) -> Iterator:
     """Resolve hub revisions one at a time, in step order: yields SeriesCheckpoint or a skip dict.
 
     ``snapshot_download`` uses the cache first when offline (``HF_HUB_OFFLINE=1``) or when the hub
     cannot be reached; any failure to get the files is a skip with the reason.
     """
-    steps = {revision: step_from_name(revision) for revision in revisions}
-    for revision in [r for r in revisions if steps[r] is None]:
-        yield skip_record(revision, None, f"cannot tell the step of revision {revision!r}; name a step<N> branch")
-    for revision in sorted((r for r in revisions if steps[r] is not None), key=steps.get):
+    steps, skips = revision_steps(revisions)
+    yield from skips
+    for revision in steps:
         try:
             folder = Path(
                 snapshot_download(model_id, revision=revision, allow_patterns=HUB_PATTERNS, cache_dir=cache_dir)

@@ -20,7 +20,7 @@ shapes) differ from the folder's most common set are skipped: one series is one 
 
 A folder is read as a stranger's: only regular files are opened (a FIFO would block the stage
 forever), every JSON file is bounded in size (:data:`MAX_JSON_BYTES`) and depth, every step is an
-integer below 2**53 and every loss a finite number, and a safetensors file's tensors are bounded
+integer below 2**31 (:data:`MAX_STEP`) and every loss a finite number, and a safetensors file's tensors are bounded
 before anything is read (:meth:`topometrics.series.safetensors_reader.SafetensorsFile.size_problem`).
 Whatever fails is a skip with its reason, never an exception that stops the other checkpoints.
 """
@@ -46,10 +46,13 @@ _STEP_NAMES = (
     re.compile(r"(?:^|[-_.])(?:step|checkpoint|ckpt|iter)[-_]?(\d+)$", re.IGNORECASE),
     re.compile(r"[-_](\d+)$"),  # <anything>-<n>, <anything>_<n>
 )
+# A name ending in a signed number (checkpoint--5, step_-1) is no step: never read as 5 or 1 (displacing step_1).
+_SIGNED_STEP = re.compile(r"[-_][-+]\d+$")
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
 _VAL_NAMES, _TRAIN_NAMES = ("val_loss", "eval_loss", "valid_loss"), ("train_loss", "loss")
 MAX_JSON_BYTES = 64 * 2**20  # a trainer_state.json logging every step of a million-step run is ~150 MB; ours are KB
-MAX_STEP = 2**53  # steps are integers a float64 (JSON, Parquet, DuckDB) holds exactly
+MAX_STEP = 2**31  # steps are below it: the warehouse's step column is a 32-bit INTEGER (JSON and Parquet hold more)
+BEYOND_STEPS = "is beyond the warehouse's 32-bit step column (at most 2**31-1)"
 # map_location: a file saved from CUDA loads on a machine without it; clone: save_file refuses tensors that share
 # memory (a head tied to the embedding) and non-contiguous ones.
 CONVERT = (
@@ -112,13 +115,21 @@ def scan_run_folder(folder: Path, losses_file: Path | None = None) -> RunFolder:
     """
     folder = Path(folder)
     result = RunFolder()
-    if not folder.is_dir():
+    try:
+        entries = sorted(folder.iterdir()) if folder.is_dir() else None
+    except OSError as err:  # a folder that cannot be listed (permissions, /proc): this source is one skip
+        result.skipped.append(_skip(str(folder), None, unreadable(folder, err)))
+        return result
+    if entries is None:
         result.skipped.append(_skip(str(folder), None, f"{folder}: not a directory; check the series path"))
         return result
     table = read_losses(Path(losses_file)) if losses_file is not None else None
     found = []
-    for entry in sorted(folder.iterdir()):
-        item = _entry(entry, folder, table)
+    for entry in entries:
+        try:
+            item = _entry(entry, folder, table)
+        except OSError as err:  # one entry that cannot be stat'ed or listed (a colleague's file): it alone is skipped
+            item = _skip(entry.name, None, unreadable(entry, err))
         if isinstance(item, dict):
             result.skipped.append(item)
         elif item is not None:
@@ -141,22 +152,29 @@ def scan_run_folder(folder: Path, losses_file: Path | None = None) -> RunFolder:
 
 
 def _entry(entry: Path, folder: Path, table: pd.DataFrame | None) -> RunCheckpoint | dict | None:
-    """One folder entry as a checkpoint, a skip record, or None (not a checkpoint: configs, logs)."""
+    """One folder entry as a checkpoint, a skip record, or None (not a checkpoint: configs, logs).
+    Raises OSError when the entry cannot be stat'ed or listed."""
+    if _SIGNED_STEP.search(entry.name.removesuffix(".safetensors")):
+        reason = f"{entry}: a step name ends in a plain non-negative integer (step_1, checkpoint-5); rename it"
+        return _skip(entry.name, None, reason)
     if entry.is_dir():
         weights = _folder_weights(entry)
         if not weights:
             pickles = [p for p in sorted(entry.iterdir()) if _is_pickle_weights(p)]
             if pickles:
-                return _pickle_skip(entry.name, step_from_name(entry.name), pickles[0], entry / "model.safetensors")
+                step = _storable(step_from_name(entry.name))
+                return _pickle_skip(entry.name, step, pickles[0], entry / "model.safetensors")
             return None
         if odd := next((p for p in weights if not p.is_file()), None):
-            return _skip(entry.name, step_from_name(entry.name), _not_regular(odd))
+            return _skip(entry.name, _storable(step_from_name(entry.name)), _not_regular(odd))
         step = step_from_name(entry.name)
         step = step if step is not None else _json_step(entry / "trainer_state.json", "global_step")
         if isinstance(step, str):
             return _skip(entry.name, None, step)
         if step is None:
             return _skip(entry.name, None, f"{entry}: cannot tell the step; name it checkpoint-<step>")
+        if step >= MAX_STEP:
+            return _skip(entry.name, None, _too_large(entry, step))
         losses = (
             trainer_losses(entry / "trainer_state.json", step, folder / "trainer_state.json")
             if table is None
@@ -165,11 +183,11 @@ def _entry(entry: Path, folder: Path, table: pd.DataFrame | None) -> RunCheckpoi
         config = _dir_with(entry, folder, "config.json")
         return RunCheckpoint(step, entry.name, weights, config, _tokenizer(entry, folder), *losses)
     if entry.suffix in PICKLE_SUFFIXES and _is_pickle_weights(entry):
-        return _pickle_skip(entry.name, step_from_name(entry.stem), entry, entry.with_suffix(".safetensors"))
+        return _pickle_skip(entry.name, _storable(step_from_name(entry.stem)), entry, entry.with_suffix(".safetensors"))
     if entry.suffix != ".safetensors":
         return None
     if not entry.is_file():
-        return _skip(entry.name, step_from_name(entry.stem), _not_regular(entry))
+        return _skip(entry.name, _storable(step_from_name(entry.stem)), _not_regular(entry))
     if _SHARD.search(entry.stem):
         return _skip(
             entry.name, None, f"{entry}: a shard of a sharded checkpoint; put each checkpoint's shards in a folder"
@@ -181,19 +199,30 @@ def _entry(entry: Path, folder: Path, table: pd.DataFrame | None) -> RunCheckpoi
         return _skip(entry.name, None, step)
     if step is None:
         return _skip(entry.name, None, f"{entry}: cannot tell the step; name it step_<n>.safetensors or <name>-<n>")
+    if step >= MAX_STEP:
+        return _skip(entry.name, None, _too_large(entry, step))
     losses = _sidecar_losses(sidecar) if table is None else table_losses(table, step)
     config = _dir_with(folder, folder, "config.json")
     return RunCheckpoint(step, entry.name, (entry,), config, _tokenizer(folder, folder), *losses)
 
 
 def step_from_name(name: str) -> int | None:
-    """The step in ``checkpoint-500``, ``step_000100``, ``step100``, ``run-a-300`` or ``model_7`` (None if absent)."""
+    """The step in ``checkpoint-500``, ``step_000100``, ``step100``, ``run-a-300`` or ``model_7`` (None if absent;
+    any size: :data:`MAX_STEP` bounds what is read)."""
     for pattern in _STEP_NAMES:
         match = pattern.search(name)
         if match:
-            step = int(match.group(1))
-            return step if step < MAX_STEP else None
+            return int(match.group(1))
     return None
+
+
+def _storable(step: int | None) -> int | None:
+    """``step`` when the warehouse can hold it, else None (a skip record keeps no step it cannot store)."""
+    return step if step is not None and step < MAX_STEP else None
+
+
+def _too_large(entry: Path, step: int) -> str:
+    return f"{entry}: step {step:,} {BEYOND_STEPS}; renumber it"
 
 
 # ---------------------------------------------------------------------------
@@ -251,7 +280,7 @@ def read_losses(path: Path) -> pd.DataFrame:
     if bad.any():
         row = int(np.flatnonzero(bad.to_numpy())[0])
         raise RunFolderError(
-            f"{path}: step {frame['step'].iloc[row]!r} (row {row + 1}) is not an integer from 0 to 2**53; "
+            f"{path}: step {frame['step'].iloc[row]!r} (row {row + 1}) is not an integer from 0 to 2**31-1; "
             "fix that row of the losses file"
         )
     out = pd.DataFrame({"step": steps.astype("int64")})
@@ -311,6 +340,12 @@ def _folder_weights(entry: Path) -> tuple[Path, ...]:
     return tuple(sorted(entry.glob("*.safetensors")))
 
 
+def unreadable(path: Path, err: OSError) -> str:
+    """Why ``path`` is skipped when the system refuses to stat, list or read it, and the fix."""
+    why = err.strerror or type(err).__name__
+    return f"{path}: cannot be read ({why}); make it readable or move it out of the series folder"
+
+
 def _not_regular(path: Path) -> str:
     return f"{path}: not a regular file (a FIFO, socket or device; it could block the stage forever): never read"
 
@@ -332,6 +367,8 @@ def _one_architecture(found: list[RunCheckpoint]) -> tuple[list[RunCheckpoint], 
             signatures[ckpt.revision] = _signature(ckpt.weights)
         except CheckpointError as err:  # SafetensorsFile's errors start with the file
             skipped.append(_skip(ckpt.revision, ckpt.step, str(err)))
+        except OSError as err:
+            skipped.append(_skip(ckpt.revision, ckpt.step, unreadable(ckpt.weights[0], err)))
     counts = Counter(signatures.values())
     if not counts:
         return [], skipped
@@ -361,7 +398,7 @@ def _signature(weights: tuple[Path, ...]) -> frozenset[tuple[str, tuple[int, ...
 
 
 def _json_step(path: Path, key: str) -> int | str | None:
-    """The step under ``key`` of a JSON file: an integer in [0, 2**53), a reason when the file or the value
+    """The step under ``key`` of a JSON file: an integer in [0, :data:`MAX_STEP`), a reason when the file or the value
     cannot be one, None when the file or the key is absent."""
     if not path.is_file() and not path.exists():
         return None
@@ -373,7 +410,7 @@ def _json_step(path: Path, key: str) -> int | str | None:
         return None
     number = finite_number(value)
     if number is None or number != int(number) or not 0 <= number < MAX_STEP:
-        return f"{path}: {key} {value!r} is not a step (an integer from 0 to 2**53)"
+        return f"{path}: {key} {value!r} is not a step (an integer from 0 to 2**31-1)"
     return int(number)
 
 

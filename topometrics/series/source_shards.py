@@ -10,7 +10,9 @@ monitor's log folder is read as computed (its rows are the monitor's, not shards
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,28 +22,37 @@ import numpy as np
 import pandas as pd
 
 from topometrics.atomic import file_sha256
-from topometrics.execution import shards
+from topometrics.execution import cost, shards
 from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table, shard_iterates
 from topometrics.features.trajectory import SERIES_SKETCH
+from topometrics.models.architectures import LAYERS_FIX
 from topometrics.models.checkpoints import CheckpointError
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams, SeriesParams, SeriesSource
-from topometrics.series.checkpoint import series_checkpoint_features
-from topometrics.series.hub import hub_checkpoints, skip_record, step_from_name, weights_sha256
-from topometrics.series.run_folders import RunCheckpoint, RunFolderError, scan_run_folder
+from topometrics.series.checkpoint import SHAPE_ATTRIBUTES, checkpoint_shape, series_checkpoint_features
+from topometrics.series.hub import hub_checkpoints, revision_steps, skip_record, weights_sha256
+from topometrics.series.run_folders import RunCheckpoint, RunFolderError, scan_run_folder, unreadable
+from topometrics.series.safetensors_reader import SafetensorsFile
 from topometrics.training.monitor_log import read_log, read_stop
 
 CHECKPOINT_COLUMNS = ["rung", "seed", "step", "val_loss", "train_loss", "reason"]  # the warehouse's checkpoints
+RUNG_COLUMNS = ["rung", "kind", "n_params", *SHAPE_ATTRIBUTES]  # the warehouse's rungs
 
 
 @dataclass
 class SeriesShards:
     """What the series stage writes besides the shards."""
 
-    status: dict  # {"series": [{name, model, path, log, seed, computed, reused, skipped, checkpoints: [...]}]}
+    # {"series": [{name, model, path, log, seed, computed, skipped, checkpoints: [...]}]}: a function of the inputs
+    # only; a checkpoint whose shard was current is 'computed' too, so a clone that pulled the shards writes the
+    # same bytes (what this run computed and what it reused is in ``reused``, for the console).
+    status: dict
     logged: pd.DataFrame  # feature rows of monitor logs (computed by the monitor; not shards)
     losses: pd.DataFrame  # CHECKPOINT_COLUMNS: losses of run folders and monitor logs at their available steps
+    reused: dict = field(default_factory=dict)  # series name -> checkpoints whose current shard this run reused
+    # RUNG_COLUMNS, a row per series with a computed checkpoint: its model's shape (tensors held, config.json's)
+    shapes: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RUNG_COLUMNS))
 
 
 @dataclass(frozen=True)
@@ -93,34 +104,46 @@ def series_shards(
     there, an unreadable checkpoint, one no architecture rule maps, or a worker lost on it is
     *skipped* with the reason, as is a revision without a step in its name. Distances are to the
     previous available checkpoint. Each status checkpoint has ``revision, step, status ('computed'
-    | 'reused' | 'skipped'), reason`` and, with a shard, ``seconds, files, weights_sha256, duplicate_of``.
+    | 'skipped'), reason`` and, with a shard, ``seconds, files, weights_sha256, duplicate_of``.
     The tables: :func:`topometrics.features.run_shards.read_tables` of ``out``.
     """
     code, digest = shards.module_source_hash(__name__), shards.params_digest(params)
     context = f"seq_len {series.seq_len} text {hashlib.sha256(text.encode()).hexdigest()[:16]}"
-    status, keep, logged, losses = [], [], [], []
+    status, keep, logged, losses, reused, shapes = [], [], [], [], {}, []
     for name, source in series.sources.items():
         header = {"name": name, "model": source.model, "path": source.path, "log": source.log, "seed": source.seed}
         if source.log is not None:  # already computed by the monitor: read, not computed
             result = log_series(name, source, progress)
             logged += result.features
             losses += result.losses
-            counts = {s: sum(c["status"] == s for c in result.status) for s in ("computed", "reused", "skipped")}
+            counts = {s: sum(c["status"] == s for c in result.status) for s in ("computed", "skipped")}
             status.append(header | counts | {"checkpoints": result.status})
             continue
         label = source.model or str(source.path)
-        settings = SeriesSettings(source.model, cache_dir, text, params, series.seq_len, source.layers, label)
+        checkpoints = list(_series_checkpoints(source))
+        source_params, too_big = affordable(name, checkpoints, params, progress)
+        if too_big is not None:  # not even one layer fits: every checkpoint skipped, nothing allocated
+            records = [c if isinstance(c, dict) else skip_record(c[0], c[1], too_big) for c in checkpoints]
+            status.append(header | {"computed": 0, "reused": 0, "skipped": len(records), "checkpoints": records})
+            continue
+        source_digest = shards.params_digest(source_params) if source_params is not params else digest
+        settings = SeriesSettings(source.model, cache_dir, text, source_params, series.seq_len, source.layers, label)
         tasks, records, found = [], [], {}
-        for ckpt in _series_checkpoints(source):
+        for ckpt in checkpoints:
             if isinstance(ckpt, dict):
                 records.append(ckpt)
                 continue
             revision, step, where = ckpt
-            inputs = f"{source.model}@{revision}" if source.model else f"weights {file_sha256(*where.weights)}"
+            try:
+                inputs = f"{source.model}@{revision}" if source.model else f"weights {file_sha256(*where.weights)}"
+            except OSError as err:  # weights the system refuses to read: this checkpoint alone is skipped
+                records.append(skip_record(revision, step, unreadable(where.weights[0], err)))
+                continue
             key = shards.ShardKey(name, BASE_VARIANT, source.seed, step)
             job = SeriesJob(settings, key, revision, where, len(tasks))
             due = job.index % params.landscape_every == 0  # features.landscape_every picks by place
-            tasks.append(shards.Task(key, shards.Fingerprint(f"{inputs} {context} surface {due}", digest, code), job))
+            fingerprint = shards.Fingerprint(f"{inputs} {context} surface {due}", source_digest, code)
+            tasks.append(shards.Task(key, fingerprint, job))
             found[key] = (revision, where)
         run = shards.compute_shards(out, tasks, _series_tables, mapper(params, compute, f"series {name}"), TABLES)
         available = [t for t in tasks if t.key not in run.failed]
@@ -129,13 +152,18 @@ def series_shards(
         run = run.merge(distance_shards(out, available, _layers(out, available), params, compute, iterates))
         keep += [t.key for t in tasks if t.key not in run.failed]
         losses += [_losses(name, source.seed, where) for key, (_, where) in found.items() if key not in run.failed]
-        records += _records(out, run, tasks, {key: revision for key, (revision, _) in found.items()})
+        computed, shape = _records(out, run, tasks, {key: revision for key, (revision, _) in found.items()})
+        records += computed
+        if shape is not None:
+            shapes.append({"rung": name, "kind": "series", **shape})
         if run.damaged:
             progress(f"{name}:{run.damage_note()[1:]}")
         records.sort(key=lambda r: (r["step"] is None, r["step"] or 0))
         for line in grouped_lines(name, records):  # a line per status and reason, not per checkpoint
             progress(line)
-        counts = {s: sum(r["status"] == s for r in records) for s in ("computed", "reused", "skipped")}
+        reused[name] = sum(r["status"] == "reused" for r in records)
+        records = [r | {"status": "computed"} if r["status"] == "reused" else r for r in records]
+        counts = {s: sum(r["status"] == s for r in records) for s in ("computed", "skipped")}
         status.append(header | counts | {"checkpoints": records})
     shards.prune(out, keep)
     loss_rows = [part for part in losses if part is not None and len(part)]
@@ -143,7 +171,35 @@ def series_shards(
     types = {"seed": "int64", "step": "int64", "val_loss": "float64", "train_loss": "float64", "reason": "object"}
     rows = pd.concat(logged, ignore_index=True) if logged else pd.DataFrame(columns=FEATURE_COLUMNS + ["series"])
     rows = rows.astype({"seed": "int64", "step": "int64", "value": "float64"})
-    return SeriesShards({"series": status}, rows, frame[CHECKPOINT_COLUMNS].astype(types))
+    shape_frame = pd.DataFrame(shapes, columns=RUNG_COLUMNS).astype({c: "Int64" for c in RUNG_COLUMNS[2:]})
+    return SeriesShards({"series": status}, rows, frame[CHECKPOINT_COLUMNS].astype(types), reused, shape_frame)
+
+
+def affordable(
+    name: str, checkpoints: list, params: FeaturesParams, progress: Callable[[str], None], available: int | None = None
+) -> tuple[FeaturesParams, str | None]:
+    """``(params, None)`` with the families this machine's memory cannot hold taken out (said in one line each,
+    with the GB they need), after the estimate's line; ``(params, reason)`` when not even the largest tensor of
+    a checkpoint fits. The model's shape is read from the first local checkpoint's safetensors headers (a hub
+    revision is fetched by its job: no estimate before)."""
+    first = next((c[2] for c in checkpoints if not isinstance(c, dict) and c[2] is not None), None)
+    if first is None:
+        return params, None
+    sizes = [math.prod(t["shape"]) for path in first.weights for t in SafetensorsFile(path).header.values()]
+    available = cost.available_bytes() if available is None else available
+    if why := cost.one_layer_line(max(sizes, default=0), available):
+        progress(f"{name}: skipped: {why}")
+        return params, why
+    costs = cost.checkpoint_costs(sum(sizes), params.families)
+    count = sum(not isinstance(c, dict) for c in checkpoints)
+    progress(f"{name}: {cost.plan_line(sum(sizes), costs, count, params.landscape_every)}")
+    too_big = cost.unaffordable(costs, available)
+    for family, why in too_big.items():
+        progress(f"{name}: {family} skipped on every checkpoint: {why}")
+    if not too_big:
+        return params, None
+    kept = tuple(f for f in params.families if f not in cost.skipped_families(params.families, too_big))
+    return dataclasses.replace(params, families=kept), None
 
 
 def grouped_lines(name: str, records: list[dict]) -> list[str]:
@@ -159,10 +215,11 @@ def grouped_lines(name: str, records: list[dict]) -> list[str]:
     return [f"{name}: {n} {status}" + (f": {reason}" if reason else "") for (status, reason), n in counts.items()]
 
 
-def summary_line(series: dict) -> str:
-    """The stage's line for one series of status.json: its counts and, when checkpoints were skipped, the advice
-    that fits the source and the reasons (a hub revision waits for the hub or cache; a folder needs a fix)."""
-    counts = f"{series['computed']} computed, {series['reused']} reused, {series['skipped']} skipped"
+def summary_line(series: dict, reused: int = 0) -> str:
+    """The stage's line for one series of status.json (``reused`` of its computed checkpoints had a current shard):
+    its counts and, when checkpoints were skipped, the advice that fits the source and the reasons (a hub revision
+    waits for the hub or cache; a folder needs a fix)."""
+    counts = f"{series['computed'] - reused} computed, {reused} reused, {series['skipped']} skipped"
     text = f"series {series['name']}: {counts}"
     if not series["skipped"]:
         return text
@@ -175,8 +232,7 @@ def summary_line(series: dict) -> str:
 
 # Skip reasons (their words) -> what fixes them, for a folder as for a hub model.
 _ADVICE = (
-    (("unknown architecture", "incomplete blocks"),
-     "map the layers with the source's `layers:` option (docs/series.md, Any decoder)"),
+    (("unknown architecture", "incomplete blocks"), LAYERS_FIX),
     (("matches no 2-D tensor", "not a canonical part", "is not a regular expression", "needs exactly one group"),
      "fix the source's `layers:` option (docs/series.md, Any decoder)"),
     (("pickle weights are never opened",), "convert the pickle files with the command in the reason"),
@@ -238,6 +294,7 @@ def _series_tables(job: SeriesJob) -> dict:
         "seconds": round(time.perf_counter() - start, 3),
         "files": files,
         "weights_sha256": weights_sha256(where.weights),
+        "shape": checkpoint_shape(where),
     }
     return out
 
@@ -250,15 +307,17 @@ def _series_checkpoints(source):
         except RunFolderError as err:
             yield skip_record(source.path, None, str(err))
             return
+        except OSError as err:  # the losses file or the folder refused by the system
+            yield skip_record(source.path, None, unreadable(Path(err.filename or source.path), err))
+            return
         yield from folder.skipped
         for ckpt in folder.checkpoints:
             yield ckpt.revision, ckpt.step, ckpt
         return
-    steps = {revision: step_from_name(revision) for revision in source.revisions}
-    for revision in [r for r in source.revisions if steps[r] is None]:
-        yield skip_record(revision, None, f"cannot tell the step of revision {revision!r}; name a step<N> branch")
-    for revision in sorted((r for r in source.revisions if steps[r] is not None), key=steps.get):
-        yield revision, steps[revision], None
+    steps, skips = revision_steps(source.revisions)
+    yield from skips
+    for revision, step in steps.items():
+        yield revision, step, None
 
 
 def _layers(root: Path, tasks: list[shards.Task]) -> list[str]:
@@ -268,8 +327,11 @@ def _layers(root: Path, tasks: list[shards.Task]) -> list[str]:
     return [layer for layer in dict.fromkeys(frame["layer"]) if layer != "all"]
 
 
-def _records(root: Path, run: shards.ShardRun, tasks: list[shards.Task], revision_of: dict) -> list[dict]:
-    records, first_of = [], {}
+def _records(
+    root: Path, run: shards.ShardRun, tasks: list[shards.Task], revision_of: dict
+) -> tuple[list[dict], dict | None]:
+    """The status record of every task, and the model's shape as the first shard that has one records it."""
+    records, first_of, found_shape = [], {}, None
     for task in tasks:
         revision = revision_of[task.key]
         if task.key in run.failed:
@@ -277,10 +339,12 @@ def _records(root: Path, run: shards.ShardRun, tasks: list[shards.Task], revisio
             continue
         info = shards.stored_info(task.key.folder(root) / "features.parquet") or {}
         info.pop("iterate", None)  # the trajectory's iterate: data for the distances, not status
+        shape = info.pop("shape", None)  # the model's, the same at every checkpoint: the rungs table's
         blob = info.get("weights_sha256")
         status = "reused" if task.key in run.reused else "computed"
         records.append({"revision": revision, "step": task.key.step, "status": status, "reason": None, **info,
                         "duplicate_of": first_of.get(blob)})  # fmt: skip
+        found_shape = found_shape or shape
         if blob is not None:
             first_of.setdefault(blob, revision)
-    return records
+    return records, found_shape

@@ -7,13 +7,15 @@ its metadata names the step, rung, seed and recipe fingerprint), ``steps.csv``, 
 (:mod:`topometrics.training.sketch`) and, when ``train.monitor_every`` > 0, ``monitor/`` (the log of a
 live monitor, whose files :mod:`topometrics.training.monitor_log` names). Before training touches it:
 
-- :func:`claim_run_dir` refuses a directory whose own records name another rung or seed, and says
-  whether it holds this run's files made with another recipe, which :func:`discard_stale` deletes
-  (the run's own files only) once the new recipe's first step has run;
-- :func:`resume_step` verifies every checkpoint the run lists (sidecar, safetensors header and
-  size, the weights' sha256 against the sidecar's) and says where to continue: the end of a
-  complete run, the resume point, or step 0 when a checkpoint is damaged, changed or missing
-  (training is deterministic, so it is recomputed identically).
+- :func:`claim_run_dir` refuses a directory whose own records name another rung or seed (its resume
+  state, or with none any sidecar), and says whether it holds this run's files made with another
+  recipe, which :func:`discard_stale` deletes (the run's own files only) once the new recipe's first
+  step has run;
+- :func:`resume_step` verifies every checkpoint the run lists and every step file the directory holds
+  (sidecar, safetensors header and size, the weights' sha256 against the sidecar's, the sidecar's run,
+  recipe and step against this run's and its file name) and says where to continue: the end of a
+  complete run, the resume point, or step 0 when a checkpoint is damaged, changed, missing or another
+  run's (training is deterministic, so it is recomputed identically).
 
 :func:`save_resume` and :func:`load_resume` write and read the training state itself.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -30,8 +33,11 @@ from safetensors import safe_open
 
 from topometrics.atomic import write_text
 from topometrics.models.checkpoints import (
+    Checkpoint,
     CheckpointError,
+    checkpoint_path,
     load_state,
+    run_owner,
     safetensors_problem,
     save_tensors,
     verify_checkpoint,
@@ -108,12 +114,15 @@ def claim_run_dir(run_dir: Path, name: str, fingerprint: str) -> bool:
     run_dir.mkdir(parents=True, exist_ok=True)
     owners = _owners(run_dir)
     foreign = sorted(owner for owner in owners if owner != name)
-    if foreign:
+    resume = resume_info(run_dir)
+    # The resume state is written after every checkpoint: when it is this run's, another run's sidecars
+    # are files copied in (resume_step names and recomputes them), not a directory under the wrong name.
+    if foreign and not (resume and _name(resume) == name):
         raise CheckpointError(
             f"{run_dir} holds the checkpoints of run {', '.join(foreign)}, not {name}; train {name} into "
             f"its own directory data/runs/{name} (nothing was changed)"
         )
-    return bool(owners) and set(owners.values()) != {fingerprint}
+    return name in owners and owners[name] != fingerprint
 
 
 def discard_stale(run_dir: Path, name: str, log=print) -> None:
@@ -124,31 +133,58 @@ def discard_stale(run_dir: Path, name: str, log=print) -> None:
             path.unlink()
 
 
-def resume_step(run_dir: Path, name: str, steps: int, ckpt_every: int, fingerprint: str, log=print) -> int:
-    """The last step done, after checking every checkpoint the run directory lists.
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """The steps of the checkpoint files (weights or sidecar) the run directory holds, by their names, sorted."""
+    return sorted({int(m.group(1)) for p in Path(run_dir).glob("step_*") if (m := _STEP_NAME.match(p.name))})
+
+
+def checked_steps(run_dir: Path, steps: int, ckpt_every: int) -> list[int]:
+    """The checkpoint steps of a run of ``steps`` steps, and any other step file its directory holds (a run
+    never writes one: another run's checkpoint copied in), all of which must pass :func:`verify_checkpoint`."""
+    return sorted(set(range(0, steps + 1, ckpt_every)) | set(checkpoint_steps(run_dir)))
+
+
+def resume_step(run_dir: Path, name: str, steps: int, ckpt_every: int, owner: dict, log=print) -> int:
+    """The last step done, after checking every checkpoint the run directory lists against the run's ``owner``
+    (:func:`topometrics.models.checkpoints.run_owner`: rung, variant, seed, recipe fingerprint).
 
     ``steps`` when the run is complete and all its checkpoints are whole (its resume state is not
     needed); the resume point when it and every checkpoint up to it are whole; 0 for a new run, or
-    when a checkpoint or the resume state is damaged or missing: the bad files are named, deleted,
-    and recomputed from step 0, the nearest intact resume point.
+    when a checkpoint or the resume state is damaged, missing or another run's: the bad files are
+    named, deleted (a checkpoint's weights and sidecar both), and recomputed from step 0, the nearest
+    intact resume point.
     """
     run_dir = Path(run_dir)
-    present = sorted({int(m.group(1)) for p in run_dir.glob("step_*") if (m := _STEP_NAME.match(p.name))})
-    problem = functools.cache(functools.partial(verify_checkpoint, run_dir))  # each file hashed once
-    if present and present[-1] == steps and not any(problem(s) for s in range(0, steps + 1, ckpt_every)):
+    present, checked = checkpoint_steps(run_dir), checked_steps(run_dir, steps, ckpt_every)
+    problem = functools.cache(functools.partial(verify_checkpoint, run_dir, owner=owner))  # each file hashed once
+    if present and present[-1] == steps and not any(problem(s) for s in checked):
         return steps
     info = resume_info(run_dir)
-    usable = info is not None and info.get("recipe_fingerprint") == fingerprint
+    usable = info is not None and run_owner(info) == owner
     last = int(info["step"]) if usable else max(present, default=-1)
-    bad = [p for s in range(0, last + 1, ckpt_every) if (p := problem(s))]
+    # past the resume point a scheduled checkpoint is rewritten anyway; one off the schedule never is
+    bad = {s: p for s in checked if (s <= last or s % ckpt_every or s > steps) and (p := problem(s))}
     if not bad and (usable or last < 0):
         return max(last, 0)
+    named = list(bad.values())
     if not usable:
-        bad.append(f"resume.safetensors: {safetensors_problem(run_dir / 'resume.safetensors') or 'not this run'}")
-    log(f"[{name}] damaged or missing: {'; '.join(bad)}; recomputing from step 0, the nearest intact resume point")
-    for file in [b.split(":", 1)[0] for b in bad]:
-        (run_dir / file).unlink(missing_ok=True)
+        named.append(f"resume.safetensors: {safetensors_problem(run_dir / 'resume.safetensors') or 'not this run'}")
+        (run_dir / "resume.safetensors").unlink(missing_ok=True)
+    log(f"[{name}] damaged or missing: {'; '.join(named)}; recomputing from step 0, the nearest intact resume point")
+    for step in bad:
+        checkpoint_path(run_dir, step).unlink(missing_ok=True)
+        checkpoint_path(run_dir, step).with_suffix(".json").unlink(missing_ok=True)
     return 0
+
+
+def directory_owner(run_dir: Path, ckpts: list[Checkpoint]) -> dict:
+    """Whose checkpoints ``ckpts`` (those of ``run_dir``) should be
+    (:func:`topometrics.models.checkpoints.run_owner`): the run its resume state names, written after every
+    checkpoint; without one, the run most sidecars describe (a tie: the later checkpoint's)."""
+    if info := resume_info(run_dir):
+        return run_owner(info)
+    counts = Counter(json.dumps(run_owner(c.meta), sort_keys=True) for c in ckpts)
+    return json.loads(max(reversed(list(counts)), key=counts.__getitem__))
 
 
 def truncate_steps_log(path: Path, last_step: int) -> None:
@@ -194,7 +230,10 @@ def _owners(run_dir: Path) -> dict[str, str | None]:
             continue  # damaged: resume_step names it
     records.append(resume_info(run_dir) or {})
     return {
-        run_name(str(m["rung"]), int(m["seed"]), m.get("variant", BASE_VARIANT)): m.get("recipe_fingerprint")
-        for m in records
-        if isinstance(m, dict) and "rung" in m and "seed" in m
+        _name(m): m.get("recipe_fingerprint") for m in records if isinstance(m, dict) and "rung" in m and "seed" in m
     }
+
+
+def _name(record: dict) -> str:
+    """The run name a sidecar or resume state (with ``rung`` and ``seed``) gives."""
+    return run_name(str(record["rung"]), int(record["seed"]), record.get("variant", BASE_VARIANT))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -51,7 +50,8 @@ from topometrics.params import Params, ParamsError
 from topometrics.params_sources import ComputeParams
 from topometrics.training.live_relay import LiveRelay
 from topometrics.training.monitor_log import MONITOR_DIR, latest_measurement
-from topometrics.training.run_dir import trained_tokenizers
+from topometrics.training.progress import StepRate, finished_line, overall_line
+from topometrics.training.run_dir import checked_steps, trained_tokenizers
 from topometrics.training.train import (
     Observer,
     RunConfig,
@@ -132,8 +132,8 @@ def plan_pool(device: str, workers: int, threads: int, n_runs: int, compute: Com
 
 def estimated_flops(cfg: RunConfig, from_step: int = 0) -> float:
     """Training FLOPs left after ``from_step``: 6 per parameter per token plus attention's
-    6 * layers * context * hidden per token (Kaplan et al. 2020, C = 6N + attention). Used only to
-    order the queue, longest first."""
+    6 * layers * context * hidden per token (Kaplan et al. 2020, C = 6N + attention). Orders the queue,
+    longest first, and weighs each run's steps in the progress line's ETA."""
     m, r = cfg.model, cfg.recipe
     per_token = 6 * count_parameters(GPT(m)) + 6 * m.layers * m.context * m.hidden
     return per_token * r.batch_size * m.context * max(0, r.steps - from_step)
@@ -157,15 +157,17 @@ def run_progress(cfg: RunConfig, run_dir: Path, corpus_sha256: str, tokenizer: s
 
 def is_complete(cfg: RunConfig, run_dir: Path, corpus_sha256: str, tokenizer: str | None = None) -> bool:
     """The run reached its last step with this recipe and corpus, its checkpoint table (written
-    last) says so, and every checkpoint is whole and unchanged (header, size and the sha256 its
-    sidecar records: :func:`topometrics.models.checkpoints.verify_checkpoint`, which records the hash
-    of a sidecar written before hashes): nothing to do. A damaged, changed or missing checkpoint sends
-    the run to training, which names it and recomputes it."""
+    last) says so, and every checkpoint is whole, unchanged and this run's (header, size, the sha256 its
+    sidecar records, and the sidecar's run, recipe and step: :func:`topometrics.models.checkpoints.verify_checkpoint`,
+    which records the hash of a sidecar written before hashes), and so is any other step file the directory
+    holds: nothing to do. A damaged, changed, missing or another run's checkpoint sends the run to training,
+    which names it and recomputes it."""
     table = Path(run_dir) / "checkpoints.csv"
     r = cfg.recipe
     if run_progress(cfg, run_dir, corpus_sha256, tokenizer) != r.steps or not table.exists():
         return False
-    if any(verify_checkpoint(run_dir, step) for step in range(0, r.steps + 1, r.ckpt_every)):
+    owner = cfg.owner(recipe_fingerprint(cfg, corpus_sha256, tokenizer))
+    if any(verify_checkpoint(run_dir, step, owner) for step in checked_steps(run_dir, r.steps, r.ckpt_every)):
         return False
     return table.read_text().rstrip("\n").rsplit("\n", 1)[-1].startswith(f"{r.steps},")
 
@@ -226,6 +228,8 @@ def _train_one(
         for factory in observe:
             observers.append(observer := factory(run.config, run.run_dir))
             opened.callback(observer.close)
+        recipe = run.config.recipe
+        observers.append(StepRate(run.config.name, recipe.steps, recipe.ckpt_every, log=job_print))
         record, val_ids = read_record(corpus_dir), load_tokens(corpus_dir, "val")
         summary = train_run(
             run.config,
@@ -296,11 +300,15 @@ def train_runs(
     check_tokenizer(runs, corpus_dir, source)
     done = {r.config.name: r for r in runs if is_complete(r.config, r.run_dir, sha, tok)}
     start = {r.config.name: run_progress(r.config, r.run_dir, sha, tok) for r in runs if r.config.name not in done}
-    todo = sorted(
-        (r for r in runs if r.config.name not in done), key=lambda r: -estimated_flops(r.config, start[r.config.name])
-    )
+    # One step's FLOPs per run (estimated_flops is linear in the steps left): the queue's order, longest first,
+    # and the ETA's weights (the costly rungs train first, so a count of steps alike said 137 min left at 35 %
+    # of a 60 min ladder).
+    undone = [r for r in runs if r.config.name not in done]
+    step_flops = {r.config.name: estimated_flops(r.config, r.config.recipe.steps - 1) for r in undone}
+    left = {r.config.name: step_flops[r.config.name] * (r.config.recipe.steps - start[r.config.name]) for r in undone}
+    todo = sorted(undone, key=lambda r: -left[r.config.name])
     summaries = {name: summary_of(r.run_dir, r.config) for name, r in done.items()}
-    total_steps = sum(r.config.recipe.steps for r in todo)
+    total_flops = sum(left.values())
     log(f"train: {len(runs)} runs, {len(done)} complete, {len(todo)} to train"
         + (f" on {pool.describe()}, longest first" if todo else ""))  # fmt: skip
     t0 = last_line = time.monotonic()
@@ -334,11 +342,12 @@ def train_runs(
                     if future.cancelled():  # only the cluster cancels: its scheduler is gone
                         raise ClusterError(_scheduler_gone(pool, len(summaries) - len(done), len(todo)))
                     summaries[run.config.name] = _outcome(future, run)
-                    log(_finished_line(run, summaries[run.config.name], len(summaries), len(runs), t0))
+                    log(finished_line(run.config.name, summaries[run.config.name], len(summaries), len(runs), t0))
                     last_line = time.monotonic()
                 if pending and time.monotonic() - last_line >= progress_s:
-                    steps = sum(run_progress(r.config, r.run_dir, sha, tok) for r in todo) - sum(start.values())
-                    log(_overall_line(steps, total_steps - sum(start.values()), len(summaries), len(runs), t0))
+                    done = {r.config.name: run_progress(r.config, r.run_dir, sha, tok) for r in todo}
+                    flops = sum(step_flops[n] * max(0, done[n] - start[n]) for n in done)
+                    log(overall_line(flops, total_flops, len(summaries), len(runs), t0))
                     last_line = time.monotonic()
     if relay:
         relay.close()
@@ -406,20 +415,3 @@ def _outcome(future: Future, run: RunFiles) -> dict:
     mistake = {"mistake": str(error)} if isinstance(error, TopometricsError) else {}
     return {"rung": run.config.rung, "variant": run.config.variant, "seed": run.config.recipe.seed,
             "status": f"failed: {type(error).__name__}: {error}", "final_val_loss": None} | mistake  # fmt: skip
-
-
-def _finished_line(run: RunFiles, summary: dict, n_done: int, n_runs: int, t0: float) -> str:
-    loss = summary.get("final_val_loss")
-    loss_text = f"final val loss {loss:.4f}" if isinstance(loss, float) and math.isfinite(loss) else "no loss"
-    stop = "" if summary["status"] == "complete" else "STOPPED, "
-    return (
-        f"train: [{n_done}/{n_runs}] {run.config.name}: {stop}{summary['status']}, {loss_text} "
-        f"({time.monotonic() - t0:,.0f} s elapsed)"
-    )
-
-
-def _overall_line(steps: int, total: int, n_done: int, n_runs: int, t0: float) -> str:
-    elapsed = time.monotonic() - t0
-    eta = f", about {elapsed * (total - steps) / steps / 60:,.1f} min left" if steps > 0 else ""
-    share = steps / total if total else 1.0
-    return f"train: {n_done}/{n_runs} runs done, {share:.0%} of the steps to train ({elapsed / 60:,.1f} min{eta})"

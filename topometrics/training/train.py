@@ -104,6 +104,10 @@ class RunConfig:
         """The run's name (:func:`topometrics.params.run_name`): its config file and run directory."""
         return run_name(self.rung, self.recipe.seed, self.variant)
 
+    def owner(self, fingerprint: str) -> dict:
+        """Whose every checkpoint of this run is, as its sidecar records it (``checkpoints.run_owner``)."""
+        return {"rung": self.rung, "variant": self.variant, "seed": self.recipe.seed, "recipe_fingerprint": fingerprint}
+
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
         return cls(d["rung"], GPTConfig(**d["model"]), Recipe(**d["recipe"]), d["variant"])
@@ -307,7 +311,7 @@ def setup_run(
     check_step_memory(cfg.model, cfg.recipe.batch_size, cfg.name, cfg.variant, dev)
     fingerprint = recipe_fingerprint(cfg, corpus_sha256, tokenizer)
     stale = claim_run_dir(run_dir, cfg.name, fingerprint)
-    start = 0 if stale else resume_step(run_dir, cfg.name, r.steps, r.ckpt_every, fingerprint, log)
+    start = 0 if stale else resume_step(run_dir, cfg.name, r.steps, r.ckpt_every, cfg.owner(fingerprint), log)
     model = GPT(cfg.model)
     model.init_weights(torch.Generator().manual_seed(r.seed))
     model.to(dev).train()

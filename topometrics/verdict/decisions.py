@@ -209,14 +209,7 @@ def auroc_bounds(without, with_, outlier, cells, n_boot: int = 1000, seed: int =
     return float(low), float(high)
 
 
-def within_cell_permutation(cells, rng: np.random.Generator) -> np.ndarray:
-    """Row indices that shuffle the runs of each cell among themselves (a cell of one run keeps its row)."""
-    cells = np.asarray(cells)
-    index = np.arange(len(cells))
-    for label in np.unique(cells):
-        members = index[cells == label]
-        index[members] = rng.permutation(members)
-    return index
+within_cell_permutation = inference.within_cell_permutation  # the within-cell test's shuffle, declared there
 
 
 def shuffle_floor(outlier, cells) -> float:

@@ -23,6 +23,7 @@ Pure numpy; shapes are (n_runs,) and (n_runs, n_columns).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,6 +164,23 @@ def cell_permutation(rungs, cells, seeds, rng: np.random.Generator) -> np.ndarra
     return index
 
 
+def within_cell_permutation(cells, rng: np.random.Generator) -> np.ndarray:
+    """Row indices that shuffle the runs of each cell among themselves (a cell of one run keeps its row): the
+    within-cell test's null, that a family does not tell which seed of a recipe ends better."""
+    cells = np.asarray(cells)
+    index = np.arange(len(cells))
+    for label in np.unique(cells):
+        members = index[cells == label]
+        index[members] = rng.permutation(members)
+    return index
+
+
+def distinct_within(cells) -> int:
+    """How many distinct within-cell shuffles exist: the product over cells of (runs in the cell)!."""
+    _, counts = np.unique(np.asarray(cells), return_counts=True)
+    return int(np.prod([math.factorial(int(c)) for c in counts], dtype=object))
+
+
 def distinct_permutations(rungs, cells) -> int:
     """How many distinct cell-block permutations exist: the product over rungs of (cells in the rung)!."""
     rungs, cells = np.asarray(rungs), np.asarray(cells)
@@ -182,16 +200,33 @@ class FamilyTest:
     p_value: float  # one-sided, (1 + #{permuted >= observed}) / (1 + permutations done)
     n_perm: int  # permutations done
     min_p: float  # the smallest p this design can give: max(1 / (1 + n_perm), 1 / distinct permutations)
+    p_reverse: float = np.nan  # the reverse one-sided p, (1 + #{permuted <= observed}) / (1 + done): a family
+    # whose contribution points *away* from the base's error more than a permuted one's does
 
 
 def family_test(
-    base, extra, y, groups, rungs, cells, seeds, n_perm: int = 99, seed: int = 0, candidates=None, stop: int = 0
+    base,
+    extra,
+    y,
+    groups,
+    rungs,
+    cells,
+    seeds,
+    n_perm: int = 99,
+    seed: int = 0,
+    candidates=None,
+    stop: int = 0,
+    within: bool = False,
 ) -> FamilyTest:
     """The Clark-West statistic of ``extra`` over ``base`` and its p from up to ``n_perm`` cell-block refits.
 
+    ``within``: the refits shuffle the family among the runs of each cell (:func:`within_cell_permutation`,
+    the within-cell question) instead of permuting cells as blocks within their rung (the between-cell one).
+
     ``stop`` > 0: sequential (Besag & Clifford 1991): the refits end once ``stop`` of them reach the observed
-    statistic, with p = stop / refits done, so a family far from significance costs few refits while one
-    near it gets all ``n_perm`` (the smallest p stays 1 / (1 + n_perm)).
+    statistic *and* ``stop`` fall at or below it, with p = hits / refits done, so a family far from
+    significance in both directions costs few refits while one near either tail gets all ``n_perm`` (the
+    smallest p stays 1 / (1 + n_perm)). The reverse p (``p_reverse``) is the lower tail of the same refits.
 
     The base fits (the candidate chosen per fold, see :func:`base_folds`) are shared by every refit (only
     the family moves). Rows must be complete (no NaN).
@@ -201,17 +236,20 @@ def family_test(
     with_ = with_family(folds, extra, groups)
     observed = clark_west(y, folds.without, with_)
     rng = np.random.default_rng(seed)
-    min_p = max(1 / (1 + max(n_perm, 0)), 1 / distinct_permutations(rungs, cells))
+    distinct = distinct_within(cells) if within else distinct_permutations(rungs, cells)
+    min_p = max(1 / (1 + max(n_perm, 0)), 1 / distinct)
     if n_perm < 1 or not np.isfinite(observed) or min_p >= 1.0:  # nothing to permute: no p
         return FamilyTest(folds.without, with_, observed, np.nan, 0, min_p)
-    hits = done = 0
+    hits = low = done = 0
     while done < n_perm:
-        moved = extra[cell_permutation(rungs, cells, seeds, rng)]
-        hits += clark_west(y, folds.without, with_family(folds, moved, groups)) >= observed - 1e-15
+        order = within_cell_permutation(cells, rng) if within else cell_permutation(rungs, cells, seeds, rng)
+        moved = clark_west(y, folds.without, with_family(folds, extra[order], groups))
+        hits += moved >= observed - 1e-15
+        low += moved <= observed + 1e-15
         done += 1
-        if stop and hits >= stop:
-            return FamilyTest(folds.without, with_, observed, hits / done, done, min_p)
-    return FamilyTest(folds.without, with_, observed, (1 + hits) / (1 + done), done, min_p)
+        if stop and hits >= stop and low >= stop:
+            return FamilyTest(folds.without, with_, observed, hits / done, done, min_p, low / done)
+    return FamilyTest(folds.without, with_, observed, (1 + hits) / (1 + done), done, min_p, (1 + low) / (1 + done))
 
 
 def cell_bounds(difference, cells, level: float = 0.95) -> tuple[float, float, float, int]:
@@ -230,10 +268,15 @@ def cell_bounds(difference, cells, level: float = 0.95) -> tuple[float, float, f
     return mean, mean - half, mean + half, len(means)
 
 
-def pair_agreement(predicted: np.ndarray, actual: np.ndarray) -> float:
-    """Share of run pairs (with different final losses) that ``predicted`` orders as ``actual`` does."""
+def pair_agreement(predicted: np.ndarray, actual: np.ndarray, cells=None, within: bool = False) -> float:
+    """Share of run pairs (with different final losses) that ``predicted`` orders as ``actual`` does; with
+    ``cells``, only the pairs of different cells (``within`` False: which recipe/size ends better) or of the
+    same cell (``within`` True: which seed of a recipe ends better)."""
     i, j = np.triu_indices(len(actual), k=1)
     differ = actual[i] != actual[j]
+    if cells is not None:
+        cells = np.asarray(cells)
+        differ &= (cells[i] == cells[j]) if within else (cells[i] != cells[j])
     if not differ.any():
         return np.nan
     return float(np.mean(np.sign(predicted[i] - predicted[j])[differ] == np.sign(actual[i] - actual[j])[differ]))

@@ -3,13 +3,18 @@
 :func:`skip_groups` groups the reasons of the ``topology_verdict`` view's skipped rows by cause;
 :func:`remedy` derives the ``dvc exp run -S`` settings that let the comparisons run from the params
 snapshot; :func:`recipes_needed` is the ``not enough runs`` rule turned around (how many rung x recipe
-cells per rung the cell-block permutations need). Pure functions.
+cells per rung the cell-block permutations need); :func:`answer_layout`, :func:`training_minutes` and
+:func:`layout_command` state what an answer needs (the layout whose power was measured), what it costs to
+train from the runs' own throughput, and the one command that trains it. Pure functions.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -22,6 +27,14 @@ SURFACE_POINTS = 3  # finite points a level and a rate need (topometrics.analysi
 # The reasons verdict.scheme_problem gives (the report groups skipped rows by them).
 TOO_FEW_CHECKPOINTS = re.compile(r"^fraction (\S+) observes at most (\d+) checkpoints per run; need (\d+)$")
 TOO_FEW_GROUPS = re.compile(r"^leave-one-(\w+)-out needs at least (\d+) \w+, got (\d+)$")
+# The layout whose power was measured: the byte-level BPE sweep's 48 rung x recipe cells (16 recipes x 3 rungs),
+# 2 seeds each, called 'adds' for a family explaining 30 % of the residual variance in 85 % of simulated sweeps
+# fitted to its own variance components (`python -m bench power --calibrate`, docs/results.md). Power grows with
+# cells, not seeds: the residual is mostly between cells.
+ANSWER_CELLS = 48
+ANSWER_SEEDS = 2
+ANSWER_POWER = 0.85
+RECIPE_SEED = 2026  # tools/sample_recipes.py's seed in the command: the same recipes on every machine
 
 
 def skip_groups(view: pd.DataFrame) -> list[tuple[str, int]]:
@@ -103,3 +116,74 @@ def recipes_needed(rungs: int, level: float, permutations: int) -> int | None:
     while 1 / math.factorial(cells) ** max(rungs, 1) >= level:
         cells += 1
     return cells
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A sweep's layout: its rungs, recipes (the base and its variants) and seeds per cell."""
+
+    rungs: tuple[str, ...]
+    recipes: int
+    seeds: int
+
+    @property
+    def cells(self) -> int:
+        return len(self.rungs) * self.recipes
+
+    @property
+    def runs(self) -> int:
+        return self.cells * self.seeds
+
+
+def declared_layout(params: dict) -> Layout:
+    """The layout params declares (``params``: the warehouse's snapshot)."""
+    recipes = 1 + len(params.get("variants") or {})
+    return Layout(tuple(params["ladder"]), recipes, len(params["train"]["seeds"]))
+
+
+def answer_layout(params: dict) -> Layout | None:
+    """The declared rungs with the fewest recipes and seeds that reach :data:`ANSWER_CELLS` cells of
+    :data:`ANSWER_SEEDS` seeds, and recipes enough for the cell permutations to pass ``analysis.alpha``
+    (:func:`recipes_needed`); None when the declared layout already has them."""
+    have = declared_layout(params)
+    analysis = params["analysis"]
+    permitted = recipes_needed(
+        len(have.rungs), float(analysis.get("alpha", 0.05)), int(analysis.get("permutations", 99))
+    )
+    recipes = max(have.recipes, -(-ANSWER_CELLS // max(len(have.rungs), 1)), permitted or 0)
+    need = Layout(have.rungs, recipes, max(have.seeds, ANSWER_SEEDS))
+    return None if need == have else need
+
+
+def training_minutes(params: dict, layout: Layout, tokens_per_s: Mapping[str, float], workers: int) -> float | None:
+    """Wall minutes to train ``layout`` from scratch on ``workers`` processes: each run's tokens
+    (``train.steps`` x ``train.batch_size`` x ``data.seq_len``) at its rung's measured throughput
+    (``tokens_per_s``: tokens per second per process with the others running, checkpoints included), runs
+    longest first to the first free process (the run queue's order). None when a rung has no throughput."""
+    if any(tokens_per_s.get(rung) is None for rung in layout.rungs):
+        return None
+    train = params["train"]
+    tokens = int(train["steps"]) * int(train["batch_size"]) * int(params["data"]["seq_len"])
+    runs = sorted((tokens / tokens_per_s[rung] for rung in layout.rungs), reverse=True)
+    finish = [0.0] * max(1, workers)
+    for seconds in runs:
+        for _ in range(layout.recipes * layout.seeds):
+            heapq.heapreplace(finish, finish[0] + seconds)
+    return max(finish) / 60
+
+
+def layout_command(params: dict, layout: Layout) -> str:
+    """The one ``dvc exp run`` that trains ``layout`` from the declared params: the missing recipes drawn by
+    tools/sample_recipes.py, the seeds, and the checkpoint and loss-surface spacing :func:`remedy` asks for."""
+    have = declared_layout(params)
+    seeds = list(params["train"]["seeds"])
+    parts = ["dvc exp run"]
+    if layout.recipes > have.recipes:
+        steps = int(params["train"]["steps"])
+        n = layout.recipes - have.recipes
+        parts.append(f"$(python tools/sample_recipes.py --n {n} --seed {RECIPE_SEED} --steps {steps})")
+    if layout.seeds > have.seeds:
+        seeds += [max(seeds) + i for i in range(1, layout.seeds - have.seeds + 1)]
+        parts.append(f"-S 'train.seeds=[{','.join(map(str, seeds))}]'")
+    spacing = [s for s, _ in remedy(params) if not s.startswith("'train.seeds")]
+    return " ".join(parts + [f"-S {s}" for s in spacing])

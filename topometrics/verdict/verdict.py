@@ -1,8 +1,7 @@
 """Between-run incremental validity: does topology predict a run's final loss beyond its loss curve and weight norm?
 
-Within one run every quantity that grows with training correlates with the loss, so the question can
-only be asked *between* runs: at a fraction of training, do runs whose topology looks different end
-at a different final loss than their loss curve so far and their weight norm already say?
+Within one run everything that grows with training correlates with the loss, so the question is asked
+*between* runs: do runs whose topology looks different end differently than what is known already says?
 
 Every comparison predicts each run's final validation loss (as the drop from the last observed one)
 with a base model and with the base plus a family of inputs (each feature's level and rate),
@@ -12,20 +11,21 @@ one-sided Clark-West statistic, p from refits with the family's rung x recipe ce
 their rung, one-sided 95 % bounds with the cells as units). The comparisons (:func:`comparisons`):
 
 - ``primary`` (role ``primary``): the pre-registered endpoint ``analysis.primary`` (its family or
-  feature, fraction, scheme and baseline), judged alone at ``analysis.alpha``;
-- each verdict family of kind topological against each baseline: "loss curve + weight norm" and
-  "loss curve + weight norm + <family>" for every verdict family of kind geometric (role ``topology``,
-  exploratory: Holm-corrected together per scheme, and only they);
-- context rows, uncorrected: the weight norm over the loss curve, each other family (geometric,
-  spectral) over the loss curve + weight norm, and every topological family together.
+  feature, fraction, scheme, level and baseline), judged alone at ``analysis.alpha``;
+- each verdict family of kind topological against the baselines of :mod:`topometrics.verdict.baselines`:
+  ``recipe`` (loss curve + weight norm + recipe) and ``recipe+<geometric family>`` (role ``topology``,
+  exploratory: Holm-corrected together per scheme and level, and only they);
+- context rows, uncorrected: the weight norm over the loss curve, the recipe over the norm, each other
+  family over ``recipe``, the topological families over the older ``norm`` baselines, all of them together.
+Each runs between cells and, leave-one-seed-out, within cells (``level``, :mod:`topometrics.verdict.levels`).
 
-The verdict word (:func:`word`): ``adds`` needs the test (p below the level) *and* a minimum effect (a
-gain of at least ``analysis.min_effect`` of the baseline MAE); ``hurts`` when the 95 % bound shows
-worse predictions; ``ruled out (> X %)`` when the upper bound on the gain is within
-``analysis.equivalence_margin`` of the baseline MAE; ``not enough runs`` when the smallest p the
-permutations can give cannot pass the level; otherwise ``no evidence``. Each row also gives the
-seed-to-seed SD of the final loss (the noise ceiling) and the share of run pairs each model orders
-correctly by final loss, beside ranking by the current loss.
+The verdict word (:func:`word`): ``adds`` needs the test (p below the level) *and* a minimum effect (a gain of
+at least ``analysis.min_effect`` of the baseline MAE); ``hurts`` when the 95 % bound shows worse predictions
+and the reverse one-sided test passes; ``ruled out (> X %)`` (for a linear use) when the upper bound on the
+gain is within ``analysis.equivalence_margin`` of the baseline MAE; ``not enough runs`` when the smallest p
+the permutations can give cannot pass the level; otherwise ``no evidence``. Each row also gives the seed-to-
+seed SD of the final loss (the noise ceiling) and the share of run pairs each model orders correctly by final
+loss, beside ranking by the current loss.
 
 Anything that cannot be compared is a row with ``status = 'skipped'`` and its reason. Pure functions
 over DataFrames.
@@ -39,34 +39,31 @@ import numpy as np
 import pandas as pd
 
 from topometrics.params import AnalysisParams, ParamsError
-from topometrics.verdict import inference
+from topometrics.verdict import baselines as declared
+from topometrics.verdict import inference, levels
 from topometrics.vocabulary import kind, lookup, run_level, verdict_families
 
-LOSS_INPUTS = ("loss_drop", "mpl_drop", "tissue_drop")  # the per-run laws' predicted drop from the anchor
-NORM_INPUTS = ("weight_norm_level", "weight_norm_rate")
+# The baselines' columns, declared in topometrics.verdict.baselines (one table; these are its names here).
+LOSS_INPUTS, NORM_INPUTS, GRAD_INPUTS = declared.LOSS, declared.NORM, declared.GRAD
+RECIPE_INPUTS = declared.RECIPE_COLUMNS
+BASE_CANDIDATES = declared.CURVE_CANDIDATES
 SCHEMES = ("seed", "variant", "rung")  # leave-one-<scheme>-out; 'variant' only where runs have one
+LEVELS, WITHIN_SCHEME = levels.LEVELS, levels.WITHIN_SCHEME
 MIN_CHECKPOINTS = 4  # observed checkpoints a run needs at a fraction
 MIN_GROUPS = 3  # groups a leave-one-group-out scheme needs
 MIN_COVERAGE = 0.75  # share of runs in which an input column must be finite to be used
 RUN_KEYS = ("rung", "seed", "variant")
-# The loss-curve part of every base model is chosen inside each training fold among these candidates (a
-# new candidate is one more entry). ``loss_rank``: the same-fraction loss ranked across runs; GRAD_INPUTS:
-# the gradient norm's mean and spread over the observed window (both from ``tables``), used where present.
-GRAD_INPUTS = ("gn_mean", "gn_spread")
-BASE_CANDIDATES = (
-    LOSS_INPUTS, ("loss_drop",), ("mpl_drop",), ("tissue_drop",), (), ("loss_rank",), GRAD_INPUTS,
-    (*LOSS_INPUTS, *GRAD_INPUTS),
-)  # fmt: skip
-NORM_BASELINE = "norm"  # the baseline "loss curve + weight norm"; others are "norm+<geometric family>"
+NORM_BASELINE = "norm"  # the baseline "loss curve + weight norm" (context rows, and the outlier rows)
+DEFAULT_BASELINE = declared.DEFAULT  # "loss curve + weight norm + recipe": every topology row's smaller model
 
 VERDICT_COLUMNS = [
-    "cv", "fraction", "family", "comparison", "role", "baseline", "n", "n_cells", "n_groups", "mae_without",
+    "cv", "level", "fraction", "family", "comparison", "role", "baseline", "n", "n_cells", "n_groups", "mae_without",
     "mae_with", "delta_mae", "ci_low", "ci_high", "gain_share", "bound_share", "seed_sd", "decision_without",
     "decision_with", "decision_current", "n_outliers", "auroc_without", "auroc_with", "auroc_low", "auroc_high",
-    "statistic", "p_value", "p_adjusted", "min_p", "verdict", "status", "reason", "inputs",
+    "statistic", "p_value", "p_adjusted", "p_reverse", "min_p", "verdict", "status", "reason", "inputs",
 ]  # fmt: skip
 ERROR_COLUMNS = [
-    "cv", "fraction", "family", "comparison", "rung", "seed", "variant", "actual", "predicted_without",
+    "cv", "level", "fraction", "family", "comparison", "rung", "seed", "variant", "actual", "predicted_without",
     "predicted_with", "error_without", "error_with",
 ]  # fmt: skip
 
@@ -86,26 +83,38 @@ def family_kind(features: tuple[str, ...]) -> str:
 
 
 def baselines(families: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-    """Baseline name -> its inputs: loss curve + weight norm, and that + each geometric verdict family."""
-    cols, base = family_columns(families), LOSS_INPUTS + NORM_INPUTS
+    """Baseline name -> its inputs (:mod:`topometrics.verdict.baselines`): ``recipe`` (loss curve + weight norm +
+    recipe, the default) and ``norm`` (loss curve + weight norm), each alone and + each geometric verdict family."""
+    cols = family_columns(families)
     geometric = [name for name, feats in families.items() if family_kind(feats) == "geometric"]
-    return {NORM_BASELINE: base} | {f"{NORM_BASELINE}+{g}": base + cols[g] for g in geometric}
+    out = {}
+    for name in (DEFAULT_BASELINE, NORM_BASELINE):
+        out |= {name: declared.columns(name)} | {f"{name}+{g}": declared.columns(name) + cols[g] for g in geometric}
+    return out
 
 
 def comparisons(families: dict[str, tuple[str, ...]] | None = None) -> list[dict]:
-    """Every exploratory and context comparison: {family, comparison, role, baseline, base, extra}."""
+    """Every exploratory and context comparison: {family, comparison, role, baseline, base, extra}.
+
+    Topology rows (exploratory, Holm) test each topological family over the default baseline and over it +
+    each geometric family; the same families over the older ``norm`` baselines, the recipe over the norm, the
+    weight norm over the loss curve, the other families and all topological families together are context."""
     families = verdict_families() if families is None else families
     cols, bases = family_columns(families), baselines(families)
     row = lambda fam, comp, role, base, extra: {  # noqa: E731
-        "family": fam, "comparison": comp, "role": role, "baseline": base, "base": bases.get(base, LOSS_INPUTS),
-        "extra": extra,
+        "family": fam, "comparison": comp, "role": role, "baseline": base,
+        "base": bases.get(base) or declared.columns(base), "extra": extra,
     }  # fmt: skip
     out = [row("weight_norm", "(2) vs (1)", "context", "loss", NORM_INPUTS)]
+    out.append(row("recipe", f"recipe vs {NORM_BASELINE}", "context", NORM_BASELINE, RECIPE_INPUTS))
     topological = [name for name, feats in families.items() if family_kind(feats) == "topological"]
-    out += [row(n, "(3) vs (2)", "context", NORM_BASELINE, cols[n]) for n in families if n not in topological]
-    out += [row(n, f"(3) vs {b}", "topology", b, cols[n]) for b in bases for n in topological]
+    out += [row(n, f"(3) vs {DEFAULT_BASELINE}", "context", DEFAULT_BASELINE, cols[n]) for n in families
+            if n not in topological]  # fmt: skip
+    current = [b for b in bases if b.partition("+")[0] == DEFAULT_BASELINE]
+    out += [row(n, f"(3) vs {b}", "topology", b, cols[n]) for b in current for n in topological]
+    out += [row(n, f"(3) vs {b}", "context", b, cols[n]) for b in bases if b not in current for n in topological]
     everything = tuple(c for n in topological for c in cols[n])
-    return out + [row("everything", "(4) vs (2)", "context", NORM_BASELINE, everything)]
+    return out + [row("everything", f"(4) vs {DEFAULT_BASELINE}", "context", DEFAULT_BASELINE, everything)]
 
 
 def check_primary(
@@ -141,7 +150,7 @@ def primary_comparison(params: AnalysisParams, families: dict[str, tuple[str, ..
     families = verdict_families() if families is None else families
     features = primary.features or families.get(primary.family, ())
     extra = family_columns({primary.family: tuple(features)})[primary.family]
-    base = baselines(families).get(primary.baseline, LOSS_INPUTS + NORM_INPUTS)
+    base = baselines(families).get(primary.baseline, declared.columns(DEFAULT_BASELINE))
     spec = {"family": primary.family, "comparison": "primary", "role": "primary", "baseline": primary.baseline}
     return spec | {"base": base, "extra": extra}
 
@@ -173,21 +182,30 @@ def incremental_validity(
     plan, primary = comparisons(families), primary_comparison(params, families)
     for scheme in SCHEMES:
         for fraction, g in inputs.groupby("fraction", sort=True):
-            why = scheme_problem(g, scheme, fraction)
-            here = plan
-            if primary and scheme == params.primary.cv and math.isclose(fraction, params.primary.fraction):
-                here = [primary, *plan]
-            for spec in (s | {"permutations": _permutations(s, plan, inputs, params)} for s in here):
-                row = {"cv": scheme, "fraction": float(fraction)} | {k: spec[k] for k in VERDICT_COLUMNS if k in spec}
-                if why is not None:
-                    rows.append(row | {"n": 0, "status": "skipped", "reason": why})
-                    continue
-                result, errs = _compare(g, scheme, spec, params)
-                rows.append(row | result)
-                keys = {"cv": scheme, "fraction": float(fraction), "family": spec["family"]}
-                errors += [e | keys | {"comparison": spec["comparison"]} for e in errs]
+            for level in LEVELS if scheme == WITHIN_SCHEME else LEVELS[:1]:
+                why = scheme_problem(g, scheme, fraction) if level == "between" else levels.within_problem(g, fraction)
+                here = plan
+                if primary and _is_primary(params.primary, scheme, level, fraction):
+                    here = [primary, *plan]
+                for spec in (s | {"permutations": _permutations(s, plan, inputs, params)} for s in here):
+                    row = {"cv": scheme, "level": level, "fraction": float(fraction)}
+                    row |= {k: spec[k] for k in VERDICT_COLUMNS if k in spec}
+                    if why is not None:
+                        rows.append(row | {"n": 0, "status": "skipped", "reason": why})
+                        continue
+                    result, errs = _compare(g, scheme, spec, params, level)
+                    rows.append(row | result)
+                    keys = {"cv": scheme, "level": level, "fraction": float(fraction), "family": spec["family"]}
+                    errors += [e | keys | {"comparison": spec["comparison"]} for e in errs]
     verdict = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
     return judge(verdict, params), pd.DataFrame(errors, columns=ERROR_COLUMNS)
+
+
+def _is_primary(primary, scheme: str, level: str, fraction: float) -> bool:
+    """Whether this scheme, level and fraction are the pre-registered endpoint's (its within-cell test runs
+    under :data:`WITHIN_SCHEME` whatever its ``cv``)."""
+    at = WITHIN_SCHEME if primary.level == "within" else primary.cv
+    return scheme == at and level == primary.level and math.isclose(fraction, primary.fraction)
 
 
 def _permutations(spec: dict, plan: list[dict], inputs: pd.DataFrame, params: AnalysisParams) -> int:
@@ -204,7 +222,9 @@ def judge(verdict: pd.DataFrame, params: AnalysisParams) -> pd.DataFrame:
     out = verdict.copy()
     out["p_adjusted"] = out["p_value"].astype(float)
     level = pd.Series(params.alpha, index=out.index)
-    for _, idx in out[(out["role"] == "topology") & (out["status"] == "ok")].groupby("cv").groups.items():
+    tested = out[(out["role"] == "topology") & (out["status"] == "ok")]
+    level_of = out["level"].fillna("between") if "level" in out else pd.Series("between", index=out.index)
+    for _, idx in tested.groupby(["cv", level_of]).groups.items():
         out.loc[idx, "p_adjusted"] = holm(out.loc[idx, "p_value"].to_numpy(float))
         level[idx] = params.alpha / len(idx)  # Holm's first step: the level the smallest p must pass
     out["verdict"] = [
@@ -229,23 +249,30 @@ def holm(p_values) -> np.ndarray:
 
 def word(row, p: float, alpha: float, margin: float, min_effect: float, level: float | None = None) -> str:
     """The verdict of one tested comparison (``row``: :func:`summarise`'s keys; ``p``: its p-value, adjusted
-    where it is exploratory; ``level``: the smallest level a p must pass, default ``alpha``)."""
+    where it is exploratory; ``level``: the smallest level a p must pass, default ``alpha``).
+
+    ``hurts`` needs the 95 % bound to show worse predictions *and* the reverse one-sided test (``p_reverse``:
+    the family's contribution points away from the base's error more than a permuted family's) to pass
+    ``level``; a family that only adds noise makes the larger model worse by construction, which is
+    ``no evidence``, not harm."""
     level = alpha if level is None else level
     if not row["min_p"] < level:
         return f"not enough runs (n={int(row['n'])}, {int(row['n_cells'])} cells)"
     if p < alpha and row["gain_share"] >= min_effect:
         return "adds"
     if row["ci_low"] > 0:
-        return "hurts"
+        reverse = row.get("p_reverse", np.nan)
+        return "hurts" if reverse is not None and reverse < level else "no evidence"
     if row["bound_share"] <= margin:
         return f"ruled out (> {100 * max(row['bound_share'], 0.0):.1f} %)"
     return "no evidence"
 
 
-def summarise(y: np.ndarray, test: inference.FamilyTest, cells, actual=None, current=None) -> dict:
+def summarise(y: np.ndarray, test: inference.FamilyTest, cells, actual=None, current=None, within=False) -> dict:
     """MAEs, delta MAE (with - without, nats) and its one-sided 95 % bounds over cells, the gain and its upper
     bound as shares of the baseline MAE, the smallest p the permutations can give, and (given the final
-    losses ``actual`` and the current losses ``current``) the share of run pairs each model orders right."""
+    losses ``actual`` and the current losses ``current``) the share of run pairs each model orders right:
+    pairs of different cells, or with ``within`` pairs of the same cell."""
     e_wo, e_w = np.abs(y - test.without), np.abs(y - test.with_)
     paired = np.isfinite(e_wo) & np.isfinite(e_w)
     cells = np.asarray(cells)[paired]
@@ -253,14 +280,15 @@ def summarise(y: np.ndarray, test: inference.FamilyTest, cells, actual=None, cur
     mae = float(e_wo[paired].mean()) if paired.any() else np.nan
     out = {"n": int(paired.sum()), "n_cells": n_cells, "mae_without": mae, "mae_with": float(np.mean(e_w[paired]))}
     out |= {"delta_mae": delta, "ci_low": low, "ci_high": high, "gain_share": -delta / mae, "bound_share": -low / mae}
-    out |= {"statistic": test.statistic, "p_value": test.p_value}
+    out |= {"statistic": test.statistic, "p_value": test.p_value, "p_reverse": test.p_reverse}
     out["min_p"] = test.min_p
     if actual is not None:
         final = np.asarray(actual, float)[paired]
-        start = final - y[paired]  # the anchor: the last observed loss
-        out |= {"decision_without": inference.pair_agreement(start + test.without[paired], final)}
-        out |= {"decision_with": inference.pair_agreement(start + test.with_[paired], final)}
-        out |= {"decision_current": inference.pair_agreement(np.asarray(current, float)[paired], final)}
+        start = final - y[paired]  # the anchor (between), the anchor + the cell's mean drop (within)
+        order = lambda predicted: inference.pair_agreement(predicted, final, cells, within)  # noqa: E731
+        out |= {"decision_without": order(start + test.without[paired])}
+        out |= {"decision_with": order(start + test.with_[paired])}
+        out |= {"decision_current": order(np.asarray(current, float)[paired])}
     return out
 
 
@@ -272,9 +300,7 @@ def seed_sd(g: pd.DataFrame) -> float:
     return float(np.sqrt(np.nansum(dev**2) / dof)) if dof > 0 else np.nan
 
 
-def _cells(g: pd.DataFrame) -> pd.Series:
-    variant = g["variant"].fillna("base").astype(str) if "variant" in g else pd.Series("base", index=g.index)
-    return g["rung"].astype(str) + "|" + variant
+_cells = levels.cells  # a run's rung x recipe cell label
 
 
 def scheme_problem(g: pd.DataFrame, scheme: str, fraction: float) -> str | None:
@@ -306,7 +332,9 @@ def usable_columns(g: pd.DataFrame, columns: tuple[str, ...]) -> tuple[list[str]
     return keep, dropped
 
 
-def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams) -> tuple[dict, list[dict]]:
+def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams, level: str = "between"):
+    """One comparison's numbers and its per-run predictions (``level`` 'within': cell means removed from the
+    target and every input, runs of one-seed cells left out, seeds shuffled within cells)."""
     g = g[g["n_seen"] >= MIN_CHECKPOINTS].reset_index(drop=True)
     base_cols, base_dropped = usable_columns(g, spec["base"])
     extra_cols, extra_dropped = usable_columns(g, spec["extra"])
@@ -315,39 +343,44 @@ def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams) -
         return {"n": 0, "status": "skipped", "reason": "no usable inputs of the smaller model" + note}, []
     if not extra_cols:
         return {"n": 0, "status": "skipped", "reason": f"family {spec['family']} has no usable values" + note}, []
-    geometric = [c for c in spec["base"] if c not in LOSS_INPUTS + NORM_INPUTS]  # a norm+<family> baseline's own
-    if geometric and not set(geometric) & set(base_cols):  # else it would silently be the norm baseline
+    known = {c for part in declared.PARTS for c in part.columns}
+    geometric = [c for c in spec["base"] if c not in known]  # a <baseline>+<family> baseline's own columns
+    if geometric and not set(geometric) & set(base_cols):  # else it would silently be the plain baseline
         return {"n": 0, "status": "skipped", "reason": f"baseline {spec['baseline']} has no usable values" + note}, []
     if set(LOSS_INPUTS) <= set(spec["base"]):  # the loss-curve part is chosen among BASE_CANDIDATES
         base_cols += curve_extras(g, base_cols)
+    g, base_cols = declared.flexible_basis(g, base_cols)
     both = base_cols + extra_cols
     target = (g["actual"] - g["anchor"]).to_numpy(float)
     usable = np.isfinite(g[both].to_numpy(float)).all(axis=1) & np.isfinite(target)
     sub = g[usable].reset_index(drop=True)
-    groups = sub[scheme].nunique()
-    if groups < MIN_GROUPS:
-        why = f"{int(usable.sum())} runs with every input span {groups} {scheme}s; need {MIN_GROUPS}"
-        return {"n": int(usable.sum()), "n_groups": groups, "status": "skipped", "reason": why + note}, []
+    y, base_x, extra_x = target[usable], sub[base_cols].to_numpy(float), sub[extra_cols].to_numpy(float)
+    groups, within = sub[scheme].to_numpy(), level == "within"
+    if within:  # which seed of a cell ends better: only the deviations from the cell's means
+        sub, (y, base_x, extra_x), groups = levels.within_cells(sub, y, base_x, extra_x)
+    n_groups = len(np.unique(groups))
+    if n_groups < (2 if within else MIN_GROUPS):
+        why = f"{len(sub)} runs with every input span {n_groups} {scheme}s; need {2 if within else MIN_GROUPS}"
+        return {"n": len(sub), "n_groups": n_groups, "status": "skipped", "reason": why + note}, []
     cells = _cells(sub).to_numpy()
     test = inference.family_test(
-        sub[base_cols].to_numpy(float), sub[extra_cols].to_numpy(float), target[usable], sub[scheme].to_numpy(),
-        sub["rung"].astype(str).to_numpy(), cells, sub["seed"].to_numpy(), spec["permutations"], params.seed,
-        base_candidates(base_cols), stop=10,
+        base_x, extra_x, y, groups, sub["rung"].astype(str).to_numpy(), cells, sub["seed"].to_numpy(),
+        spec["permutations"], params.seed, base_candidates(base_cols), stop=10, within=within,
     )  # fmt: skip
-    result = summarise(target[usable], test, cells, sub["actual"].to_numpy(float), sub["anchor"].to_numpy(float))
-    result |= {"n_groups": int(sub[scheme].nunique()), "seed_sd": seed_sd(sub), "inputs": ",".join(both)}
+    actual = sub["actual"].to_numpy(float)
+    result = summarise(y, test, cells, actual, sub["anchor"].to_numpy(float), within)
+    result |= {"n_groups": n_groups, "seed_sd": seed_sd(sub), "inputs": ",".join(both)}
     if result["n"] < 2 or result["n_cells"] < 2:
         why = f"{result['n']} runs in {result['n_cells']} cells predicted by both models; need 2 cells"
         return result | {"status": "skipped", "reason": why + note}, []
     result |= {"status": "ok", "reason": note.removeprefix("; ") or None}
     keys = [k for k in RUN_KEYS if k in sub]
-    anchor = sub["anchor"].to_numpy(float)
+    start = actual - y  # the anchor (between), the anchor + the cell's mean drop (within)
     errs = [
         {k: sub.at[i, k] for k in keys}
-        | {"actual": sub.at[i, "actual"], "predicted_without": anchor[i] + test.without[i]}
-        | {"predicted_with": anchor[i] + test.with_[i]}
-        | {"error_without": abs(test.without[i] - target[usable][i])}
-        | {"error_with": abs(test.with_[i] - target[usable][i])}
+        | {"actual": actual[i], "predicted_without": start[i] + test.without[i]}
+        | {"predicted_with": start[i] + test.with_[i]}
+        | {"error_without": abs(test.without[i] - y[i]), "error_with": abs(test.with_[i] - y[i])}
         for i in np.flatnonzero(np.isfinite(test.without) & np.isfinite(test.with_))
     ]
     return result, errs
@@ -356,7 +389,7 @@ def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams) -
 def base_candidates(base_cols: list[str]) -> list[list[int]] | None:
     """Column indices of each usable :data:`BASE_CANDIDATES` entry plus every non-loss base column (norm,
     geometric family); None (one model of every column) when the base has no loss-curve part."""
-    curve = set(LOSS_INPUTS) | {"loss_rank", *GRAD_INPUTS}
+    curve = set(declared.CURVE)
     always = [i for i, c in enumerate(base_cols) if c not in curve]
     if len(always) == len(base_cols):
         return None
@@ -399,12 +432,14 @@ def verdict_metrics(view: pd.DataFrame) -> dict:
     primary = view[view["role"] == "primary"] if "role" in view else view.iloc[:0]
     for r in primary.itertuples(index=False):
         entry = {"family": r.family, "fraction": float(r.fraction), "cv": r.cv, "verdict": str(r.verdict)}
+        entry["level"] = str(getattr(r, "level", None) or "between")
         for key in ("delta_mae", "gain_share", "bound_share", "p_value"):
             value = getattr(r, key)
             entry[key] = float(f"{float(value):.6g}") if pd.notna(value) else None
         out["primary"] = entry | {"n": int(r.n)}
     scheme = headline_scheme(view)
-    rows = view[(view["cv"] == (scheme or view["cv"].iloc[0])) & (view["family"] == HEADLINE_FAMILY)]
+    between = view["level"].fillna("between") == "between" if "level" in view else True
+    rows = view[(view["cv"] == (scheme or view["cv"].iloc[0])) & (view["family"] == HEADLINE_FAMILY) & between]
     out["cv"] = scheme or "none"
     for r in rows.sort_values("fraction").itertuples(index=False):
         word = str(r.verdict).split(":")[0]  # 'skipped: <reason>' -> 'skipped' (the report says why)

@@ -1,0 +1,72 @@
+"""``bench power --calibrate``: the variance components of a finished sweep, read back from a warehouse whose
+components are known."""
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+from bench import power, power_calibrate
+from topometrics.verdict import baselines
+
+
+def synthetic_warehouse(path, cell_sd=0.03, run_sd=0.01, shape=(3, 16, 2), seed=0) -> None:
+    """Tables ``runs`` and ``incremental_errors`` of a sweep whose base residual has the given cell- and
+    run-level SDs, and whose norm lowers the loss-curve MAE by a known amount."""
+    rng = np.random.default_rng(seed)
+    rungs, recipes, seeds = shape
+    runs = pd.DataFrame(
+        [(f"r{a}", f"v{b:02d}", s) for a in range(rungs) for b in range(recipes) for s in range(seeds)],
+        columns=["rung", "variant", "seed"],
+    ).assign(kind="ladder")
+    cell = rng.normal(0, cell_sd, rungs * recipes).repeat(seeds)
+    residual = cell + rng.normal(0, run_sd, len(runs))
+    actual = 3.0 + rng.normal(0, 0.2, rungs * recipes).repeat(seeds) + rng.normal(0, 0.02, len(runs))
+    rows = []
+    for family, comparison, scale in (("weight_norm", "(2) vs (1)", 3.0), ("weights_vr", "(3) vs recipe", 1.0)):
+        without = actual - scale * residual
+        with_ = actual - residual  # the norm row's larger model is the recipe base's accuracy
+        rows.append(runs.assign(cv="variant", level="between", fraction=0.2, family=family, comparison=comparison)
+                    .assign(actual=actual, predicted_without=without, predicted_with=with_,
+                            error_without=np.abs(actual - without), error_with=np.abs(actual - with_)))  # fmt: skip
+    errors = pd.concat(rows, ignore_index=True)
+    within = errors.assign(level="within", actual=0.0)  # within-cell rows must not enter the between components
+    with duckdb.connect(str(path)) as con:
+        con.register("r", runs)
+        con.register("e", pd.concat([errors, within], ignore_index=True))
+        con.execute("CREATE TABLE runs AS SELECT * FROM r")
+        con.execute("CREATE TABLE incremental_errors AS SELECT * FROM e")
+
+
+def test_calibration_recovers_the_known_components_of_a_synthetic_sweep(tmp_path):
+    path = tmp_path / "warehouse.duckdb"
+    synthetic_warehouse(path, cell_sd=0.03, run_sd=0.01, shape=(3, 40, 3))
+    comp = power_calibrate.components(str(path))
+    assert comp["shape"] == (3, 40, 3) and comp["cv"] == "variant" and comp["baseline"] == "recipe"
+    assert comp["cell_sd"] == pytest.approx(0.03, rel=0.15)
+    assert comp["run_sd"] == pytest.approx(0.01, rel=0.15)
+    assert comp["seed_sd"] == pytest.approx(0.02, rel=0.15)
+    # the recipe base's MAE is E|residual| = sqrt(2 / pi) * sqrt(cell^2 + run^2); the loss curve's is 3 times it
+    assert comp["base_mae"] == pytest.approx(np.sqrt(2 / np.pi) * np.hypot(0.03, 0.01), rel=0.1)
+    assert comp["norm_gain"] == pytest.approx(2 * comp["base_mae"], rel=1e-9)
+
+
+def test_the_residual_split_matches_a_one_way_anova_by_hand():
+    cells = np.array(["a", "a", "b", "b", "c", "c"])
+    residual = np.array([1.0, 3.0, 2.0, 2.0, 6.0, 4.0])
+    # within: deviations (-1, 1, 0, 0, 1, -1): SS 4 on 3 dof; cell means 2, 2, 5: variance 3, less (4/3) / 2
+    cell_sd, run_sd = power_calibrate.split_residual(residual, cells)
+    assert run_sd == pytest.approx(np.sqrt(4 / 3))
+    assert cell_sd == pytest.approx(np.sqrt(3 - (4 / 3) / 2))
+
+
+def test_the_simulated_base_sees_the_recipe_through_the_verdicts_monotone_basis():
+    runs = power.simulate((2, 4, 2), 1, 0.0, "recipe proxy", np.random.default_rng(0))
+    log_lr = runs.base[:, 5]
+    assert runs.base.shape == (16, 10) and len(np.unique(log_lr)) == 4  # one LR per recipe
+    # the proxy is monotone (decreasing) in the LR, as sharpness ~ 2 / LR
+    order = np.argsort(log_lr)
+    assert np.corrcoef(log_lr[order], np.log(runs.extra[order, 0]))[0, 1] < -0.9
+    frame, cols = baselines.flexible_basis(pd.DataFrame({"recipe_log_lr": log_lr}), ["recipe_log_lr"])
+    assert cols == ["recipe_log_lr", "recipe_log_lr~rank", "recipe_log_lr~sq"]
+    assert np.allclose(frame[cols].to_numpy(), runs.base[:, [5, 8, 9]])

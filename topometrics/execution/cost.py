@@ -1,0 +1,123 @@
+"""What one checkpoint's features cost, told before they run: seconds (one thread) and peak memory per family.
+
+Everything scales with the parameter count ``n`` of the model (a Pythia-shaped GPT-NeoX from 70M to 410M
+parameters: the per-layer work, the gradients and the Hessian-vector products are all linear in ``n`` at
+a fixed batch). :data:`SECONDS_PER_MILLION` and :data:`BYTES_PER_PARAMETER` are the rates;
+:func:`checkpoint_costs` applies them, :func:`unaffordable` names the families a machine's available memory
+cannot hold (each with the GB it needs), :func:`plan_line` is the one line a stage prints before it starts.
+
+Provenance. Seconds: one-thread CPU seconds measured on this project's 2-core machine on a
+Pythia-160M-shaped checkpoint (random weights, vocabulary 50,304; 162.3M parameters) with the per-checkpoint
+functions, divided by 162.3; the curvature's Lanczos products doubled where its basis is not kept
+(``landscape/curvature.py``: 20 of its ~29 products) and the trace's 3 deflation products added
+(``landscape/trace.py``, since), so x 52 / 29 — at the least probes: the adaptive trace may take up to
+``features.hessian_probes_max``, and the exact trace (at most ``features.hessian_exact_max`` parameters) one
+product per parameter, which is not linear in ``n``. Memory: bytes held per parameter, counted
+from the buffers each family keeps (float32 weights 4 B, a float64 copy 8 B), checked against the measured
+peak of the old curvature (16 GB at 70M, 36-38 GB at 160M = a 160 B/parameter Lanczos basis on top of
+~70 B/parameter) — the others are upper estimates, not yet measured (``python -m bench features``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+GIB = 1 << 30
+# One-thread seconds per million parameters (Pythia-160M-shaped, measured; see the module docstring).
+SECONDS_PER_MILLION = {
+    "weights": 26.4 / 162.3,  # np, vr, spectral, scale_free, heavy_tail together (layer_features)
+    "trajectory": 53.2 / 162.3,
+    "gradient": 18.0 / 162.3,  # one forward+backward of 16 x 128 tokens
+    "gradient_topology": 117.5 / 162.3,
+    "landscape": 757.0 / 162.3,  # 338 loss evaluations
+    # gradient + <= 20 Lanczos steps (two passes) + 3 deflation products + 8 probes, float64: 52 products where
+    # the measured run spent 29; at the least probes (features.hessian_probes): each more adds 538 / 29 s at 160M
+    "curvature": (29 + 20 + 3) / 29 * 538.0 / 162.3,
+}
+# Peak bytes per parameter: the model and what each family keeps besides it (counted; see the docstring).
+BYTES_PER_PARAMETER = {
+    "weights": 4 + 4,  # the model, one layer's float64 copy at most (streamed layers: far less)
+    "trajectory": 4 + 8,  # the weights and their float64 flattening
+    "gradient": 4 + 4 + 8,  # the model, its gradients, activations (16 x 128 tokens: under 8 B/parameter)
+    "gradient_topology": 4 + 4 + 8 + 8,  # as gradient, and the whole-network sketch's float64 flattening
+    "landscape": 4 + 3 * 4 + 8,  # the model, two directions and a moved copy, activations
+    # the model, its float64 copy, the float64 gradient at the weights and three float32 Ritz vectors, and at
+    # most 72 B more: three float64 Lanczos vectors and a product's ~5 float64 temporaries (64), the trace's
+    # QR of the Ritz vectors (their float64 copy, LAPACK's, the basis: 72), or its probes (the basis, a probe,
+    # a product's temporaries: 72; landscape/trace.py, measured with tracemalloc)
+    "curvature": 4 + 8 + 8 + 3 * 4 + max(3 * 8 + 5 * 8, 3 * 3 * 8, 3 * 8 + 8 + 5 * 8),
+}
+FIXED_BYTES = 1 * GIB  # the interpreter, torch, transformers, the tokenizer
+GROUP = {name: "weights" for name in ("np", "vr", "spectral", "scale_free", "heavy_tail")}
+
+
+@dataclass(frozen=True)
+class FamilyCost:
+    family: str  # a rate's key ("weights" stands for the five weight families)
+    seconds: float  # one thread, one checkpoint
+    peak_bytes: int  # the process's peak while it runs
+
+
+def checkpoint_costs(parameters: int, families: Iterable[str], surface: bool = True) -> list[FamilyCost]:
+    """The cost of each rated family among ``families`` for one checkpoint of ``parameters`` parameters.
+
+    ``surface`` False leaves out landscape and curvature (a checkpoint off ``features.landscape_every``).
+    Families without a rate (representation, distance: one forward pass, or distances of kept iterates)
+    are not listed."""
+    keys = dict.fromkeys(GROUP.get(f, f) for f in families)
+    keys = [k for k in keys if k in SECONDS_PER_MILLION and (surface or k not in ("landscape", "curvature"))]
+    return [
+        FamilyCost(k, SECONDS_PER_MILLION[k] * parameters / 1e6, FIXED_BYTES + BYTES_PER_PARAMETER[k] * parameters)
+        for k in keys
+    ]
+
+
+def available_bytes() -> int:
+    """The memory the machine can give now without swapping: ``MemAvailable`` of /proc/meminfo (else all RAM)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def unaffordable(costs: list[FamilyCost], available: int) -> dict[str, str]:
+    """Family key -> why it is skipped: what it adds to the running process (its peak less :data:`FIXED_BYTES`,
+    already resident) exceeds ``available`` bytes (one line, with the GB)."""
+    return {
+        c.family: f"needs ~{c.peak_bytes / GIB:.1f} GB at peak, {available / GIB:.1f} GB available (estimated)"
+        for c in costs
+        if c.peak_bytes - FIXED_BYTES > available
+    }
+
+
+def skipped_families(families: Iterable[str], too_big: dict[str, str]) -> tuple[str, ...]:
+    """The ``features.families`` names a set of unaffordable rate keys covers (the weight group by its members)."""
+    return tuple(f for f in families if GROUP.get(f, f) in too_big)
+
+
+def plan_line(parameters: int, costs: list[FamilyCost], checkpoints: int = 1, surface_every: int = 1) -> str:
+    """One line: the model's size, each family's seconds and peak GB, and the total for ``checkpoints``, of which
+    every ``surface_every``-th from the first has the loss surface (``features.landscape_every``)."""
+    parts = ", ".join(f"{c.family} {c.seconds:.0f} s / {c.peak_bytes / GIB:.1f} GB" for c in costs)
+    surfaced = -(-checkpoints // surface_every)
+    total = sum(c.seconds * (surfaced if c.family in ("landscape", "curvature") else checkpoints) for c in costs)
+    peak = max((c.peak_bytes for c in costs), default=FIXED_BYTES)
+    return (
+        f"estimate for {parameters / 1e6:.1f}M parameters (one thread, per checkpoint): {parts}; "
+        f"{checkpoints} checkpoint(s): ~{total / 3600:.2f} h, peak ~{peak / GIB:.1f} GB"
+    )
+
+
+def one_layer_line(largest_elements: int, available: int) -> str | None:
+    """Why a checkpoint cannot be measured at all (its largest tensor, stored and as float64, exceeds
+    ``available`` bytes), or None."""
+    need = 12 * largest_elements  # the tensor as stored (float32 at most) and its float64 copy
+    if need <= available:
+        return None
+    return f"its largest tensor needs ~{need / GIB:.1f} GB to read, {available / GIB:.1f} GB available"
