@@ -7,6 +7,8 @@
 
 from pathlib import Path
 
+import checkout  # noqa: F401 (first: this checkout's topometrics, not the environment's)
+
 from topometrics.atomic import write_text
 from topometrics.errors import run_stage, stage_parser
 from topometrics.report.plots_page import DVC_VL_VERSION, page_template, vega_bundle

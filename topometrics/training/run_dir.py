@@ -110,7 +110,7 @@ def claim_run_dir(run_dir: Path, name: str, fingerprint: str) -> bool:
     """
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
-        raise CheckpointError(f"{run_dir} is a file, not the run directory of {name}; move it away")
+        raise CheckpointError(f"{_shown(run_dir)} is a file, not the run directory of {name}; move it away")
     run_dir.mkdir(parents=True, exist_ok=True)
     owners = _owners(run_dir)
     foreign = sorted(owner for owner in owners if owner != name)
@@ -119,10 +119,19 @@ def claim_run_dir(run_dir: Path, name: str, fingerprint: str) -> bool:
     # are files copied in (resume_step names and recomputes them), not a directory under the wrong name.
     if foreign and not (resume and _name(resume) == name):
         raise CheckpointError(
-            f"{run_dir} holds the checkpoints of run {', '.join(foreign)}, not {name}; train {name} into "
+            f"{_shown(run_dir)} holds the checkpoints of run {', '.join(foreign)}, not {name}; train {name} into "
             f"its own directory data/runs/{name} (nothing was changed)"
         )
     return name in owners and owners[name] != fingerprint
+
+
+def _shown(path: Path) -> str:
+    """``path`` as the user named it: relative to the working directory when it lies under it (the run queue
+    hands its jobs absolute paths, so a Dask worker elsewhere finds them), else whole."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def discard_stale(run_dir: Path, name: str, log=print) -> None:
