@@ -1,6 +1,7 @@
 """The three training-dynamics families' cost per checkpoint: ``python -m bench features --dynamics``.
 
-For xl and a Pythia-70m-shaped model (``bench.features.SURFACE_MODELS``) at the default ``features.*`` and
+For xl and a Pythia-70m-shaped model (``bench.features.SURFACE_MODELS``; ``--models`` names others, e.g. the
+Pythia-160m and -410m shapes, as ``a,b`` or ``a b``) at the default ``features.*`` and
 ``train.*`` params, the seconds each family adds to one checkpoint, as ratios to one forward+backward pass of
 the same model on the same batch (the ``features.grad_batch`` gradient windows), timed in the same run: the
 smaller of two medians of 5, one before and one after the families (the method of ``--surface``).
@@ -15,9 +16,14 @@ smaller of two medians of 5, one before and one after the families (the method o
 And what a features run spends on a run's checkpoint iterates (51 xl checkpoints): reloading and projecting
 every checkpoint, as each run did before, against reading each one's iterate from its shard (now).
 
-Every time on CPU is this process's CPU time (``time.process_time``) on ``--threads`` torch threads.
+Every time on CPU is this process's CPU time (``time.process_time``) on ``--threads`` torch threads. The
+costs' process also reads its resident memory (``VmHWM``, the counter of ``ru_maxrss``): each family's
+high-water mark above what was resident as it started (``*_peak_mb``; near 0 when the heap kept from the
+reference passes serves it) and the process's whole peak (``process_peak_mb``: model, batch, imports,
+activations, the family).
 
-**Memory** (CPU, :func:`layer_memory`): in a fresh process per model, resident memory above the model (its
+**Memory, layer by layer** (CPU, :func:`layer_memory`; ``--no-layer-memory`` skips it): in a fresh process
+per model, resident memory above the model (its
 resident size before the measured work), from ``/proc/self/status`` (``VmRSS`` now, ``VmHWM`` the high-water
 mark, the same counter as ``ru_maxrss``), the mark lowered to the resident size before each part by writing
 ``5`` to ``/proc/self/clear_refs``: a plain forward+backward pass of the batch (what its forward keeps for the

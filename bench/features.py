@@ -34,6 +34,10 @@ A CUDA device is used when one is present (``--device``).
 ``--dynamics`` measures instead the training-dynamics families (``gradient_topology``, ``trajectory``,
 ``changepoints``) for the same two models, by the same method, and the gradient family's memory
 (:mod:`bench.dynamics`).
+
+``--models`` (``a,b`` or ``a b``) picks from :data:`SURFACE_MODELS`: xl, and GPT-NeoX's Pythia-70m, -160m and
+-410m block shapes (hidden 512 / 768 / 1024, 6 / 12 / 24 blocks, 8 / 12 / 16 heads) in our GPT with our
+128-character vocabulary and context 128, not Pythia's 50k-token embedding; default xl and the 70m shape.
 """
 
 from __future__ import annotations
