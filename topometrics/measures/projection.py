@@ -95,13 +95,27 @@ def project(
     target = out.reshape(1, -1) if single else out
     s = nonzeros(k)
     split = np.zeros((rows.shape[0], 2 * k))
-    ones = np.ones(min(rows.shape[1], max(1, chunk)) * s)
+    ones, pointers = _ones_and_pointers(min(rows.shape[1], max(1, chunk)), s)
     for start in range(0, rows.shape[1], max(1, chunk)):
         part = rows[:, start : start + chunk]
         n = part.shape[1]
         columns = projection_rows(n, offset + start, k, seed).ravel()
-        matrix = scipy.sparse.csr_matrix((ones[: n * s], columns, np.arange(0, n * s + 1, s)), (n, 2 * k))
+        matrix = scipy.sparse.csr_matrix((ones[: n * s], columns, pointers[: n + 1]), (n, 2 * k))
         split += np.asarray(matrix.T @ np.asarray(part, dtype=np.float64).T).T
     halves = split.reshape(-1, s, 2, k // s)
     target += (halves[:, :, 0] - halves[:, :, 1]).reshape(-1, k) / math.sqrt(s)
     return out
+
+
+_SHARED: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # s -> read-only ones and row pointers, grown as needed
+
+
+def _ones_and_pointers(n: int, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR product's data (``n s`` ones) and row pointers (``0, s, .., n s``, int32) for ``n`` coordinates:
+    made once and shared (read-only), so a call allocates neither (a small sketch is mostly allocation)."""
+    have = _SHARED.get(s)
+    if have is None or have[1].size < n + 1:
+        ones, pointers = np.ones(n * s), np.arange(0, n * s + 1, s, dtype=np.int32)
+        ones.flags.writeable = pointers.flags.writeable = False
+        _SHARED[s] = have = (ones, pointers)
+    return have
