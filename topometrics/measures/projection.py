@@ -21,13 +21,15 @@ to the sketch of the whole (tested); nothing is drawn per call beyond the slice'
 ``1/s`` each, signs independent), and ``Var |x P|^2 = (2/k) (|x|_2^4 - |x|_4^4) <= (2/k) |x|^4``: at most the
 Gaussian matrix's ``2/k`` (``chi^2_k / k``). Kane and Nelson prove the JL property (``|x P|^2`` within
 ``1 +- eps`` of ``|x|^2`` with probability ``1 - delta``) for ``k = O(eps^-2 log 1/delta)`` and
-``s = O(eps^-1 log 1/delta)``, the Gaussian's ``k`` up to the constant. For a vector spread over many
-coordinates (weights, their differences, gradients) the ratio ``|x P| / |x|`` is distributed as the
-Gaussian's ``sqrt(chi^2_k / k)`` (for k = 64: 95 % of ratios within about 0.83-1.17); a vector with one
+``s = O(eps^-1 log 1/delta)``, the Gaussian's ``k`` up to the constant, for hash functions of
+``O(log 1/delta)``-wise independence (Philox's bits stand in for fully random ones; ``s`` = 8 at k = 64 is a
+choice, checked by simulation, not the theorem's constant). For a vector spread over many coordinates
+(weights, their differences, gradients) the ratio ``|x P| / |x|`` is distributed approximately (a central
+limit) as the Gaussian's ``sqrt(chi^2_k / k)`` (for k = 64: 95 % of ratios within about 0.83-1.17); a vector with one
 nonzero keeps its norm exactly; one with two equal nonzeros keeps it exactly unless the two share a bucket in
 some block (probability ``1 - (1 - 1/m)^s``, 0.66 at k = 64), each sharing moving ``|x P|^2`` by
-``+-|x|^2 / s``. (Li, Hastie and Church's "very sparse" projections, 2006, with ``D / sqrt(D)`` nonzeros,
-send most single coordinates to 0: the reason for a fixed ``s`` per coordinate.) Tests:
+``+-|x|^2 / s``. (Li, Hastie and Church's "very sparse" projections, 2006, with a fraction ``1/sqrt(D)`` of
+the entries nonzero, send most single coordinates to 0: the reason for a fixed ``s`` per coordinate.) Tests:
 ``tests/test_projection.py``.
 
 **Cost.** Per coordinate ``w`` raw words and ``s`` additions per row of ``x`` (a 0/1 CSR product); at most
