@@ -1,6 +1,7 @@
 """The three training-dynamics families' cost per checkpoint: ``python -m bench features --dynamics``.
 
-For xl and a Pythia-70m-shaped model (``bench.features.SURFACE_MODELS``) at the default ``features.*`` and
+For xl and a Pythia-70m-shaped model (``bench.features.SURFACE_MODELS``; ``--models`` names others, e.g. the
+Pythia-160m and -410m shapes, as ``a,b`` or ``a b``) at the default ``features.*`` and
 ``train.*`` params, the seconds each family adds to one checkpoint, as ratios to one forward+backward pass of
 the same model on the same batch (the ``features.grad_batch`` gradient windows), timed in the same run: the
 smaller of two medians of 5, one before and one after the families (the method of ``--surface``).
@@ -15,9 +16,14 @@ smaller of two medians of 5, one before and one after the families (the method o
 And what a features run spends on a run's checkpoint iterates (51 xl checkpoints): reloading and projecting
 every checkpoint, as each run did before, against reading each one's iterate from its shard (now).
 
-Every time on CPU is this process's CPU time (``time.process_time``) on ``--threads`` torch threads.
+Every time on CPU is this process's CPU time (``time.process_time``) on ``--threads`` torch threads. The
+costs' process also reads its resident memory (``VmHWM``, the counter of ``ru_maxrss``): each family's
+high-water mark above what was resident as it started (``*_peak_mb``; near 0 when the heap kept from the
+reference passes serves it) and the process's whole peak (``process_peak_mb``: model, batch, imports,
+activations, the family).
 
-**Memory** (CPU, :func:`layer_memory`): in a fresh process per model, resident memory above the model (its
+**Memory, layer by layer** (CPU, :func:`layer_memory`; ``--no-layer-memory`` skips it): in a fresh process
+per model, resident memory above the model (its
 resident size before the measured work), from ``/proc/self/status`` (``VmRSS`` now, ``VmHWM`` the high-water
 mark, the same counter as ``ru_maxrss``), the mark lowered to the resident size before each part by writing
 ``5`` to ``/proc/self/clear_refs``: a plain forward+backward pass of the batch (what its forward keeps for the
@@ -90,15 +96,19 @@ def dynamics_costs(config: GPTConfig, params: FeaturesParams, train: TrainParams
     model.zero_grad(set_to_none=True)
     layers = linear_layer_names(config.layers)
     cloud = gradient_cloud(model, weight_names(model, linear_modules(model)), (x, y))
+    base, peak = _peak_start()
     start = bench_clock(device)
     rows = gradient_rows(cloud, layers, params)
     synchronize(dev)
     gradient_s = bench_clock(device) - start
+    gradient_peak = _peak_above(base, peak)
     nulls = sorted({reason for _, _, reason in rows if reason})
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    base, peak = _peak_start()
     start = bench_clock(device)
     iterate = checkpoint_iterates([0], [linear_weights(state, config.layers).values()], params.seed)
     iterate_s = bench_clock(device) - start
+    iterate_peak = _peak_above(base, peak)
     every = max(train.sketch_every, 1)
     step = params.phdim_window
     sketch = random_walk(np.arange(every, step + 1, every), train.sketch_dim, 1)
@@ -126,8 +136,35 @@ def dynamics_costs(config: GPTConfig, params: FeaturesParams, train: TrainParams
         "trajectory_fb": round(trajectory_s / reference, 2),
         "changepoints_fb": round(changepoint_s / reference, 3),
         "total_fb": round(total / reference, 1),
+        "gradient_topology_peak_mb": gradient_peak,
+        "trajectory_iterate_peak_mb": iterate_peak,
+        "process_peak_mb": _mb(rss_kb_peak_total()),
         "null_reasons": nulls + [r for _, _, r in values if r],
     }
+
+
+def _peak_start() -> tuple[int, int]:
+    """Resident kB now, and the process's high-water mark so far (kept: :func:`reset_peak` lowers it)."""
+    now, peak = rss_kb()
+    reset_peak()
+    return now, peak
+
+
+def _peak_above(base: int, before: int) -> float:
+    """MB of the high-water mark since :func:`_peak_start` above the resident size then; the process's whole
+    mark (``ru_maxrss``) is kept as ``max(before, now)`` for :func:`rss_kb_peak_total`."""
+    global _PEAK_TOTAL
+    peak = rss_kb()[1]
+    _PEAK_TOTAL = max(_PEAK_TOTAL, before, peak)
+    return _mb(peak - base)
+
+
+_PEAK_TOTAL = 0  # the process's high-water mark across the resets of _peak_start, kB
+
+
+def rss_kb_peak_total() -> int:
+    """The process's resident high-water mark (kB) over its whole life, the resets included."""
+    return max(_PEAK_TOTAL, rss_kb()[1])
 
 
 def iterate_reads(config: GPTConfig, params: FeaturesParams, root: Path, n: int = CHECKPOINTS) -> dict:
@@ -323,14 +360,16 @@ def print_memory(title: str, memory: dict) -> None:
     )
 
 
-def dynamics_main(models: list[str], params: FeaturesParams, threads: int, device: str) -> int:
-    """``--dynamics``: each model's costs and memory, a line each, then one JSON line."""
+def dynamics_main(models: list[str], params: FeaturesParams, threads: int, device: str, layers: bool = True) -> int:
+    """``--dynamics``: each model's costs and (``layers``) its layer-by-layer memory, a line each, then one JSON
+    line. The costs' process also reports each family's resident peak above what was resident as it started
+    (``*_peak_mb``) and its own whole peak (``process_peak_mb``: model, batch and imports included)."""
     from bench.features import SURFACE_MODELS  # bench.features dispatches here
 
     found = {}
     for name in models:
         found[name] = in_fresh_process("costs", SURFACE_MODELS[name], params, threads, device)
-        if device == "cpu":
+        if device == "cpu" and layers:
             config = SURFACE_MODELS[name]
             found[name]["memory"] = in_fresh_process("memory", config, params, threads, device)
             # glibc's default raises its mmap threshold as large blocks are freed, so later ones come from the

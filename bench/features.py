@@ -34,6 +34,10 @@ A CUDA device is used when one is present (``--device``).
 ``--dynamics`` measures instead the training-dynamics families (``gradient_topology``, ``trajectory``,
 ``changepoints``) for the same two models, by the same method, and the gradient family's memory
 (:mod:`bench.dynamics`).
+
+``--models`` (``a,b`` or ``a b``) picks from :data:`SURFACE_MODELS`: xl, and GPT-NeoX's Pythia-70m, -160m and
+-410m block shapes (hidden 512 / 768 / 1024, 6 / 12 / 24 blocks, 8 / 12 / 16 heads) in our GPT with our
+128-character vocabulary and context 128, not Pythia's 50k-token embedding; default xl and the 70m shape.
 """
 
 from __future__ import annotations
@@ -102,7 +106,21 @@ def run_dir(runs: Path, rung: str) -> Path:
 SURFACE_MODELS = {
     "xl": GPTConfig(hidden=48, layers=3, heads=4),
     "pythia-70m-shaped": GPTConfig(hidden=512, layers=6, heads=8),
+    # GPT-NeoX's Pythia-160M and -410M block shapes in our GPT, with our 128-character vocabulary and context 128
+    # (not Pythia's 50k-token embedding and context 2048): 85 M and 302 M linear weights
+    "pythia-160m-shaped": GPTConfig(hidden=768, layers=12, heads=12),
+    "pythia-410m-shaped": GPTConfig(hidden=1024, layers=24, heads=16),
 }
+DEFAULT_MODELS = ["xl", "pythia-70m-shaped"]  # the larger shapes take minutes each: named with --models
+
+
+def model_names(values: list[str]) -> list[str]:
+    """``--models``' names, space- or comma-separated (``a,b c``), each one of :data:`SURFACE_MODELS`."""
+    names = [name for value in values for name in value.split(",") if name]
+    unknown = [name for name in names if name not in SURFACE_MODELS]
+    if unknown:
+        raise SystemExit(f"unknown --models {unknown}; choose from {sorted(SURFACE_MODELS)}")
+    return names
 
 
 def surface_costs(
@@ -249,16 +267,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--weights-only", action="store_true", help="skip the whole-stage measurement")
     parser.add_argument("--surface", action="store_true", help="the loss-surface families' cost per checkpoint")
     parser.add_argument("--dynamics", action="store_true", help="the training-dynamics families' cost (bench.dynamics)")
-    parser.add_argument("--models", nargs="*", default=list(SURFACE_MODELS), choices=list(SURFACE_MODELS))
+    parser.add_argument("--models", nargs="*", default=DEFAULT_MODELS, help="a,b or a b: of SURFACE_MODELS")
     parser.add_argument("--central", action="store_true", help="--surface: also central products, all steps")
     parser.add_argument("--surface-runs", type=Path, nargs="*", default=[], help="also their last checkpoints")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for --surface (CPU time is per thread)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="for --surface")
     parser.add_argument("--without", default="", help="also the whole stage without these families (a,b): the ratio")
+    parser.add_argument("--no-layer-memory", action="store_true", help="--dynamics: skip the layer-by-layer memory")
     args = parser.parse_args(argv)
+    args.models = model_names(args.models)
     params = FeaturesParams(workers=args.workers)
     if args.dynamics:
-        return dynamics_main(args.models, params, args.threads, args.device)
+        return dynamics_main(args.models, params, args.threads, args.device, not args.no_layer_memory)
     if args.surface:
         torch.set_num_threads(args.threads)
         found = {}

@@ -43,3 +43,19 @@ def test_the_per_layer_report_has_a_row_per_linear_layer_with_its_bound(capsys):
     assert all(p.grad is None for p in model.parameters())  # nothing left on the model
     print_memory("tiny", found)
     assert len(capsys.readouterr().out.splitlines()) == 2 + len(rows) + 2  # title, header, a line a layer, 2 totals
+
+
+def test_models_are_named_comma_or_space_separated_and_the_pythia_shapes_are_gpt_neox_blocks():
+    import pytest
+
+    from bench.features import SURFACE_MODELS, model_names
+
+    assert model_names(["pythia-70m-shaped,pythia-160m-shaped", "xl"]) == [
+        "pythia-70m-shaped",
+        "pythia-160m-shaped",
+        "xl",
+    ]
+    with pytest.raises(SystemExit, match="unknown --models"):
+        model_names(["pythia-70m-shaped,pythia-1b"])
+    shapes = {name: (c.hidden, c.layers, c.heads, c.vocab_size) for name, c in SURFACE_MODELS.items()}
+    assert shapes["pythia-160m-shaped"] == (768, 12, 12, 128) and shapes["pythia-410m-shaped"] == (1024, 24, 16, 128)

@@ -12,9 +12,9 @@ from scipy.spatial.distance import pdist, squareform
 
 from topometrics.landscape.gradients import (
     CHUNK_VALUES,
-    PROJECTION_CHUNK,
     chunk_values,
     cloud_distances,
+    cloud_summary,
     example_loss,
     gradient_topology,
     hookable_layers,
@@ -24,9 +24,9 @@ from topometrics.landscape.gradients import (
     linear_example_gradients,
     mean_cosine,
     noise_scale,
-    project_block,
-    projection_rows,
+    projection_columns,
 )
+from topometrics.measures.projection import CHUNK, project, workspace_bytes
 from topometrics.models.architectures import module_layers
 from topometrics.models.model import GPT, GPTConfig
 
@@ -149,27 +149,22 @@ def test_jl_projection_keeps_pairwise_distances_within_its_stated_tolerance():
 
 def test_jl_projection_of_blocks_is_the_projection_of_their_concatenation():
     rng = np.random.default_rng(1)
-    points = rng.normal(size=(6, PROJECTION_CHUNK + 500)).astype(np.float32)
+    points = rng.normal(size=(6, CHUNK + 500)).astype(np.float32)
     whole = jl_project([points], 16, seed=5)
     parts = jl_project([points[:, :700], points[:, 700:]], 16, seed=5)
     np.testing.assert_allclose(parts, whole, rtol=1e-10, atol=1e-9)
+    np.testing.assert_allclose(whole, project(points, 16, 5), rtol=1e-12, atol=1e-12)
     assert not np.allclose(jl_project([points], 16, seed=6), whole)
 
 
-def test_project_block_gives_the_same_projection_whatever_rows_a_slice_holds():
-    block = np.random.default_rng(2).normal(size=(4, 1000)).astype(np.float32)
-    whole = project_block(block, np.random.default_rng(9), 16, None)
-    sliced = project_block(block, np.random.default_rng(9), 16, None, rows=37)  # 27 slices, the last of 1 row
-    np.testing.assert_allclose(sliced, whole, rtol=1e-12, atol=1e-12)
-
-
-def test_a_layers_chunks_and_projection_slices_are_a_fraction_of_its_per_example_gradients():
+def test_a_layers_chunks_and_projection_indices_are_a_fraction_of_its_per_example_gradients():
     for numel in (1, 100, 2304, 9216, 1 << 20):  # one weight, xl's layers, a Pythia-70m MLP layer
         cloud_float32 = 16 * numel * 4  # bytes of 16 examples' gradients, whole
         assert 1 <= chunk_values(16, numel) <= CHUNK_VALUES
         assert chunk_values(16, numel) * 8 <= max(8, cloud_float32 // 8)  # a float64 chunk: 1/8 of the cloud
-        assert projection_rows(16, numel, 64) * 12 * 64 <= max(12 * 64, cloud_float32 // 4)
-    assert chunk_values(16, 1 << 20) == CHUNK_VALUES and projection_rows(16, 1 << 20, 64) == PROJECTION_CHUNK
+        columns = projection_columns(16, numel, 64)
+        assert columns * workspace_bytes(64) <= max(workspace_bytes(64), cloud_float32 // 4)
+    assert chunk_values(16, 1 << 20) == CHUNK_VALUES and projection_columns(16, 1 << 20, 64) == CHUNK
 
 
 def test_around_runs_once_around_each_layer_and_changes_nothing():
@@ -226,6 +221,13 @@ def test_a_layers_features_are_its_clouds_persistence_and_the_whole_networks_mom
     expected = np.trace(np.cov(whole, rowvar=False)) / (mean @ mean)
     assert out["all"]["noise_scale"] == pytest.approx(expected, rel=1e-6)
     assert out["all"]["tp0"] > 0 and np.isfinite(out["all"]["unit_tp0"])
+    # the whole network's cloud: the layers' gradients concatenated in network order, projected at once (the
+    # family projects each layer's chunks at their offsets, layers in backward order)
+    projected = cloud_summary(jl_project([whole], 8, 0))
+    batched = gradient_topology(example_loss(model), params, layers, x, y, 8, 0, model)
+    for key, value in projected.items():
+        assert out["all"][key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+        assert batched["all"][key] == pytest.approx(value, rel=1e-4, abs=1e-7), key
 
 
 def test_a_batch_of_one_is_refused():

@@ -21,7 +21,7 @@ MAY_IMPORT = {  # folder -> the folders it may import (besides SHARED); lower fl
     "landscape": {"models", "measures"},
     "execution": set(),
     "dynamics": {"measures"},  # the trajectory's dimension: H0 persistence of its iterates
-    "training": {"models", "execution"},
+    "training": {"models", "measures", "execution"},  # measures: the sketch's projection
     "features": {"models", "measures", "landscape", "execution", "training", "dynamics"},  # training: log, sketch
     "series": {"models", "measures", "landscape", "execution", "training", "features"},
     "verdict": set(),  # pure statistics over tables of runs

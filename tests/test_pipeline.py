@@ -3,6 +3,7 @@ only the rungs that inherit the changed value, and `dvc push` / `dvc pull` throu
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,6 +76,15 @@ def test_repro_experiment_and_remote_round_trip(tmp_path):
         n = con.execute("select count(distinct step) from features where rung = 'b'").fetchone()[0]
         assert n == 5
         assert con.execute("select count(*) from feature_loss_spearman").fetchone()[0] > 0
+        assert con.execute("select count(*) from runs where tokens_per_s > 0").fetchone()[0] == 2  # measured
+    # The real report's answer: what an answer needs, its training time from the runs' measured throughput, and
+    # the one command (2 rungs: 24 recipes make 48 cells; 40 steps, so the drawn recipes' schedules fit 40 steps).
+    page = (project / "reports/report.html").read_text()
+    needs = r"An answer needs 96 runs: 48 cells \(24 recipes x 2 rungs\), 2 seeds each, the layout whose power"
+    needs += r".*this project declares 2 runs in 2 cells\. Training them takes about [\d.]+ (min|h) here "
+    needs += r"\(\d+ processes"
+    assert len(re.findall(needs, page)) == 1, page[page.index('<section id="answer"') :][:3000]
+    assert "For an answer: <code>dvc exp run $(python tools/sample_recipes.py --n 23 --seed 2026 --steps 40)" in page
     assert "didn't change" in run(["dvc", "repro"], project).replace("Stage 'corpus'", "")
     train = [sys.executable, "stages/train.py", "--configs", "data/config", "--corpus", "data/corpus", "--runs",
              "data/runs", "--metrics", "reports/train", "--curves", "reports/curves"]  # fmt: skip

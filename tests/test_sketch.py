@@ -1,5 +1,6 @@
 """The trajectory sketch: the projection it records, checkpoints unchanged by it, no gap or duplicate after kill -9."""
 
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 from test_train import TRAIN, VAL, config, quiet
 
+from topometrics.measures.projection import PROJECTION, project
 from topometrics.models.checkpoints import list_checkpoints, load_model
 from topometrics.models.model import GPT, GPTConfig
 from topometrics.training.run_dir import resume_info
@@ -20,7 +22,6 @@ from topometrics.training.sketch import (
     SKETCH_META,
     SketchRecorder,
     TrajectorySketches,
-    projection_matrix,
     read_sketch,
     sketch,
 )
@@ -30,11 +31,12 @@ from topometrics.training.train import train_run
 def test_the_sketch_is_the_projection_of_the_flattened_parameters():
     model = GPT(GPTConfig(hidden=8, layers=1, heads=1, context=16))
     model.init_weights(torch.Generator().manual_seed(0))
-    theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double()
-    matrix = projection_matrix(theta.numel(), 16, seed=3)
-    np.testing.assert_allclose(sketch(model, matrix), (theta @ matrix.double()).numpy(), rtol=1e-5, atol=1e-6)
-    assert torch.equal(matrix, projection_matrix(theta.numel(), 16, seed=3))
-    assert matrix.std().item() == np.float32(matrix.std().item()) and abs(matrix.std().item() - 0.25) < 0.01
+    theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double().numpy()
+    got = sketch(model, 16, seed=3)
+    np.testing.assert_allclose(got, project(theta, 16, 3), rtol=1e-12, atol=1e-12)
+    assert np.array_equal(got, sketch(model, 16, seed=3)) and not np.allclose(got, sketch(model, 16, seed=4))
+    # the projection keeps the weights' norm to within the JL spread (chi^2_16 / 16: sd 0.35 of the squared norm)
+    assert 0.3 < np.sum(got**2) / np.sum(theta**2) < 2.0
 
 
 def test_checkpoints_are_byte_identical_with_and_without_the_sketch(tmp_path):
@@ -55,10 +57,9 @@ def test_checkpoints_are_byte_identical_with_and_without_the_sketch(tmp_path):
     assert resume_info(sketched) == resume_info(plain)
     steps, points = read_sketch(sketched)
     assert steps.tolist() == list(range(0, 41, 5)) and points.shape == (9, 8)
-    matrix = recorder.matrix
     for ckpt in list_checkpoints(sketched):  # each checkpoint's weights, sketched afresh, are the recorded row
         row = points[steps.tolist().index(ckpt.step)]
-        np.testing.assert_array_equal(row, sketch(load_model(ckpt), matrix))
+        np.testing.assert_array_equal(row, sketch(load_model(ckpt), recorder.dim, recorder.seed))
 
 
 RUNNER = """
@@ -123,6 +124,14 @@ def test_a_torn_last_row_and_rows_past_the_resume_step_are_dropped(tmp_path):
     other.close()
     steps, points = read_sketch(tmp_path)
     assert steps.tolist() == [30] and points.shape == (1, 5)
+    meta = json.loads((tmp_path / SKETCH_META).read_text())
+    assert meta["projection"] == PROJECTION
+    del meta["projection"]  # a file from the Gaussian matrix's time names no projection: it starts over
+    (tmp_path / SKETCH_META).write_text(json.dumps(meta) + "\n")
+    older = SketchRecorder(tmp_path, dim=5, every=10)
+    older.on_step(model, 40, None)
+    older.close()
+    assert read_sketch(tmp_path)[0].tolist() == [40]  # not [30, 40]
 
 
 def test_no_sketch_reads_as_empty(tmp_path):

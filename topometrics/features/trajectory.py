@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from topometrics.dynamics.phdim import trailing_dimension
-from topometrics.landscape.gradients import project_block
+from topometrics.measures.projection import project
 from topometrics.params import FeaturesParams
 from topometrics.vocabulary import ALL
 
@@ -53,23 +53,24 @@ def window(iterates: Iterates | str, step: int, params: FeaturesParams) -> Itera
 
 class CheckpointIterate:
     """A checkpoint as an iterate, built as its linear layers are read (in network order, one at a time):
-    their weights flattened, concatenated and projected to :data:`ITERATE_DIM` dimensions by the Gaussian
-    JL matrix of ``default_rng(seed)`` (:func:`topometrics.landscape.gradients.jl_project`), the same matrix
-    for every checkpoint of a shape, so distances between checkpoints are kept."""
+    their weights flattened, concatenated and projected to :data:`ITERATE_DIM` dimensions by the sparse JL
+    matrix of ``seed`` (:func:`topometrics.measures.projection.project`, each layer at its offset in the
+    concatenation), the same matrix for every checkpoint of a shape, so distances between checkpoints are kept."""
 
     def __init__(self, seed: int) -> None:
-        self.rng, self.projected = np.random.default_rng(seed), None
+        self.seed, self.offset, self.projected = seed, 0, None
 
     def add(self, weights: np.ndarray) -> None:
         """The next layer's weights (any shape; read before anything overwrites them)."""
-        row = np.asarray(weights, dtype=np.float32).reshape(1, -1)
-        self.projected = project_block(row, self.rng, ITERATE_DIM, self.projected)
+        flat = np.asarray(weights).reshape(-1)
+        self.projected = project(flat, ITERATE_DIM, self.seed, self.offset, self.projected)
+        self.offset += flat.size
 
     def point(self) -> np.ndarray:
         """The iterate, (ITERATE_DIM,) float64."""
         if self.projected is None:
             raise ValueError("no layers added")
-        return self.projected[0]
+        return self.projected
 
 
 def checkpoint_iterates(steps: Iterable[int], weights: Iterable[Iterable[np.ndarray]], seed: int) -> Iterates:

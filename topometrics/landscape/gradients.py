@@ -12,8 +12,8 @@ gradients times its inputs, summed over its tokens). Each layer is summarised as
 reaches it, from chunks of its per-example gradients computed as they are read (:func:`linear_chunks`,
 twice: the unit cloud needs the norms first), so no layer's ``B x numel`` gradients exist whole: the
 family holds a few float64 chunks of at most :data:`CHUNK_VALUES` values and 1/16 of the layer's
-gradients (:func:`chunk_values`) and a slice of the projection of at most a quarter of their float32 size
-(:func:`projection_rows`): a layer's own memory is a fraction of ``B x`` the layer, however small. Any
+gradients (:func:`chunk_values`) and the projection's indices for at most a quarter of their float32 size
+(:func:`projection_columns`): a layer's own memory is a fraction of ``B x`` the layer, however small. Any
 other layer (GPT-2's ``Conv1D``, a weight tied to another name) goes through ``torch.func.vmap(grad)`` one
 layer at a time, differentiating only that layer's weight (the rest held as constants): ``B x`` that layer
 at a time, at one forward and backward pass per layer. Per-example
@@ -39,10 +39,10 @@ from scipy.spatial.distance import cdist
 from torch.func import functional_call, grad, vmap
 
 from topometrics.measures.persistence import diagram_summary, rips_diagrams
+from topometrics.measures.projection import CHUNK, project, workspace_bytes
 
 Params = dict[str, torch.Tensor]
 ExampleLoss = Callable[[Params, torch.Tensor, torch.Tensor], torch.Tensor]
-PROJECTION_CHUNK = 1 << 14  # projection rows drawn at a time: a (chunk, k) float32 slice (4 MB at k = 64)
 
 
 def example_loss(model: torch.nn.Module) -> ExampleLoss:
@@ -73,39 +73,17 @@ def layer_gradients(loss: ExampleLoss, params: Params, name: str, x: torch.Tenso
     return g.reshape(g.shape[0], -1).to("cpu", torch.float32).numpy()
 
 
-def jl_projection_rows(rng: np.random.Generator, rows: int, k: int) -> np.ndarray:
-    """The next ``rows`` rows of a Gaussian JL matrix with entries N(0, 1/k), float32 (rows, k), drawn from ``rng``.
-
-    numpy draws normals one after another, so drawing a matrix in slices gives the same matrix as at once.
-    """
-    draws = rng.standard_normal((rows, k), dtype=np.float32)
-    draws /= np.float32(np.sqrt(k))  # in place: no second (rows, k) array
-    return draws
-
-
 def jl_project(blocks: Iterable[np.ndarray], k: int, seed: int) -> np.ndarray:
-    """``concat(blocks, axis=1) @ R`` (B, k) float64, with ``R`` the Gaussian JL matrix (N(0, 1/k) entries) of
-    ``default_rng(seed)`` drawn row by row: blocks of any widths give the projection of their concatenation,
-    and only a ``(PROJECTION_CHUNK, k)`` slice of ``R`` exists at a time."""
-    rng, out = np.random.default_rng(seed), None
+    """``concat(blocks, axis=1) @ P`` (B, k) float64, ``P`` the package's sparse JL matrix of ``seed``
+    (:func:`topometrics.measures.projection.project`): blocks of any widths give the projection of their
+    concatenation, each block's columns projected at their offset in it."""
+    out, offset = None, 0
     for block in blocks:
-        out = project_block(np.asarray(block, dtype=np.float32), rng, k, out)
+        block = np.asarray(block)
+        out = project(block, k, seed, offset, out)
+        offset += block.shape[1]
     if out is None:
         raise ValueError("no blocks to project")
-    return out
-
-
-def project_block(
-    block: np.ndarray, rng: np.random.Generator, k: int, out: np.ndarray | None, rows: int = PROJECTION_CHUNK
-) -> np.ndarray:
-    """``out + block @ R_next`` (B, k) float64, ``R_next`` the next ``block.shape[1]`` rows of the JL matrix drawn
-    from ``rng`` (:func:`jl_projection_rows`) ``rows`` at a time (the same matrix for any ``rows``: a float32
-    and a float64 copy of a ``(rows, k)`` slice exist at a time, 12 rows k bytes); ``out`` is added to in place
-    (None: zeros)."""
-    out = np.zeros((block.shape[0], k)) if out is None else out
-    for start in range(0, block.shape[1], rows):
-        part = np.asarray(block[:, start : start + rows], dtype=np.float64)
-        out += part @ jl_projection_rows(rng, part.shape[1], k).astype(np.float64)
     return out
 
 
@@ -113,7 +91,9 @@ def jl_tolerance(n_points: int, k: int, failure: float = 0.05) -> float:
     """The ``eps`` for which a Gaussian projection to ``k`` dimensions keeps every pairwise squared distance of
     ``n_points`` points within a factor ``1 +- eps`` with probability at least ``1 - failure`` (the union bound
     over pairs of the chi-square tail ``2 exp(-k (eps^2/2 - eps^3/3) / 2)``, Dasgupta and Gupta 2003); inf
-    when no ``eps < 1`` reaches it."""
+    when no ``eps < 1`` reaches it. The package's sparse projection has at most the Gaussian's variance and,
+    on vectors spread over many coordinates, its distribution (:mod:`topometrics.measures.projection`); the
+    bound is checked on it by simulation, not proved for it."""
     pairs = n_points * (n_points - 1) / 2
     need = 2.0 * np.log(2.0 * pairs / failure) / k  # eps^2/2 - eps^3/3 must reach this
     grid = np.linspace(1e-4, 1.0, 100_000)
@@ -133,11 +113,12 @@ def chunk_values(batch: int, numel: int) -> int:
     return max(1, min(CHUNK_VALUES, batch * numel // LAYER_SHARE))
 
 
-def projection_rows(batch: int, numel: int, k: int) -> int:
-    """JL rows drawn at a time (:func:`project_block`) for a ``(batch, numel)`` cloud: :data:`PROJECTION_CHUNK`,
-    or fewer so the slice's 12 rows k bytes stay within ``batch x numel`` bytes, a quarter of the cloud in
-    float32 (with ``k`` above ``batch``, a slice as wide as a chunk would be larger than the chunk)."""
-    return max(1, min(PROJECTION_CHUNK, batch * numel // (12 * k)))
+def projection_columns(batch: int, numel: int, k: int) -> int:
+    """Coordinates projected at a time (:func:`topometrics.measures.projection.project`'s ``chunk``) for a
+    ``(batch, numel)`` cloud: its :data:`~topometrics.measures.projection.CHUNK`, or fewer so their index
+    workspace (:func:`~topometrics.measures.projection.workspace_bytes` each) stays within ``batch x numel``
+    bytes, a quarter of the cloud in float32 (with a small batch, a chunk's indices outweigh its values)."""
+    return max(1, min(CHUNK, batch * numel // workspace_bytes(k)))
 
 
 def column_chunks(points: np.ndarray) -> Iterator[np.ndarray]:
@@ -309,7 +290,8 @@ class _Clouds:
     sums over layers the whole network needs (its projection, its Gram matrix)."""
 
     def __init__(self, layers: Mapping[str, str], sizes: Mapping[str, int], batch: int, k: int, seed: int) -> None:
-        self.index = {layer: i for i, layer in enumerate(layers)}
+        starts = np.cumsum([0, *(sizes[layer] for layer in layers)])
+        self.offset = {layer: int(start) for layer, start in zip(layers, starts, strict=False)}
         self.sizes = sizes  # layer -> its weight's numel
         self.k, self.seed = k, seed
         self.whole, self.gram = np.zeros((batch, k)), np.zeros((batch, batch))
@@ -317,13 +299,16 @@ class _Clouds:
 
     def add(self, layer: str, chunks: Chunks) -> None:
         """Layer ``layer``'s per-example gradients (B, numel), as column chunks."""
-        # each layer's rows of the whole network's projection from its own seeded generator: the matrix is
-        # the same whatever order the layers arrive in (a Gaussian matrix, block by block)
-        rng = np.random.default_rng((self.seed, self.index[layer]))
-        rows = projection_rows(self.whole.shape[0], self.sizes[layer], self.k)
-        gram, raw, unit = cloud_geometry(
-            chunks, self.whole.shape[0], lambda p: project_block(p, rng, self.k, self.whole, rows)
-        )
+        # the layer's coordinates are rows offset .. offset + numel - 1 of the whole network's matrix (layers
+        # concatenated in network order), whatever order the layers arrive in: each chunk at its own offset
+        at = [self.offset[layer]]
+        columns = projection_columns(self.whole.shape[0], self.sizes[layer], self.k)
+
+        def to_whole(part: np.ndarray) -> None:
+            project(part, self.k, self.seed, at[0], self.whole, columns)
+            at[0] += part.shape[1]
+
+        gram, raw, unit = cloud_geometry(chunks, self.whole.shape[0], to_whole)
         self.gram += gram
         self.out[layer] = distance_summary(raw, unit) | _baseline(gram)
 
@@ -352,8 +337,9 @@ def gradient_topology(
     x, y : (B, t) int64 tensors
         The fixed batch (B >= 2): inputs and next-token targets.
     k, seed : int
-        The whole network's projection: ``k`` dimensions; layer ``i``'s rows of the Gaussian matrix from
-        ``default_rng((seed, i))`` (:func:`jl_projection_rows`).
+        The whole network's projection: ``k`` dimensions, the sparse JL matrix of ``seed``
+        (:func:`topometrics.measures.projection.project`) over the layers' weights concatenated in ``layers``
+        order.
     model : module, optional
         The module ``loss`` calls: its ``nn.Linear`` layers (:func:`hookable_layers`) get their per-example
         gradients from one forward and backward pass (:func:`linear_example_gradients`); the others (and all,

@@ -3,24 +3,26 @@ while it trains, so its trajectory's shape (e.g. its PH dimension) can be measur
 
 :class:`SketchRecorder` is an observer of the training loop (:class:`topometrics.training.train.Observer`):
 every ``every`` steps it projects the parameters (all of them, in ``named_parameters`` order, flattened and
-concatenated: ``theta``, ``D`` numbers) to ``sketch = R^T theta`` (``dim`` numbers), ``R`` a ``(D, dim)``
-Gaussian matrix with N(0, 1/dim) entries drawn from its own ``torch.Generator`` seeded with ``seed`` (never
-torch's global generator: the run's files are the same with or without it). The same seed and model shape
-give the same ``R``, so the sketches of every run of a shape live in one space. It is an observation only:
-not in the recipe fingerprint, and nothing it does reaches the run.
+concatenated: ``theta``, ``D`` numbers) to ``sketch = theta @ P`` (``dim`` numbers), ``P`` the package's
+sparse JL matrix of ``seed`` (:func:`topometrics.measures.projection.project`: ``(D, dim)``, 8 nonzeros
+``+-1/sqrt(8)`` a row from a counter-based generator keyed by the seed, never materialised and touching no
+global generator: the run's files are the same with or without it). The same seed and model shape give the
+same ``P``, so the sketches of every run of a shape live in one space. It is an observation only: not in the
+recipe fingerprint, and nothing it does reaches the run. The weights are copied to the CPU for it (on a GPU,
+one ``D``-float copy per sketched step).
 
 **The file** (:data:`SKETCH_FILE` in the run directory): CSV, header ``step,s0,...,s{dim-1}``, one row per
 sketched step, appended and flushed row by row (a kill loses at most the row being written). A resumed run
 is observed again at its resume step (:meth:`SketchRecorder.on_step` with ``loss=None``); the recorder then
 keeps the rows before that step and its complete lines only, and writes the rest again: no gap, no
-duplicate. The header names the dimension; a file of another dimension or seed (:data:`SKETCH_META`) is
-started over. :func:`read_sketch` reads it back.
+duplicate. The header names the dimension; a file of another dimension, seed or projection
+(:data:`SKETCH_META`; files from before the sparse projection name none) is started over.
+:func:`read_sketch` reads it back.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,34 +30,25 @@ import numpy as np
 import torch
 
 from topometrics.atomic import write_text
+from topometrics.measures.projection import PROJECTION, project
 
 SKETCH_FILE = "trajectory_sketch.csv"
-SKETCH_META = "trajectory_sketch.json"  # {"dim", "seed", "n_params"}: what the rows are a projection of
-
-
-def projection_matrix(n_params: int, dim: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The sketch's ``(n_params, dim)`` float32 matrix, N(0, 1/dim) entries from ``torch.Generator().manual_seed(seed)``
-    (drawn on the CPU, so the same on every device), then moved to ``device``."""
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(n_params, dim, generator=gen) / math.sqrt(dim)).to(device)
+SKETCH_META = "trajectory_sketch.json"  # {"dim", "seed", "n_params", "projection"}: what the rows are a projection of
 
 
 @torch.no_grad()
-def sketch(model: torch.nn.Module, matrix: torch.Tensor) -> np.ndarray:
-    """``R^T theta``: the model's parameters (``named_parameters`` order, flattened and concatenated: one
-    copy of the ``D`` weights, small beside ``R``'s ``D x dim``) times ``matrix`` ``(D, dim)``, as float64
-    ``(dim,)``. One matrix product: per-tensor products cost more in call overhead than in arithmetic."""
-    theta = torch.cat([p.detach().reshape(-1) for _, p in model.named_parameters()]).to(matrix.dtype)
-    if theta.numel() != matrix.shape[0]:
-        raise ValueError(f"the model has {theta.numel():,} parameters, the sketch matrix {matrix.shape[0]:,} rows")
-    return (theta @ matrix).double().cpu().numpy()
+def sketch(model: torch.nn.Module, dim: int, seed: int) -> np.ndarray:
+    """``theta @ P``: the model's parameters (``named_parameters`` order, flattened and concatenated, as float32
+    on the CPU: one copy of the ``D`` weights) through the sparse JL matrix of ``seed``, ``(dim,)`` float64."""
+    theta = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for _, p in model.named_parameters()])
+    return project(theta.numpy(), dim, seed)
 
 
 class SketchRecorder:
     """Records the sketch of the weights every ``every`` steps into ``<run_dir>/`` :data:`SKETCH_FILE`.
 
-    The matrix is made at the first observed step (the model's size is known then), on the model's device:
-    ``D x dim`` float32 numbers (25 MB for 100k parameters at dim 64).
+    Nothing is held between steps but the file: the projection is drawn as it is applied
+    (:mod:`topometrics.measures.projection`).
     """
 
     def __init__(self, run_dir: Path, dim: int = 64, every: int = 10, seed: int = 0) -> None:
@@ -63,14 +56,13 @@ class SketchRecorder:
             raise ValueError(f"dim and every must be positive, got dim={dim}, every={every}")
         self.path, self.meta_path = Path(run_dir) / SKETCH_FILE, Path(run_dir) / SKETCH_META
         self.dim, self.every, self.seed = dim, every, seed
-        self.matrix: torch.Tensor | None = None
         self.file = None
 
     def on_step(self, model: torch.nn.Module, step: int, loss: float | None) -> None:
         if self.file is None:
             self._open(model, step)
         if step % self.every == 0:
-            row = sketch(model, self.matrix)
+            row = sketch(model, self.dim, self.seed)
             self.file.write(f"{step}," + ",".join(repr(float(v)) for v in row) + "\n")
             self.file.flush()  # a kill loses at most this row (and resume writes it again)
 
@@ -83,11 +75,9 @@ class SketchRecorder:
             self.file = None
 
     def _open(self, model: torch.nn.Module, start: int) -> None:
-        """Make the matrix and open the file to append after the rows before ``start`` (the first step observed)."""
+        """Open the file to append after the rows before ``start`` (the first step observed)."""
         n_params = sum(p.numel() for p in model.parameters())
-        device = next(model.parameters()).device
-        self.matrix = projection_matrix(n_params, self.dim, self.seed, device)
-        meta = {"dim": self.dim, "seed": self.seed, "n_params": n_params}
+        meta = {"dim": self.dim, "seed": self.seed, "n_params": n_params, "projection": PROJECTION}
         header = "step," + ",".join(f"s{i}" for i in range(self.dim)) + "\n"
         kept = rows_before(self.path, start) if _same_meta(self.meta_path, meta) else []
         self.path.parent.mkdir(parents=True, exist_ok=True)
