@@ -2,11 +2,16 @@
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from test_pipeline import commit, make_project, run
+
+# A test that imports a stage (``from stages.train import observers``) runs its ``import checkout`` as
+# ``python stages/train.py`` would find it; appended, so nothing in stages/ shadows an installed module.
+sys.path.append(str(Path(__file__).resolve().parents[1] / "stages"))
 
 
 @pytest.fixture(scope="session")

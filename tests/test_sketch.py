@@ -139,10 +139,9 @@ def test_no_sketch_reads_as_empty(tmp_path):
     assert steps.shape == (0,) and points.shape == (0, 0)
 
 
-def test_the_train_stage_sketches_every_run_by_default_and_not_when_switched_off(monkeypatch):
+def test_the_train_stage_sketches_every_run_by_default_and_not_when_switched_off():
     import dataclasses
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "stages"))  # as `python stages/train.py`
     from stages.train import observers
     from topometrics.params import FeaturesParams, TrainParams
 
