@@ -1,6 +1,6 @@
 """The three training-dynamics families' cost per checkpoint: ``python -m bench features --dynamics``.
 
-For xl and a Pythia-70m-shaped model (``bench.features.SURFACE_MODELS``; ``--models`` names others, e.g. the
+For xl and a Pythia-70m-shaped model (``bench.features.SURFACE_MODELS``, passed in; ``--models`` names others, e.g. the
 Pythia-160m and -410m shapes, as ``a,b`` or ``a b``) at the default ``features.*`` and
 ``train.*`` params, the seconds each family adds to one checkpoint, as ratios to one forward+backward pass of
 the same model on the same batch (the ``features.grad_batch`` gradient windows), timed in the same run: the
@@ -360,17 +360,17 @@ def print_memory(title: str, memory: dict) -> None:
     )
 
 
-def dynamics_main(models: list[str], params: FeaturesParams, threads: int, device: str, layers: bool = True) -> int:
+def dynamics_main(
+    models: dict[str, GPTConfig], xl: GPTConfig, params: FeaturesParams, threads: int, device: str, layers: bool = True
+) -> int:
     """``--dynamics``: each model's costs and (``layers``) its layer-by-layer memory, a line each, then one JSON
-    line. The costs' process also reports each family's resident peak above what was resident as it started
-    (``*_peak_mb``) and its own whole peak (``process_peak_mb``: model, batch and imports included)."""
-    from bench.features import SURFACE_MODELS  # bench.features dispatches here
-
+    line (``models``: name -> shape, as bench.features names them; ``xl``: the rung whose features run reads its
+    checkpoints' iterates). The costs' process also reports each family's resident peak above what was resident as
+    it started (``*_peak_mb``) and its own whole peak (``process_peak_mb``: model, batch and imports included)."""
     found = {}
-    for name in models:
-        found[name] = in_fresh_process("costs", SURFACE_MODELS[name], params, threads, device)
+    for name, config in models.items():
+        found[name] = in_fresh_process("costs", config, params, threads, device)
         if device == "cpu" and layers:
-            config = SURFACE_MODELS[name]
             found[name]["memory"] = in_fresh_process("memory", config, params, threads, device)
             # glibc's default raises its mmap threshold as large blocks are freed, so later ones come from the
             # heap and may stay resident after they are freed; a fixed threshold returns every freed block,
@@ -380,7 +380,7 @@ def dynamics_main(models: list[str], params: FeaturesParams, threads: int, devic
             for allocator in ("memory", "memory_freed_blocks_returned"):
                 print_memory(f"{name} {allocator}", found[name][allocator])
         print(f"{name}: {found[name]}", flush=True)
-    found["iterates_per_features_run"] = in_fresh_process("iterates", SURFACE_MODELS["xl"], params, threads, "cpu")
+    found["iterates_per_features_run"] = in_fresh_process("iterates", xl, params, threads, "cpu")
     print(f"iterates: {found['iterates_per_features_run']}")
     print(json.dumps({"threads": threads, **found}))
     return 0

@@ -278,7 +278,8 @@ def main(argv: list[str]) -> int:
     args.models = model_names(args.models)
     params = FeaturesParams(workers=args.workers)
     if args.dynamics:
-        return dynamics_main(args.models, params, args.threads, args.device, not args.no_layer_memory)
+        models = {name: SURFACE_MODELS[name] for name in args.models}
+        return dynamics_main(models, SURFACE_MODELS["xl"], params, args.threads, args.device, not args.no_layer_memory)
     if args.surface:
         torch.set_num_threads(args.threads)
         found = {}
