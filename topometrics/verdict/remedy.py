@@ -59,25 +59,14 @@ def remedy(params: dict, need_runs: int = 0) -> list[tuple[str, str]]:
     """The ``dvc exp run -S`` settings that make the verdict computable for the declared runs, each with why
     (``params``: the params snapshot the warehouse keeps in ``meta``); empty when the design allows it.
 
-    - a checkpoint every ``train.ckpt_every`` steps must give :data:`MIN_CHECKPOINTS` by the first fraction
-      (step 0 counts): the largest divisor of ``train.steps`` that does;
+    - the checkpoint spacing (:func:`checkpoint_remedy`);
     - some scheme needs :data:`MIN_GROUPS` groups: seeds are added after the largest until there are as many;
     - ``need_runs``: the runs a comparison needs to pass the corrected level (verdict ``not enough runs``):
       seeds are added until the declared runs reach it;
-    - the loss-surface families' spacing (:func:`surface_remedy`).
+    - the loss-surface families' spacing (:func:`surface_remedy`), when the checkpoints' is right.
     """
-    train, fractions = params["train"], params["analysis"]["fractions"]
-    steps, every, seeds = int(train["steps"]), int(train["ckpt_every"]), list(train["seeds"])
-    settings = []
-    cutoff = min(fractions) * steps
-    spacing = cutoff // every + 1 < MIN_CHECKPOINTS
-    if spacing:
-        fits = [d for d in range(1, steps + 1) if steps % d == 0 and cutoff // d + 1 >= MIN_CHECKPOINTS]
-        when = f"by {100 * min(fractions):g}% of training"
-        if fits:
-            settings.append((f"train.ckpt_every={max(fits)}", f"{MIN_CHECKPOINTS} checkpoints {when}"))
-        else:
-            settings.append((f"train.steps={steps * MIN_CHECKPOINTS}", f"enough steps for a checkpoint {when}"))
+    seeds, spacing = list(params["train"]["seeds"]), checkpoint_remedy(params)
+    settings = list(spacing)
     groups = {"seed": len(seeds), "variant": 1 + len(params.get("variants") or {}), "rung": len(params["ladder"])}
     per_seed = groups["variant"] * groups["rung"]
     wanted = max(MIN_GROUPS if max(groups.values()) < MIN_GROUPS else 0, -(-need_runs // per_seed))
@@ -86,6 +75,26 @@ def remedy(params: dict, need_runs: int = 0) -> list[tuple[str, str]]:
         why = f"{wanted} seeds, {wanted * per_seed} runs: leave-one-seed-out"
         settings.append((f"'train.seeds=[{','.join(map(str, more))}]'", why))
     return settings + (surface_remedy(params) if not spacing else [])  # a new spacing changes the surface's
+
+
+def spacing_remedy(params: dict) -> list[tuple[str, str]]:
+    """:func:`remedy` without seeds: the checkpoint spacing, or when that is right the loss surface's."""
+    return checkpoint_remedy(params) or surface_remedy(params)
+
+
+def checkpoint_remedy(params: dict) -> list[tuple[str, str]]:
+    """A checkpoint every ``train.ckpt_every`` steps must give :data:`MIN_CHECKPOINTS` by the first fraction (step 0
+    counts): the largest divisor of ``train.steps`` that does, or more steps; empty when the spacing gives them."""
+    train, fractions = params["train"], params["analysis"]["fractions"]
+    steps, every = int(train["steps"]), int(train["ckpt_every"])
+    cutoff = min(fractions) * steps
+    if cutoff // every + 1 >= MIN_CHECKPOINTS:
+        return []
+    fits = [d for d in range(1, steps + 1) if steps % d == 0 and cutoff // d + 1 >= MIN_CHECKPOINTS]
+    when = f"by {100 * min(fractions):g}% of training"
+    if fits:
+        return [(f"train.ckpt_every={max(fits)}", f"{MIN_CHECKPOINTS} checkpoints {when}")]
+    return [(f"train.steps={steps * MIN_CHECKPOINTS}", f"enough steps for a checkpoint {when}")]
 
 
 def surface_remedy(params: dict) -> list[tuple[str, str]]:
@@ -174,7 +183,7 @@ def training_minutes(params: dict, layout: Layout, tokens_per_s: Mapping[str, fl
 
 def layout_command(params: dict, layout: Layout) -> str:
     """The one ``dvc exp run`` that trains ``layout`` from the declared params: the missing recipes drawn by
-    tools/sample_recipes.py, the seeds, and the checkpoint and loss-surface spacing :func:`remedy` asks for."""
+    tools/sample_recipes.py, the seeds, and the checkpoint and loss-surface spacing (:func:`spacing_remedy`)."""
     have = declared_layout(params)
     seeds = list(params["train"]["seeds"])
     parts = ["dvc exp run"]
@@ -185,5 +194,4 @@ def layout_command(params: dict, layout: Layout) -> str:
     if layout.seeds > have.seeds:
         seeds += [max(seeds) + i for i in range(1, layout.seeds - have.seeds + 1)]
         parts.append(f"-S 'train.seeds=[{','.join(map(str, seeds))}]'")
-    spacing = [s for s, _ in remedy(params) if not s.startswith("'train.seeds")]
-    return " ".join(parts + [f"-S {s}" for s in spacing])
+    return " ".join(parts + [f"-S {setting}" for setting, _ in spacing_remedy(params)])
