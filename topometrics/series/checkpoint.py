@@ -123,13 +123,18 @@ def load_causal_lm(ckpt: SeriesCheckpoint) -> torch.nn.Module:
     return model.eval()
 
 
+def held_parameters(files: tuple[Path, ...]) -> int:
+    """Elements of every tensor the safetensors ``files`` hold, from their headers (a tied head stored once: once)."""
+    return sum(math.prod(shard.shape(name)) for shard in map(SafetensorsFile, files) for name in shard.names)
+
+
 def check_config_fits(config, files: tuple[Path, ...]) -> None:
     """``ValueError`` when ``config`` (a config.json's) describes a model with more parameters than the weights
     hold: its sizes are a stranger's, and transformers allocates them all before loading a tensor. Counted on
     PyTorch's meta device (no memory); a head tied to the embedding may be absent from the file, hence the margin."""
     with torch.device("meta"):
         described = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
-    held = sum(math.prod(shard.shape(name)) for shard in map(SafetensorsFile, files) for name in shard.names)
+    held = held_parameters(files)
     if described > 2 * held:
         raise ValueError(f"its config.json describes {described:,} parameters, its weights hold {held:,}")
 
@@ -146,7 +151,7 @@ def checkpoint_shape(ckpt: SeriesCheckpoint) -> dict[str, int | None]:
     """The checkpoint's ``n_params`` (elements of every tensor its safetensors files hold: a head tied to the
     embedding and stored once counts once) and the ``hidden, layers, heads, vocab_size, context`` its config.json
     states (None where it has none, or there is no config.json). Headers and the config only: nothing is loaded."""
-    n_params = sum(math.prod(shard.shape(name)) for shard in map(SafetensorsFile, ckpt.weights) for name in shard.names)
+    n_params = held_parameters(ckpt.weights)
     shape = dict.fromkeys(SHAPE_ATTRIBUTES)
     path = None if ckpt.config_dir is None else Path(ckpt.config_dir) / "config.json"
     if path is not None and path.is_file():
