@@ -104,19 +104,27 @@ def test_runs_on_the_cluster_equal_local_runs_even_after_a_worker_is_killed_mid_
 def test_a_scheduler_that_goes_away_stops_the_queue_in_one_line_and_finished_runs_stay(tmp_path, dask_cluster):
     address, _, scheduler = dask_cluster
     data = corpus(tmp_path / "corpus")
-    runs = [files(tmp_path, config(seed=s, steps=40 if s == 1 else 2000)) for s in (1, 2, 3)]
+    # Two runs on two workers: both start at once (three would queue the short one behind a long one, longest
+    # first, and every run would end before the scheduler is stopped), so the long one is mid-run when it goes.
+    runs = [files(tmp_path, config(seed=s, steps=40 if s == 1 else 4000)) for s in (1, 2)]
+    long_run_unfinished = []
 
-    def stop_scheduler_after_the_first_run():
+    def stop_scheduler_after_the_short_run():
         deadline = time.time() + 1800  # a guard only
         while time.time() < deadline and not (runs[0].run_dir / "checkpoints.csv").exists():
             time.sleep(0.05)
+        long_run_unfinished.append(not (runs[1].run_dir / "checkpoints.csv").exists())
         stop(scheduler)
 
-    stopper = threading.Thread(target=stop_scheduler_after_the_first_run)
+    stopper = threading.Thread(target=stop_scheduler_after_the_short_run)
     stopper.start()
-    with pytest.raises(ClusterError) as err:
-        train_runs(runs, data, Pool(3, 1, ("cpu",), ComputeParams(address, connect_timeout_s=2)), log=lambda x: None)
-    stopper.join()
+    pool = Pool(2, 1, ("cpu",), ComputeParams(address, connect_timeout_s=2))
+    try:
+        with pytest.raises(ClusterError) as err:
+            train_runs(runs, data, pool, log=lambda x: None)
+    finally:
+        stopper.join()
+    assert long_run_unfinished == [True], "the long run had ended before the scheduler went; nothing was tested"
     message = str(err.value)
     assert message.startswith(f"the Dask scheduler at {address} went away;") and "\n" not in message
     assert (runs[0].run_dir / "checkpoints.csv").is_file() and (runs[0].run_dir / "summary.json").is_file()
