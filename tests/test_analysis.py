@@ -362,3 +362,12 @@ def test_stopping_decisions_and_interval_coverage_on_the_pipeline_warehouse(con)
     intervals = con.execute("SELECT * FROM prediction_intervals WHERE isfinite(half_width)").df()
     assert len(intervals) == coverage["n"].sum()
     assert set(coverage["nominal"]) <= {0.8, 0.95}
+
+
+def test_every_baseline_part_has_its_columns_in_the_verdicts_input_table(con):
+    # a declared part whose columns nothing computes would only be "not used" in each verdict row's reason
+    from topometrics.verdict.baselines import PARTS
+
+    _, _, inputs = analysis._predictions_and_inputs(con, AnalysisParams(), learned=False)
+    missing = [c for part in PARTS for c in part.columns if c not in inputs]
+    assert missing == [], f"baseline columns topometrics/analysis/tables.py does not compute: {missing}"
