@@ -22,8 +22,9 @@ enters through its logarithm); a base linear in its inputs would leave that bend
 So the columns in :data:`FLEXIBLE` enter with a monotone basis (:func:`flexible_basis`: their normal
 scores and the square of their standardised values), as flexible as a family's level and rate.
 
-To add a baseline part: one :class:`Part` in :data:`PARTS` (and, for a recipe key, one entry in
-:data:`RECIPE`); the verdict, the analysis and ``docs/warehouse.md`` read it from here.
+To add a baseline part: a recipe key is one entry in :data:`RECIPE`; any other part is one :class:`Part` in
+:data:`PARTS`, named in the :data:`BASELINES` it joins, and its columns computed per run by
+``topometrics.analysis.tables`` (``docs/developing.md``, Recipes); the verdict reads the parts from here.
 """
 
 from __future__ import annotations
