@@ -1,4 +1,4 @@
-"""Canonical linear layers of any decoder: tiny random models of seven families, built here from
+"""Canonical linear layers of any decoder: tiny random models of nine families, built here from
 ``transformers`` configs, saved with ``save_pretrained``, read back in memory and streamed."""
 
 import json
@@ -45,6 +45,7 @@ CONFIGS = {
     "llama": COMMON | {"num_key_value_heads": 2},
     "mistral": COMMON | {"num_key_value_heads": 2},
     "qwen2": COMMON | {"num_key_value_heads": 2},
+    "olmo": COMMON,
     "olmo2": COMMON,
     "phi": COMMON,
     "phi3": COMMON | {"pad_token_id": 0},
@@ -59,6 +60,7 @@ EXPECTED = {
     "llama": GATED,
     "mistral": GATED,
     "qwen2": GATED,
+    "olmo": GATED | {"attn.k": (D, D), "attn.v": (D, D)},
     "olmo2": GATED | {"attn.k": (D, D), "attn.v": (D, D)},
     "phi": {
         "attn.q": (D, D),
