@@ -76,7 +76,7 @@ from bench.schedule import (
     sweep_projection,
 )
 from topometrics.models.checkpoints import save_checkpoint
-from topometrics.models.model import GPT
+from topometrics.models.model import GPT, pick_device
 from topometrics.params import ParamsError, load_params
 from topometrics.training.run_dir import save_resume
 from topometrics.training.run_queue import estimated_flops, usable_cores
@@ -87,7 +87,6 @@ from topometrics.training.train import (
     evaluate,
     forward_backward,
     make_optimizer,
-    pick_device,
     sample_batch,
     validation_windows,
 )

@@ -15,15 +15,17 @@ from topometrics.features.checkpoint import (
     DIAGRAM_COLUMNS,
     FEATURE_COLUMNS,
     checkpoint_features,
+    on_device,
     surface_batch,
     validation_batch,
 )
 from topometrics.features.distances import distance_features
+from topometrics.features.gradient_cloud import gradient_batch
 from topometrics.features.run_shards import read_tables
 from topometrics.features.sweep import run_shards
 from topometrics.models.checkpoints import save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names
-from topometrics.params import FeaturesParams
+from topometrics.params import FeaturesParams, ParamsError
 from topometrics.vocabulary import CURVATURE, LANDSCAPE, model_only
 
 CONFIG = GPTConfig(context=16, hidden=8, layers=2, heads=2)
@@ -198,6 +200,34 @@ def test_features_are_deterministic():
     a = checkpoint_features(tiny_model(3).state_dict(), CONFIG, batch(), PARAMS)
     b = checkpoint_features(tiny_model(3).state_dict(), CONFIG, batch(), PARAMS)
     assert json.dumps(a.rows) == json.dumps(b.rows)
+
+
+def test_the_device_setting_places_the_model_and_every_batch_and_a_missing_gpu_is_one_line():
+    tokens = np.random.default_rng(0).integers(0, 128, 400).astype(np.uint8)
+    batches = (surface_batch(tokens, 16, PARAMS, 0), gradient_batch(tokens, 16, PARAMS))
+    rows = {
+        device: checkpoint_features(
+            tiny_model(3).state_dict(),
+            CONFIG,
+            batch(),
+            dataclasses.replace(PARAMS, device=device),
+            *batches[:1],
+            gradients=batches[1],
+        ).rows
+        for device in ("auto", "cpu")
+    }
+    assert json.dumps(rows["auto"]) == json.dumps(rows["cpu"])  # auto is the CPU on a machine without CUDA
+    assert on_device("no batch: the reason", torch.device("cpu")) == "no batch: the reason"
+    moved = on_device(batch(), torch.device("meta"))  # a device other than the batch's: every tensor goes there
+    assert [t.device.type for t in moved] == ["meta", "meta"]
+    with pytest.raises(ParamsError, match="^features.device must be auto, cpu or cuda, got 'gpu'$"):
+        dataclasses.replace(PARAMS, device="gpu").check()
+    if not torch.cuda.is_available():
+        cuda = "^features.device is cuda but no CUDA device is visible; set features.device: auto or cpu$"
+        with pytest.raises(ParamsError, match=cuda):
+            dataclasses.replace(PARAMS, device="cuda").check()
+        with pytest.raises(ParamsError, match="^features.device=cuda but no CUDA device is visible"):
+            checkpoint_features(tiny_model(3).state_dict(), CONFIG, batch(), dataclasses.replace(PARAMS, device="cuda"))
 
 
 def test_process_pool_gives_the_in_process_tables(tmp_path):

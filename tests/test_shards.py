@@ -78,9 +78,11 @@ def test_fingerprint_digest_depends_on_every_part():
     assert Fingerprint.from_json(FP.to_json()) == FP
 
 
-def test_params_digest_ignores_workers_only():
+def test_params_digest_ignores_workers_and_device_only():
     base = FeaturesParams()
-    assert params_digest(base) == params_digest(FeaturesParams(workers=7))
+    assert (
+        params_digest(base) == params_digest(FeaturesParams(workers=7)) == params_digest(FeaturesParams(device="cpu"))
+    )
     assert params_digest(base) != params_digest(FeaturesParams(max_points=base.max_points + 1))
     assert params_digest({"a": 1, "b": 2}) == params_digest({"b": 2, "a": 1})
 

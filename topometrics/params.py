@@ -101,10 +101,7 @@ class TrainParams:
         non_negative(self, "train", ("threads", "workers", "monitor_every", "sketch_every"))
         positive(self, "train", ("sketch_dim",))
         schema.check_seeds("train.seeds", self.seeds)
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ParamsError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
-        if self.device == "cuda" and not _cuda_available():
-            raise ParamsError("train.device is cuda but no CUDA device is visible; set train.device: auto or cpu")
+        check_device("train.device", self.device)
 
     def check_recipe(self, prefix: str) -> None:
         """The recipe rules alone (``prefix`` names where the values came from: train, or e.g. variants.lr_hi,
@@ -184,6 +181,7 @@ class FeaturesParams:
     phdim_window: int = 1000  # training steps of the trailing window whose iterates give traj_phdim
     phdim_sizes: tuple[int, ...] = (10, 20, 40, 80)  # subsample sizes of the PH0-dimension fit
     phdim_alpha: float = 1.0  # exponent of the H0 lifetimes; must lie below the trajectory's dimension
+    device: str = "auto"  # where the families that run the model run: auto (CUDA when present) | cpu | cuda
 
     def check(self) -> None:
         positive(self, "features", tuple(STRICTLY_POSITIVE_FEATURES.split()))
@@ -192,6 +190,7 @@ class FeaturesParams:
         within(self, "features", "hessian_top", 1, 3, "the vocabulary keeps hess_eig1..3")
         if len({s for s in self.phdim_sizes if s >= 8}) < 3:  # topometrics.dynamics.phdim: MIN_SIZES, MIN_SIZE
             raise ParamsError(f"features.phdim_sizes needs 3 distinct sizes >= 8, got {list(self.phdim_sizes)}")
+        check_device("features.device", self.device)
         at_least(self, "features", ("landscape_grid",), 3, "a local minimum needs neighbours on both sides")
         at_least(self, "features", ("hessian_iters",), 3, "Lanczos needs more steps than the eigenvalues it keeps")
         within(self, "features", "hessian_probes", 2, self.hessian_probes_max, "a standard error needs 2 probes")
@@ -429,6 +428,14 @@ def _parse_variants(raw: object) -> dict[str, Variant]:
                 raise ParamsError(f"unknown param variants.{name}.{key}; variants may set {', '.join(RECIPE_KEYS)}")
         variants[name] = build(Variant, overrides, f"variants.{name}")
     return variants
+
+
+def check_device(key: str, device: str) -> None:
+    """A device setting (``train.device``, ``features.device``) is auto, cpu or cuda, and cuda only where one is."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ParamsError(f"{key} must be auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and not _cuda_available():
+        raise ParamsError(f"{key} is cuda but no CUDA device is visible; set {key}: auto or cpu")
 
 
 def _cuda_available() -> bool:

@@ -40,7 +40,9 @@ from topometrics.errors import TopometricsError
 META_KEY = "topometrics"
 INFO_KEY = "topometrics.info"
 CONTENT_KEY = "topometrics.content"  # sha256 of every data page and the footer's fingerprint and info
-EXECUTION_PARAMS = frozenset({"workers"})  # how the work runs, not what it computes: not fingerprinted
+# How the work runs, not what it computes: not fingerprinted. The device changes values only within the stated
+# tolerance (docs/features.md, "Device"), and "auto" would name a different device on each machine anyway.
+EXECUTION_PARAMS = frozenset({"workers", "device"})
 
 
 class ShardError(TopometricsError, ValueError):

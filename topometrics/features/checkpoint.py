@@ -41,7 +41,7 @@ from topometrics.measures.persistence import (
 )
 from topometrics.measures.representation import representation_topology
 from topometrics.measures.spectral import covariance_spectrum
-from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights
+from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights, pick_device
 from topometrics.models.tokens import bits_per_byte
 from topometrics.params import FeaturesParams
 from topometrics.vocabulary import (
@@ -358,7 +358,7 @@ def model_on_batch(
     with torch.no_grad():
         states = model.hidden_states(x)
     model.zero_grad(set_to_none=True)
-    flat = states.reshape(-1, states.shape[-1]).double().numpy()
+    flat = states.reshape(-1, states.shape[-1]).double().cpu().numpy()
     bpb = bits_per_byte(loss.item(), y.numel(), n_bytes)
     cloud = gradient_cloud(model, weight_names(model, linear_modules(model)), gradients)
     return ForwardPass(flat, grads, loss.item(), surface=loss_surface(model, surface), bpb=bpb, gradients=cloud)
@@ -385,12 +385,20 @@ def checkpoint_features(
         reason = diverged_reason(bad)
         warnings.warn(reason, RuntimeWarning, stacklevel=2)
         return null_features(linear_layer_names(config.layers), params, reason)
+    device = pick_device(params.device, "features.device")
     model = GPT(config)
     model.load_state_dict(state)
+    model.to(device)
     loaders, global_max = in_memory(linear_weights(state, config.layers))
+    batches = [on_device(b, device) for b in (batch, surface, gradients)]
     return linear_and_forward_features(
-        loaders, global_max, lambda: model_on_batch(model, *batch, surface, n_bytes, gradients), params
+        loaders, global_max, lambda: model_on_batch(model, *batches[0], batches[1], n_bytes, batches[2]), params
     )
+
+
+def on_device(batch: tuple[torch.Tensor, ...] | str, device: torch.device) -> tuple[torch.Tensor, ...] | str:
+    """A batch's tensors on ``device`` (the model's: ``features.device``); a reason (str) passes through."""
+    return batch if isinstance(batch, str) else tuple(t.to(device) for t in batch)
 
 
 def diverged_reason(non_finite: list[int]) -> str:

@@ -29,6 +29,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from topometrics.params_schema import ParamsError
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -192,3 +194,13 @@ def linear_modules(model: GPT) -> dict[str, nn.Linear]:
         for i, block in enumerate(model.blocks)
         for part, module in _LINEAR_PARTS.items()
     }
+
+
+def pick_device(requested: str, key: str = "train.device") -> torch.device:
+    """The torch device a params ``key`` (``auto``: CUDA when present, ``cpu`` or ``cuda``) names; a
+    :class:`ParamsError` naming the key when it asks for CUDA and none is visible."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ParamsError(f"{key}=cuda but no CUDA device is visible; set {key}: auto or cpu")
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)

@@ -51,6 +51,7 @@ from topometrics.features.checkpoint import (
     linear_and_forward_features,
     loss_surface,
     null_features,
+    on_device,
     surface_batch,
     validation_batch,
 )
@@ -63,6 +64,7 @@ from topometrics.models.architectures import (
     oriented,
 )
 from topometrics.models.checkpoints import CheckpointError
+from topometrics.models.model import pick_device
 from topometrics.models.tokens import bits_per_byte
 from topometrics.params import FeaturesParams
 from topometrics.series.hub import SeriesCheckpoint
@@ -236,7 +238,7 @@ def causal_lm_on_batch(
     grads = {name: float(model.get_parameter(tensor).grad.norm()) for name, tensor in layers.items()}
     model.zero_grad(set_to_none=True)
     states = captured[0]
-    flat = states.reshape(-1, states.shape[-1]).double().numpy()
+    flat = states.reshape(-1, states.shape[-1]).double().cpu().numpy()
     surface = loss_surface(model, surface, lambda out: out.logits)
     return ForwardPass(flat, grads, float(loss.detach()), surface, gradients=gradient_cloud(model, layers, gradients))
 
@@ -263,7 +265,10 @@ def causal_lm_forward(
     targets = tokenizer.decode(y.reshape(-1).tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
     # bits per byte of the targets' text under the model's own tokenizer
     grads = gradient_batch(ids, seq_len, params)
-    result = causal_lm_on_batch(model, x, y, surface_batch(ids, seq_len, params, index), grads)
+    device = pick_device(params.device, "features.device")
+    model.to(device)
+    batches = [on_device(b, device) for b in ((x, y), surface_batch(ids, seq_len, params, index), grads)]
+    result = causal_lm_on_batch(model, *batches[0], batches[1], batches[2])
     return result._replace(bpb=bits_per_byte(result.loss, y.numel(), len(targets.encode("utf-8"))))
 
 

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from topometrics.atomic import write_text
 from topometrics.models.checkpoints import list_checkpoints, save_checkpoint
 from topometrics.models.lr_schedule import DEFAULT_DECAY_FRACTION, DEFAULT_SHAPE, Schedule
-from topometrics.models.model import GPT, GPTConfig, count_parameters
+from topometrics.models.model import GPT, GPTConfig, count_parameters, pick_device
 from topometrics.models.tokens import bits_per_byte
 from topometrics.params import BASE_VARIANT, RECIPE_KEYS, ParamsError, run_name
 from topometrics.training.corpus import CorpusError, check_split_sizes
@@ -120,14 +120,6 @@ def recipe_fingerprint(cfg: RunConfig, corpus_sha256: str, tokenizer: str | None
     body = {"model": cfg.model.to_dict(), "recipe": cfg.recipe.to_dict(), "corpus": corpus_sha256}
     body |= {"tokenizer": tokenizer} if tokenizer else {}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def pick_device(requested: str) -> torch.device:
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ParamsError("train.device=cuda but no CUDA device is visible; set train.device: auto or cpu")
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(requested)
 
 
 def sample_batch(
