@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-BENCHMARKS = ("train", "np", "features", "series", "scale", "monitor", "verify", "power", "sweep")
+BENCHMARKS = ("train", "np", "features", "series", "scale", "monitor", "verify", "power", "sweep", "device")
 
 
 def main(argv: list[str]) -> int:
