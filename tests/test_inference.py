@@ -31,7 +31,7 @@ def test_orthogonalise_leaves_the_part_a_least_squares_fit_on_the_base_cannot_ex
     rng = np.random.default_rng(1)
     base, extra = rng.normal(size=(20, 2)), rng.normal(size=(20, 3))
     train = np.arange(20) < 15
-    ortho = inference.orthogonalise(extra, base, train)
+    ortho = inference.orthogonalise(extra, np.column_stack([np.ones(20), base]), train)
     design = np.column_stack([np.ones(15), base[train]])
     assert np.abs(design.T @ ortho[train]).max() < 1e-10  # orthogonal to [1, base] on the training rows
     coef = np.linalg.lstsq(design, extra[train], rcond=None)[0]

@@ -66,9 +66,9 @@ def ridge_predict(x: np.ndarray, y: np.ndarray, x_new: np.ndarray, alphas: np.nd
     return _ridge_paths(xs, y, xs_new, np.array([best]))[0]
 
 
-def orthogonalise(extra: np.ndarray, base: np.ndarray, train: np.ndarray) -> np.ndarray:
-    """``extra`` less its least-squares fit on [1, base] over the ``train`` rows (applied to every row)."""
-    design = np.column_stack([np.ones(len(base)), base])
+def orthogonalise(extra: np.ndarray, design: np.ndarray, train: np.ndarray) -> np.ndarray:
+    """``extra`` (n, k) less its least-squares fit on ``design`` (n, 1 + base columns: [1, base]) over the
+    ``train`` rows (a boolean (n,) mask), applied to every row."""
     coef, *_ = np.linalg.lstsq(design[train], extra[train], rcond=None)
     return extra - design @ coef
 
@@ -124,8 +124,7 @@ def with_family(folds: Folds, extra: np.ndarray, groups) -> np.ndarray:
     groups = np.asarray(groups)
     out = np.full(len(folds.without), np.nan)
     for test, train, residual, design in folds.folds:
-        coef, *_ = np.linalg.lstsq(design[train], extra[train], rcond=None)
-        ortho = extra - design @ coef
+        ortho = orthogonalise(extra, design, train)
         added = ridge_predict(ortho[train], residual, ortho[test], FAMILY_ALPHAS, groups[train])
         out[test] = folds.without[test] + added
     return out
