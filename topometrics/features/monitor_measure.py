@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from topometrics.execution.shards import module_source_hash, params_digest
-from topometrics.features.checkpoint import CheckpointFeatures, features_frame, weight_features
+from topometrics.features.checkpoint import CheckpointFeatures, features_frame, null_rows, weight_features
 from topometrics.features.monitor_surface import ModelSnapshot, surface_rows
 from topometrics.models.architectures import oriented
 from topometrics.params import FeaturesParams
@@ -64,12 +64,7 @@ def measure(
 
 def diverged(weights: dict[str, np.ndarray]) -> CheckpointFeatures:
     """Every weight feature of these layers and of layer 'all' NULL, with :data:`DIVERGED` as the reason."""
-    result = CheckpointFeatures()
-    rows = computed_from(WEIGHTS)  # what weight_features computes
-    for name in weights:
-        result.add(name, dict.fromkeys(rows.per_layer, np.nan), DIVERGED)
-    result.add(ALL, dict.fromkeys(rows.model_level, np.nan), DIVERGED)
-    return result
+    return null_rows(list(weights), computed_from(WEIGHTS), DIVERGED)  # WEIGHTS: what weight_features computes
 
 
 def measured_with(params: FeaturesParams) -> dict[str, str]:

@@ -50,7 +50,6 @@ from topometrics.landscape.trace import hessian_trace
 LANCZOS_TOL = 1e-3
 EIGEN_KEYS = ("eig1", "eig2", "eig3")
 CURVATURE_KEYS = (*EIGEN_KEYS, "trace", "eig1_over_trace", "trace_se")
-PAIRS = ("rand", "hess")
 # Stacked parameter values one vmapped grid call may hold on a GPU (2^26 floats, 256 MiB in float32): the
 # whole 13 x 13 grid of xl (97k parameters) in one forward pass, a few points at a time for a 19M-parameter
 # model. On CPU the grid is a plain loop: one thread's CPU time per point was 0.42 forward+backward passes

@@ -26,7 +26,6 @@ SURFACE_POINTS = 3  # finite points a level and a rate need (topometrics.analysi
 
 # The reasons verdict.scheme_problem gives (the report groups skipped rows by them).
 TOO_FEW_CHECKPOINTS = re.compile(r"^fraction (\S+) observes at most (\d+) checkpoints per run; need (\d+)$")
-TOO_FEW_GROUPS = re.compile(r"^leave-one-(\w+)-out needs at least (\d+) \w+, got (\d+)$")
 # The layout whose power was measured: the byte-level BPE sweep's 48 rung x recipe cells (16 recipes x 3 rungs),
 # 2 seeds each, called 'adds' for a family explaining 30 % of the residual variance in 85 % of simulated sweeps
 # fitted to its own variance components (`python -m bench power --calibrate`, docs/results.md). Power grows with
