@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, MixtralConfig
 
 from topometrics.features import checkpoint as feat
 from topometrics.models.architectures import (
@@ -227,6 +227,23 @@ def test_a_mixture_of_experts_block_is_not_silently_dropped():
     model.layers = torch.nn.ModuleList(Experts() for _ in range(2))
     with pytest.raises(ArchitectureError, match=r"no canonical part: layers.0.mlp.0 \(4, 4\)"):
         module_layers(model)
+
+
+def test_fused_experts_and_a_custom_router_are_named_not_silently_dropped():
+    # transformers 5 stores Mixtral's experts as 3-D parameters of one module and routes with a custom module:
+    # no nn.Linear holds them, so only the attention layers would be read
+    config = MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
+                                        num_experts_per_tok=2, max_position_embeddings=64)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    fused = [n for n, p in model.named_parameters() if p.ndim == 3]
+    assert fused, "this transformers version splits the experts: the test would test nothing"
+    with pytest.raises(ArchitectureError) as err:
+        module_layers(model)
+    message = str(err.value)
+    assert "block weights that are not linear layers (e.g. fused experts): " in message and "\n" not in message
+    assert f"{fused[0]} {tuple(model.get_parameter(fused[0]).shape)}" in message
+    assert "model.layers.0.mlp.gate.weight (4, 16)" in message  # the router, a custom module's matrix
 
 
 def test_bare_state_dict_file_with_config_streams_like_save_pretrained(tmp_path):

@@ -133,9 +133,18 @@ def module_layers(model: nn.Module) -> list[LinearLayer]:
             unmapped.append(f"{path} {tuple(module.weight.shape)}")
             continue
         found[(block, part)] = LinearLayer("", f"{path}.weight", _is_conv1d(module))
-    if unmapped or not found:
+    read = {layer.tensor for layer in found.values()}
+    # A matrix of a block that no linear module owns (fused mixture-of-experts weights, 3-D, and their custom
+    # routers in transformers 5) would be left out without a word: the block's measures would miss it.
+    unread = [f"{n} {tuple(p.shape)}" for n, p in model.named_parameters()
+              if p.ndim >= 2 and n not in read and _split_block(n) is not None]  # fmt: skip
+    if unmapped or unread or not found:
         names = [f"{n} {tuple(p.shape)}" for n, p in model.named_parameters() if p.ndim == 2]
-        why = f"linear modules with no canonical part: {', '.join(unmapped)}" if unmapped else "no block layers"
+        why = (
+            f"linear modules with no canonical part: {', '.join(unmapped)}" if unmapped
+            else f"block weights that are not linear layers (e.g. fused experts): {', '.join(unread[:8])}" if unread
+            else "no block layers"
+        )  # fmt: skip
         raise ArchitectureError(unknown_architecture_message(type(model).__name__, names, why))
     return _ordered(found)
 
