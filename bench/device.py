@@ -15,6 +15,10 @@ next still runs (a GPU session is short: one broken path must not hide the other
             (topometrics.features.sweep.sweep_shards) with ``features.device``; then the last checkpoint of
             each run on the CPU and on the device: per feature, the largest relative difference
             (``cpu_vs_device``; the tolerance docs/features.md states)
+  series    a Hugging Face checkpoint folder (a GPT-NeoX saved here with save_pretrained and a byte-level BPE
+            tokenizer trained on the offline text) through the series path
+            (topometrics.series.checkpoint.series_checkpoint_features) on the CPU and on the device: seconds of
+            each and, per feature, the largest relative difference
   families  each feature family alone on one Pythia-160M-shaped checkpoint (bench.features.SURFACE_MODELS;
             its first loss-surface checkpoint, the validation batch of the offline corpus): seconds per family
             (``distance`` and ``trajectory`` need the previous checkpoint: their per-checkpoint part only)
@@ -22,8 +26,9 @@ next still runs (a GPU session is short: one broken path must not hide the other
             (bench.monitor.measure)
 
 ``--tiny`` runs the same code at a tiny size (the first two rungs for 40 steps, xl instead of the Pythia shapes,
-20 monitored steps, 5 × 5 slices and ≤ 6 Lanczos steps): what the test runs on a CPU machine. ``--sections``
-runs some of them (``features`` needs ``train``). Prints one line per section and a last line naming
+20 monitored steps, 5 × 5 slices, ≤ 6 Lanczos steps, windows of 32 tokens in the series): what the test runs on
+a CPU machine. ``--sections`` runs some of them (``features`` needs ``train``). Every section runs on one CPU
+thread, as the stages' workers do. Prints one line per section and a last line naming
 the JSON file with each section's seconds.
 """
 
@@ -47,6 +52,7 @@ from bench.features import SURFACE_MODELS
 from bench.monitor import measure
 from bench.train import project, time_rung
 from topometrics.atomic import write_text
+from topometrics.execution.compute import one_thread
 from topometrics.features.checkpoint import checkpoint_features, surface_batch, validation_batch
 from topometrics.features.gradient_cloud import gradient_batch
 from topometrics.features.sweep import RunShards, sweep_shards
@@ -54,12 +60,16 @@ from topometrics.models.checkpoints import list_checkpoints, load_state
 from topometrics.models.model import GPT, pick_device
 from topometrics.models.tokens import encode, load_tokens
 from topometrics.params import FEATURE_FAMILIES, FeaturesParams, ParamsError, load_params
+from topometrics.series.checkpoint import series_checkpoint_features
+from topometrics.series.hub import SeriesCheckpoint
 from topometrics.training.corpus import offline_text
 from topometrics.training.run_queue import RunFiles, plan_pool, train_runs, usable_cores
 from topometrics.training.train import build_run_config
 
 TINY_STEPS = 40
-SECTIONS = ("train", "features", "families", "monitor")
+SECTIONS = ("train", "features", "series", "families", "monitor")
+# The series section's GPT-NeoX: small enough that its CPU side (the reference) takes seconds at full settings
+SERIES_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256}
 # --tiny's feature settings: the same families on fewer points (the exact trace of the tiny rungs, one product per
 # parameter, and 338 slice points would make the CPU test minutes long)
 TINY_FEATURES = {"landscape_grid": 5, "hessian_iters": 6, "hessian_exact_max": 0, "hessian_probes_max": 16}
@@ -99,12 +109,8 @@ def train_section(params, root: Path, device: str, tiny: bool) -> dict:
     start = time.perf_counter()
     summaries = train_runs(runs, corpus, pool, log=print)
     wall = time.perf_counter() - start
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the CPU queue's processes run one thread each
-    try:
-        cpu_run_s = {c.name: project(c, time_rung(c, "serial", 5, 2, torch.device("cpu"))) for c in cfgs}
-    finally:
-        torch.set_num_threads(threads)
+    # one thread (run_section): as each process of the CPU queue runs
+    cpu_run_s = {c.name: project(c, time_rung(c, "serial", 5, 2, torch.device("cpu"))) for c in cfgs}
     cores = usable_cores()
     cpu_queue_s = longest_first_s(list(cpu_run_s.values()), cores)
     per_run = {
@@ -137,10 +143,10 @@ def features_section(run_dirs: list[Path], corpus: Path, features: FeaturesParam
     for run_dir in run_dirs:
         last = list_checkpoints(run_dir)[-1]
         rows = {
-            device: _rows(load_state(last.path), last.config, tokens, dataclasses.replace(features, device=device))
-            for device in ("cpu", features.device)
+            side: _rows(load_state(last.path), last.config, tokens, dataclasses.replace(features, device=device))
+            for side, device in (("cpu", "cpu"), ("device", features.device))
         }
-        for key, (a, b) in _paired(rows["cpu"], rows[features.device]).items():
+        for key, (a, b) in _paired(rows["cpu"], rows["device"]).items():
             worst[key[1]] = max(worst.get(key[1], 0.0), relative_difference(a, b))
     return {
         "device": str(pick_device(features.device, "features.device")),
@@ -150,6 +156,34 @@ def features_section(run_dirs: list[Path], corpus: Path, features: FeaturesParam
         "cpu_vs_device": dict(sorted(worst.items(), key=lambda kv: -kv[1])),
         "largest_difference": max(worst.values(), default=0.0),
     }
+
+
+def series_section(root: Path, features: FeaturesParams, seq_len: int) -> dict:
+    """One external checkpoint through the series path on the CPU and on ``features.device``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
+
+    folder, text = root / "series" / "step100", offline_text()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)  # fmt: skip
+    tok.train_from_iterator([text[:50_000]], trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+    torch.manual_seed(0)
+    GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=300, **SERIES_SHAPE)).save_pretrained(folder)
+    ckpt = SeriesCheckpoint(100, "step100", (folder / "model.safetensors",), folder, folder)
+    rows, seconds = {}, {}
+    for side, device in (("cpu", "cpu"), ("device", features.device)):
+        start = time.perf_counter()
+        result, _ = series_checkpoint_features(ckpt, text, dataclasses.replace(features, device=device), seq_len)
+        rows[side], seconds[side] = result.rows, round(time.perf_counter() - start, 2)
+    worst: dict[str, float] = {}
+    for key, (a, b) in _paired(rows["cpu"], rows["device"]).items():
+        worst[key[1]] = max(worst.get(key[1], 0.0), relative_difference(a, b))
+    return {"model": "gpt_neox", **SERIES_SHAPE, "seconds": seconds,
+            "cpu_vs_device": dict(sorted(worst.items(), key=lambda kv: -kv[1])),
+            "largest_difference": max(worst.values(), default=0.0)}  # fmt: skip
 
 
 def relative_difference(a: float, b: float) -> float:
@@ -200,11 +234,13 @@ def _paired(a: list, b: list) -> dict:
 
 
 def run_section(report: dict, name: str, fn, *args) -> object:
-    """``fn(*args)`` into ``report[name]`` with its seconds; a failure is recorded (one line and the
-    traceback's last frames) and None returned, so the check goes on."""
+    """``fn(*args)`` into ``report[name]`` with its seconds, on one torch and BLAS thread as the stages' workers
+    run (idle threads spinning on a shared machine cost more than they give at these sizes); a failure is
+    recorded (one line and the traceback's last frames) and None returned, so the check goes on."""
     start = time.perf_counter()
     try:
-        result = fn(*args)
+        with one_thread():
+            result = fn(*args)
         report[name] = dict(result) if isinstance(result, dict) else {"value": result}
     except Exception as err:  # noqa: BLE001 - a device check records every failure and goes on
         result = None
@@ -256,6 +292,9 @@ def main(argv: list[str]) -> int:
         if trained is not None and "features" in sections:
             run_dirs, corpus = [Path(d) for d in trained["run_dirs"]], Path(trained["corpus"])
             run_section(report, "features", features_section, run_dirs, corpus, features, root)
+        if "series" in sections:
+            seq_len = 32 if args.tiny else params.data.seq_len
+            run_section(report, "series", series_section, root, features, seq_len)
         if "families" in sections:
             one = dataclasses.replace(features, workers=1)
             run_section(report, "families", families_section, big, offline_corpus(root / "corpus"), one)

@@ -21,7 +21,7 @@ def test_the_tiny_check_runs_every_section_and_its_numbers_follow_from_their_par
     assert main(["--tiny", "--device", "cpu", "--out", str(out), "--params", str(REPO / "params.yaml")]) == 0
     report = json.loads(out.read_text())
     assert [k for k in report if isinstance(report[k], dict) and "section_s" in report[k]] == [
-        "train", "features", "families", "monitor"
+        "train", "features", "series", "families", "monitor"
     ]  # fmt: skip
     assert not [k for k, v in report.items() if isinstance(v, dict) and "error" in v]
 
@@ -38,6 +38,12 @@ def test_the_tiny_check_runs_every_section_and_its_numbers_follow_from_their_par
     # the CPU against itself: the same code on the same checkpoint gives the same values, bit for bit
     assert features["largest_difference"] == 0.0
     assert {"np_norm", "grad_norm", "ls_rand_range", "hess_eig1", "hess_trace"} <= set(features["cpu_vs_device"])
+
+    series = report["series"]
+    assert series["model"] == "gpt_neox" and series["largest_difference"] == 0.0 and set(series["seconds"]) == {
+        "cpu", "device"
+    }  # fmt: skip
+    assert {"np_norm", "grad_norm", "ls_rand_range", "hess_eig1", "rep_tp0"} <= set(series["cpu_vs_device"])
 
     assert set(report["families"]["seconds"]) == set(FEATURE_FAMILIES) and report["families"]["model"] == "xl"
     monitor = report["monitor"]
