@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import config, corpus, files
 from safetensors.torch import load_file
 
 from topometrics.features.monitor import RunMonitors
 from topometrics.models.bpe import TokenizerError
 from topometrics.models.checkpoints import CheckpointError, list_checkpoints
 from topometrics.models.model import GPTConfig
-from topometrics.models.tokens import encode, load_tokens
+from topometrics.models.tokens import load_tokens
 from topometrics.params import FeaturesParams, ParamsError, load_params
 from topometrics.training.corpus import offline_text
 from topometrics.training.live_relay import LiveRelay
 from topometrics.training.monitor_log import read_log
 from topometrics.training.run_queue import (
     Pool,
-    RunFiles,
     TrainPaths,
     estimated_flops,
     is_complete,
@@ -36,26 +36,6 @@ from topometrics.training.run_queue import (
     usable_cores,
 )
 from topometrics.training.train import Recipe, RunConfig, recipe_fingerprint, train_run
-
-
-def config(rung="t", seed=7, steps=40, lr=3e-3, hidden=8, layers=1, variant="base") -> RunConfig:
-    recipe = Recipe(steps, 10 if steps % 20 else 20, 8, lr, 5, 0.0, 0.01, 1.0, seed, 8)
-    return RunConfig(rung, GPTConfig(hidden=hidden, layers=layers, heads=1, context=32), recipe, variant)
-
-
-def corpus(root: Path) -> Path:
-    """A prepared corpus directory (what the corpus stage writes) from the offline text."""
-    root.mkdir(parents=True, exist_ok=True)
-    text = encode(offline_text()[:200_000])
-    text[:180_000].tofile(root / "train.u8")
-    text[180_000:].tofile(root / "val.u8")
-    (root / "source.json").write_text(json.dumps({"sha256": "test", "used": "python-docs-offline"}))
-    return root
-
-
-def files(root: Path, cfg: RunConfig) -> RunFiles:
-    name = cfg.name
-    return RunFiles(cfg, root / "runs" / name, root / "metrics" / f"{name}.json", root / "curves" / f"{name}.csv")
 
 
 def quiet(*_):
@@ -381,7 +361,7 @@ def test_a_run_whose_first_checkpoint_is_far_off_shows_its_rate_and_eta_before_i
     from test_train import TRAIN, VAL, quiet
 
     from topometrics.training.progress import StepRate
-    from topometrics.training.train import Recipe, RunConfig, train_run
+    from topometrics.training.train import RunConfig, train_run
 
     lines = []
 

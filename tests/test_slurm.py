@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,42 +21,13 @@ import time
 from pathlib import Path
 
 import pytest
+from run_helpers import config, corpus, files, free_port
 
-from topometrics.models.model import GPTConfig
-from topometrics.models.tokens import encode
 from topometrics.params_sources import ComputeParams
-from topometrics.training.corpus import offline_text
-from topometrics.training.run_queue import Pool, RunFiles, train_runs
-from topometrics.training.train import Recipe, RunConfig
+from topometrics.training.run_queue import Pool, train_runs
 
 REPO = Path(__file__).resolve().parents[1]
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def config(seed: int, steps: int) -> RunConfig:
-    recipe = Recipe(steps, 20, 8, 3e-3, 5, 0.0, 0.01, 1.0, seed, 8)
-    return RunConfig("t", GPTConfig(hidden=8, layers=1, heads=1, context=32), recipe, "base")
-
-
-def corpus(root: Path) -> Path:
-    """A prepared corpus directory (what the corpus stage writes) from the offline text."""
-    root.mkdir(parents=True, exist_ok=True)
-    text = encode(offline_text()[:200_000])
-    text[:180_000].tofile(root / "train.u8")
-    text[180_000:].tofile(root / "val.u8")
-    (root / "source.json").write_text(json.dumps({"sha256": "test", "used": "python-docs-offline"}))
-    return root
-
-
-def files(root: Path, cfg: RunConfig) -> RunFiles:
-    name = cfg.name
-    return RunFiles(cfg, root / "runs" / name, root / "metrics" / f"{name}.json", root / "curves" / f"{name}.csv")
 
 
 def checkpoints(run_dir: Path) -> dict[str, bytes]:

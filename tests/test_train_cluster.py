@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cluster import free_port
-from test_run_queue import config, corpus, files
+from run_helpers import config, corpus, files, free_port
 
 from topometrics.execution.cluster import ClusterError, connect
 from topometrics.execution.compute import whole_job_executor
