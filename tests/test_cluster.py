@@ -36,7 +36,8 @@ def worker_pids(client) -> dict[str, int]:
     return client.run(os.getpid)
 
 
-def free_port() -> int:
+def free_port() -> int:  # not run_helpers': workers import this module, and run_helpers' imports (torch) would
+    # fill the 300 MiB an out-of-memory test gives a worker before its job starts
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
