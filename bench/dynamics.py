@@ -49,6 +49,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from bench import PARAMS_YAML
 from bench.train import bench_clock, median_seconds, synchronize
 from topometrics.dynamics.changepoints import run_changepoint_rows
 from topometrics.execution.shards import Fingerprint, ShardKey, Task, write_shard
@@ -58,7 +59,7 @@ from topometrics.features.trajectory import Iterates, checkpoint_iterates, traje
 from topometrics.landscape.gradients import example_loss, gradient_topology
 from topometrics.models.checkpoints import list_checkpoints, load_state, save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights
-from topometrics.params import FeaturesParams, TrainParams
+from topometrics.params import FeaturesParams, TrainParams, load_params
 
 CHECKPOINTS = 51  # a default run's checkpoints (changepoints are per run)
 
@@ -319,7 +320,7 @@ def _child(task: str, config: GPTConfig, params: FeaturesParams, threads: int, d
         with tempfile.TemporaryDirectory() as tmp:
             queue.put(iterate_reads(config, params, Path(tmp)))
     else:
-        queue.put(dynamics_costs(config, params, TrainParams(), device))
+        queue.put(dynamics_costs(config, params, load_params(PARAMS_YAML).train, device))
 
 
 def in_fresh_process(

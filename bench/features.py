@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
+from bench import PARAMS_YAML
 from bench.dynamics import dynamics_main
 from bench.train import bench_clock, median_seconds, synchronize
 from topometrics.execution.compute import map_jobs
@@ -67,7 +68,7 @@ from topometrics.landscape.trace import hessian_trace
 from topometrics.models.checkpoints import list_checkpoints, load_model, load_state, save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_weights
 from topometrics.models.tokens import load_tokens
-from topometrics.params import FeaturesParams, run_name
+from topometrics.params import FeaturesParams, load_params, run_name
 
 LADDER = {"tiny": (8, 1), "small": (16, 1), "medium": (24, 2), "large": (32, 3), "xl": (48, 3)}
 STEPS = range(0, 5001, 100)
@@ -276,7 +277,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-layer-memory", action="store_true", help="--dynamics: skip the layer-by-layer memory")
     args = parser.parse_args(argv)
     args.models = model_names(args.models)
-    params = FeaturesParams(workers=args.workers)
+    params = dataclasses.replace(load_params(PARAMS_YAML).features, workers=args.workers)
     if args.dynamics:
         models = {name: SURFACE_MODELS[name] for name in args.models}
         return dynamics_main(models, SURFACE_MODELS["xl"], params, args.threads, args.device, not args.no_layer_memory)

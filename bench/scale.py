@@ -65,13 +65,14 @@ def largest_linear_bytes() -> int:
 
 def weight_shard(path: str) -> dict:
     """The weight-feature tables of one checkpoint file, streamed (the job each worker runs)."""
+    from bench import PARAMS_YAML
     from topometrics.features.checkpoint import diagrams_frame, features_frame, linear_and_forward_features
-    from topometrics.params import FeaturesParams
+    from topometrics.params import load_params
     from topometrics.series.checkpoint import open_weights, streamed_linear_weights
 
     start = reset_peak_rss()
     loaders, global_max = streamed_linear_weights(*open_weights((Path(path),)))
-    result = linear_and_forward_features(loaders, global_max, None, FeaturesParams())
+    result = linear_and_forward_features(loaders, global_max, None, load_params(PARAMS_YAML).features)
     step = int(Path(path).stem.removeprefix("step"))
     tables = {
         "features": features_frame(result, "pythia-70m", 0, step),

@@ -14,6 +14,7 @@ Temporary files are deleted at the end. The last line is JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import shutil
@@ -77,9 +78,10 @@ def series_speed(folder: Path, checkpoints: int) -> dict:
     import torch
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
+    from bench import PARAMS_YAML
     from topometrics.features.checkpoint import linear_and_forward_features
-    from topometrics.params import FeaturesParams
-    from topometrics.params_sources import SeriesParams, SeriesSource
+    from topometrics.params import load_params
+    from topometrics.params_sources import SeriesSource
     from topometrics.series.checkpoint import open_weights, streamed_linear_weights
     from topometrics.series.source_shards import series_shards
     from topometrics.training.corpus import offline_text
@@ -95,8 +97,9 @@ def series_speed(folder: Path, checkpoints: int) -> dict:
             for param in model.parameters():
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
         model.save_pretrained(folder / f"step{1000 * step}", safe_serialization=True)
-    params = FeaturesParams(workers=1)  # one checkpoint at a time, in this process
-    series = SeriesParams(sources={"bench": SeriesSource(path=str(folder))}, seq_len=128)
+    repo = load_params(PARAMS_YAML)
+    params = dataclasses.replace(repo.features, workers=1)  # one checkpoint at a time, in this process
+    series = dataclasses.replace(repo.series, sources={"bench": SeriesSource(path=str(folder))})
     series_shards(series, params, text, folder.parent / "warm-up")  # imports, first calls
     start = time.perf_counter()
     result = series_shards(series, params, text, folder.parent / "shards")  # as the stage: shards written

@@ -22,6 +22,7 @@ Prints medians in milliseconds and the ratios, and ends with one JSON line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import tempfile
@@ -33,6 +34,7 @@ import pyarrow.parquet as pq
 import torch
 from safetensors.torch import save_file
 
+from bench import PARAMS_YAML
 from bench.np import median_ms
 from topometrics.execution.shards import (
     META_KEY,
@@ -46,7 +48,7 @@ from topometrics.features.checkpoint import checkpoint_features, diagrams_frame,
 from topometrics.models.checkpoints import checkpoint_path, safetensors_problem, save_checkpoint, verify_checkpoint
 from topometrics.models.model import GPT, GPTConfig
 from topometrics.models.tokens import load_tokens, tokens_sha256
-from topometrics.params import FeaturesParams
+from topometrics.params import load_params
 
 XL = GPTConfig(hidden=48, layers=3, heads=4, context=128)
 WIKITEXT_TRAIN_TOKENS = 10_918_892
@@ -126,7 +128,7 @@ def real_shard_tables() -> dict:
     """The ``features`` and ``diagrams`` tables of one xl checkpoint under the default feature params."""
     model = GPT(XL)
     model.init_weights(torch.Generator().manual_seed(0))
-    params = FeaturesParams(workers=1)
+    params = dataclasses.replace(load_params(PARAMS_YAML).features, workers=1)
     tokens = np.random.default_rng(1).integers(32, 127, params.rep_batch * XL.context + 1, dtype=np.uint8)
     result = checkpoint_features(model.state_dict(), XL, validation_batch(tokens, XL.context, params.rep_batch), params)
     return {"features": features_frame(result, "xl", 42, 0), "diagrams": diagrams_frame(result, "xl", 42, 0)}

@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
+from repo_params import analysis_params
 from test_warehouse import RUNGS, write_inputs
 
 from topometrics.analysis import metrics_file, warehouse
 from topometrics.analysis import tables as analysis
-from topometrics.analysis.tables import AnalysisParams
 from topometrics.params import ParamsError
 from topometrics.vocabulary import kind
 
@@ -110,7 +110,7 @@ def test_metrics_file_is_the_headline_a_column_per_rung_at_most(pipeline):
     assert set(metrics) == {"corpus", "final_val_loss", "rho", "runs", "diverged_runs", "verdict"}
     assert metrics["corpus"] == {"used": "python-docs", "fallback": True}
     assert set(metrics["final_val_loss"]) == set(RUNGS) and metrics["runs"] == len(RUNGS)
-    assert metrics["rho"]["vr_tp0"] < -0.9 and set(metrics["rho"]) <= set(AnalysisParams().headline_features)
+    assert metrics["rho"]["vr_tp0"] < -0.9 and set(metrics["rho"]) <= set(analysis_params().headline_features)
     assert metrics["verdict"]["cv"] == "rung" and set(metrics["verdict"]) == {"cv", "f20", "f30", "f50"}
     columns = _leaves(metrics)  # what `dvc exp show` makes a column of
     assert len(columns) <= len(RUNGS) + 6 + 1 + 9 + 4, columns  # rungs, rho, verdict cv, 3 x 3 verdict, the rest
@@ -129,8 +129,8 @@ def _leaves(tree: dict, prefix: str = "") -> list[str]:
 
 def test_metrics_follow_the_params_and_equal_the_stages_file(pipeline):
     with duckdb.connect(str(pipeline[0]), read_only=True) as c:
-        assert metrics_file.metrics_json(metrics_file.build_metrics(c, AnalysisParams())) == pipeline[1].read_text()
-        fewer = metrics_file.build_metrics(c, AnalysisParams(headline_features=("vr_tp1",)))
+        assert metrics_file.metrics_json(metrics_file.build_metrics(c, analysis_params())) == pipeline[1].read_text()
+        fewer = metrics_file.build_metrics(c, analysis_params(headline_features=("vr_tp1",)))
         final = dict(c.execute("SELECT rung, val_loss FROM final_checkpoints").fetchall())
     assert list(fewer["rho"]) == ["vr_tp1"]
     assert fewer["final_val_loss"] == pytest.approx(final, rel=1e-5)
@@ -154,7 +154,7 @@ def test_readme_example_queries_run(con):
 
 def test_several_seeds_get_leave_one_seed_out_and_across_seed_cis(tmp_path):
     inputs = write_inputs(tmp_path, rungs={k: RUNGS[k] for k in ("tiny", "medium", "xl")}, seeds=(1, 2))
-    params = AnalysisParams(fractions=(0.5,), bootstrap=50)
+    params = analysis_params(fractions=(0.5,), bootstrap=50)
     c = duckdb.connect()
     warehouse.populate(c, inputs, params.settings(), {})
     tables = analysis.run_analysis(c, params)
@@ -191,7 +191,7 @@ def test_several_seeds_get_leave_one_seed_out_and_across_seed_cis(tmp_path):
 def test_a_run_without_features_fails_the_learned_topology_models_with_a_reason(tmp_path):
     inputs = write_inputs(tmp_path, rungs={k: RUNGS[k] for k in ("tiny", "small", "medium", "large")})
     inputs = warehouse.Inputs(**(inputs.__dict__ | {"feature_files": inputs.feature_files[1:]}))  # 'large' has none
-    params = AnalysisParams(fractions=(0.5,), bootstrap=20)
+    params = analysis_params(fractions=(0.5,), bootstrap=20)
     c = duckdb.connect()
     warehouse.populate(c, inputs, params.settings(), {})
     p = analysis.run_analysis(c, params)["predictions"].set_index(["method", "rung"])
@@ -203,7 +203,7 @@ def test_a_run_without_features_fails_the_learned_topology_models_with_a_reason(
 
 def test_feature_lists_must_name_declared_features():
     with pytest.raises(ParamsError, match=r"analysis.headline_features names undeclared features \['np_norm_mean'\]"):
-        analysis.run_analysis(duckdb.connect(), AnalysisParams(headline_features=("vr_tp0", "np_norm_mean")))
+        analysis.run_analysis(duckdb.connect(), analysis_params(headline_features=("vr_tp0", "np_norm_mean")))
 
 
 def test_a_diverged_run_is_data_left_out_of_fits_and_predictions_with_its_reason(tmp_path):
@@ -215,10 +215,10 @@ def test_a_diverged_run_is_data_left_out_of_fits_and_predictions_with_its_reason
     source = data / "corpus" / "source.json"
     inputs = warehouse.discover_inputs(data / "config", data / "runs", source, [data / "features"])
     con = duckdb.connect()
-    warehouse.populate(con, inputs, AnalysisParams().settings(), {})
+    warehouse.populate(con, inputs, analysis_params().settings(), {})
     runs = con.execute("SELECT rung, status, status_reason FROM runs ORDER BY rung").fetchall()
     assert ("large", "diverged", reason) in runs and ("tiny", "complete", None) in runs and ("xl", None, None) in runs
-    params = AnalysisParams(bootstrap=20)
+    params = analysis_params(bootstrap=20)
     tables = analysis.run_analysis(con, params)
     mine = tables["predictions"].query("rung == 'large'")
     assert len(mine) == 3 * (3 + len(LEARNED)) and (mine["status"] == "excluded").all()
@@ -266,7 +266,7 @@ def test_verdict_on_one_seed_names_every_skip(con):
 def test_the_changepoint_inputs_are_the_window_changepoints_of_the_features_tables_series(con):
     from topometrics.dynamics.changepoints import window_changepoints
 
-    params = AnalysisParams()
+    params = analysis_params()
     _, _, inputs = analysis._predictions_and_inputs(con, params, learned=False)
     watched = [f for f in params.headline_features if f in ("vr_tp0", "vr_tp1", "np_norm", "rep_tp0")]
     assert watched == ["vr_tp0", "vr_tp1", "np_norm", "rep_tp0"]  # the topological headline features
@@ -302,7 +302,7 @@ def test_the_loss_curve_laws_read_each_runs_schedule_shape_from_its_config():
 
 
 def test_gradient_norm_window_columns_equal_numpy_and_the_documented_query(pipeline, con):
-    params = AnalysisParams()
+    params = analysis_params()
     _, _, inputs = analysis._predictions_and_inputs(con, params, learned=False)
     runs_dir = pipeline[0].parent / "runs"
     for row in inputs.itertuples():
@@ -320,7 +320,7 @@ def test_gradient_norm_window_columns_equal_numpy_and_the_documented_query(pipel
 
 
 def test_loss_rank_ranks_the_last_observed_loss_across_runs_per_fraction(con):
-    _, _, inputs = analysis._predictions_and_inputs(con, AnalysisParams(), learned=False)
+    _, _, inputs = analysis._predictions_and_inputs(con, analysis_params(), learned=False)
     for _, g in inputs.groupby("fraction"):
         np.testing.assert_array_equal(g["loss_rank"], scipy.stats.rankdata(g["anchor"], method="average"))
         assert g.loc[g["anchor"].idxmin(), "loss_rank"] == 1
@@ -331,7 +331,7 @@ def test_changepoints_view_has_every_run_series_and_the_loss_breaks_of_the_pelt_
 
     view = con.execute("SELECT * FROM changepoints ORDER BY ALL").df()
     runs = con.execute("SELECT DISTINCT rung, seed FROM checkpoints").df()
-    headline = AnalysisParams().headline_features
+    headline = analysis_params().headline_features
     present = set(con.execute("SELECT DISTINCT feature FROM features WHERE layer = 'all'").df()["feature"])
     for rung, seed in runs.itertuples(index=False):
         rows = view[(view["rung"] == rung) & (view["seed"] == seed)].set_index("series")
@@ -368,6 +368,6 @@ def test_every_baseline_part_has_its_columns_in_the_verdicts_input_table(con):
     # a declared part whose columns nothing computes would only be "not used" in each verdict row's reason
     from topometrics.verdict.baselines import PARTS
 
-    _, _, inputs = analysis._predictions_and_inputs(con, AnalysisParams(), learned=False)
+    _, _, inputs = analysis._predictions_and_inputs(con, analysis_params(), learned=False)
     missing = [c for part in PARTS for c in part.columns if c not in inputs]
     assert missing == [], f"baseline columns topometrics/analysis/tables.py does not compute: {missing}"

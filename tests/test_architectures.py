@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from repo_params import features_params
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, MixtralConfig
 
@@ -25,7 +26,6 @@ from topometrics.models.architectures import (
     user_rules,
 )
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_weights
-from topometrics.params import FeaturesParams
 from topometrics.series.checkpoint import SafetensorsFile
 
 D, FF, V = 32, 64, 128  # hidden, MLP width, vocabulary
@@ -72,7 +72,7 @@ EXPECTED = {
     },
     "phi3": {"attn.qkv": (3 * D, D), "attn.out": (D, D), "mlp.in": (2 * FF, D), "mlp.out": (D, FF)},
 }
-PARAMS = FeaturesParams(max_points=20, workers=1)
+PARAMS = features_params(max_points=20, workers=1)
 
 
 def tiny(model_type: str, seed: int = 0) -> torch.nn.Module:

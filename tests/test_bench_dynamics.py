@@ -2,10 +2,10 @@
 
 import numpy as np
 import torch
+from repo_params import features_params
 
 from bench.dynamics import layer_memory, print_memory, reset_peak, rss_kb
 from topometrics.models.model import GPT, GPTConfig, count_parameters, linear_layer_names
-from topometrics.params import FeaturesParams
 
 
 def test_the_high_water_mark_is_lowered_to_the_resident_size_and_sees_a_block_allocated_in_between():
@@ -20,7 +20,7 @@ def test_the_high_water_mark_is_lowered_to_the_resident_size_and_sees_a_block_al
 
 
 def test_the_per_layer_report_has_a_row_per_linear_layer_with_its_bound(capsys):
-    hidden, params = 16, FeaturesParams()
+    hidden, params = 16, features_params()
     config = GPTConfig(vocab_size=32, context=8, hidden=hidden, layers=2, heads=2)
     model = GPT(config)
     model.init_weights(torch.Generator().manual_seed(0))

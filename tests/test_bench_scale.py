@@ -1,12 +1,12 @@
 """The scale benchmark's job: streamed weight features of a Pythia-shaped file equal the in-memory ones."""
 
 import numpy as np
+from repo_params import features_params
 from safetensors.numpy import load_file
 
 from bench.scale import pythia_70m_shapes, weight_shard
 from bench.series import write_random_safetensors
 from topometrics.features.checkpoint import weight_features
-from topometrics.params import FeaturesParams
 
 
 def test_weight_shard_equals_weight_features_of_the_loaded_layers(tmp_path, monkeypatch):
@@ -21,7 +21,7 @@ def test_weight_shard_equals_weight_features_of_the_loaded_layers(tmp_path, monk
     state = load_file(str(path))
     parts = ("attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")
     weights = {f"{i}.{p}": state[f"gpt_neox.layers.{i}.{p}.weight"].astype(np.float32) for i in range(6) for p in parts}
-    expected = weight_features(weights, FeaturesParams())
+    expected = weight_features(weights, features_params())
     got = tables["features"]
     assert set(got["step"]) == {3000} and set(got["rung"]) == {"pythia-70m"}
     mine = got[got["layer"] == "all"].set_index("feature")["value"]

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from distributed import Client, LocalCluster
 from distributed.security import Security
+from repo_params import raw_params
 
 from topometrics.execution.cluster import (
     CheckpointJobError,
@@ -123,17 +124,18 @@ def test_missing_tls_file_names_the_key(tmp_path):
 
 
 def test_compute_params_parse_security_paths():
-    raw = {
-        "ladder": {"tiny": {}},
-        "compute": {"cluster": "tls://10.0.0.5:8786", "security": {"ca": "ca.pem", "cert": "c.pem"}},
-    }
-    compute = parse_params(raw).compute
-    assert compute == ComputeParams("tls://10.0.0.5:8786", SecurityParams("ca.pem", "c.pem"), 10.0)
-    assert parse_params({"ladder": {"tiny": {}}}).compute == ComputeParams()
+    raw, timeout = raw_params(), raw_params()["compute"]["connect_timeout_s"]
+    tls = {"cluster": "tls://10.0.0.5:8786", "connect_timeout_s": timeout}
+    compute = parse_params(raw | {"compute": tls | {"security": {"ca": "ca.pem", "cert": "c.pem"}}}).compute
+    expected = ComputeParams(
+        cluster="tls://10.0.0.5:8786", security=SecurityParams("ca.pem", "c.pem"), connect_timeout_s=timeout
+    )
+    assert compute == expected
+    assert parse_params(raw).compute.security is None
     with pytest.raises(ParamsError, match="compute.security needs ca and cert"):
-        parse_params({"ladder": {"tiny": {}}, "compute": {"security": {"ca": "ca.pem"}}})
+        parse_params(raw | {"compute": tls | {"security": {"ca": "ca.pem"}}})
     with pytest.raises(ParamsError, match="unknown param compute.security.password"):
-        parse_params({"ladder": {"tiny": {}}, "compute": {"security": {"ca": "a", "cert": "b", "password": "x"}}})
+        parse_params(raw | {"compute": tls | {"security": {"ca": "a", "cert": "b", "password": "x"}}})
 
 
 def test_scheduler_file_connects_and_runs_jobs(tmp_path):

@@ -4,6 +4,7 @@ import os
 
 import pytest
 import torch
+from repo_params import compute_params
 from threadpoolctl import threadpool_info
 
 from topometrics.execution.compute import background_pool, map_jobs
@@ -80,15 +81,12 @@ def test_each_result_yields_failures_as_results_and_runs_the_rest():
 def test_map_jobs_on_a_dask_cluster_equals_local_and_runs_one_thread_jobs():
     from distributed import LocalCluster
 
-    from topometrics.params_sources import ComputeParams
-
     local = map_jobs(square_and_where, list(range(6)), workers=1, label="test")
     with LocalCluster(n_workers=2, processes=False, protocol="tcp://", host="127.0.0.1", dashboard_address=None) as c:
-        remote = map_jobs(
-            square_and_where, list(range(6)), workers=1, label="test", compute=ComputeParams(c.scheduler_address)
-        )
+        cluster = compute_params(cluster=c.scheduler_address)
+        remote = map_jobs(square_and_where, list(range(6)), workers=1, label="test", compute=cluster)
         with pytest.raises(ValueError, match="job 3 failed"):
-            map_jobs(fail_on_three, list(range(6)), workers=1, label="test", compute=ComputeParams(c.scheduler_address))
+            map_jobs(fail_on_three, list(range(6)), workers=1, label="test", compute=cluster)
     assert [v for v, _, _ in remote] == [v for v, _, _ in local]
     assert {threads for _, _, threads in remote} == {1}
 
@@ -96,12 +94,12 @@ def test_map_jobs_on_a_dask_cluster_equals_local_and_runs_one_thread_jobs():
 def test_an_unreachable_cluster_fails_before_any_job_runs(tmp_path):
     from topometrics.execution.cluster import ClusterError
     from topometrics.execution.compute import each_result
-    from topometrics.params_sources import ComputeParams
 
     address = "tcp://127.0.0.1:9"  # discard port: nothing listens
     ran = tmp_path / "ran"
     with pytest.raises(ClusterError, match=f"^cannot reach the Dask scheduler at {address} within 1 s"):
-        list(each_result(touch, [ran], workers=1, label="test", compute=ComputeParams(address, connect_timeout_s=1)))
+        compute = compute_params(cluster=address, connect_timeout_s=1)
+        list(each_result(touch, [ran], workers=1, label="test", compute=compute))
     assert not ran.exists()
 
 

@@ -12,11 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_params import repo_params
 
 from topometrics.models.tokens import decode, encode
 from topometrics.remote_secrets import remote_secrets
 from topometrics.training import corpus
 from topometrics.training.corpus import CorpusError, FallbackWarning, prepare, split_local, summary
+
+# the repository's data.max_unknown_share and data.tokenizer (params.yaml: characters)
+CHARS = (repo_params().data.max_unknown_share, repo_params().data.tokenizer)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -103,14 +107,14 @@ def test_the_published_wikitext_checksums_are_the_shared_readme_ones():
 def test_unreachable_download_falls_back_loudly_and_is_cheap_when_cached(tmp_path):
     out = tmp_path / "corpus"
     with pytest.warns(FallbackWarning, match="OFFLINE FALLBACK"):
-        first = prepare("wikitext-2-raw-v1", ("file:///nonexistent/w.zip",), 1, 0.1, out, 32)
+        first = prepare("wikitext-2-raw-v1", ("file:///nonexistent/w.zip",), 1, 0.1, out, 32, *CHARS)
     assert first["changed"] and first["fallback"] and first["used"] == corpus.FALLBACK
     source = json.loads((out / "source.json").read_text())
     assert source["requested"] == "wikitext-2-raw-v1" and "nonexistent" in source["reason"]
     assert np.fromfile(out / "train.u8", dtype=np.uint8).size == source["train_tokens"] > 100_000
     mtime = (out / "train.u8").stat().st_mtime_ns
     with pytest.warns(FallbackWarning):
-        again = prepare("wikitext-2-raw-v1", (), 1, 0.1, out, 32)
+        again = prepare("wikitext-2-raw-v1", (), 1, 0.1, out, 32, *CHARS)
     assert not again["changed"] and (out / "train.u8").stat().st_mtime_ns == mtime
     line, record = corpus.summary(again, out).splitlines()
     tokens = f"{source['train_tokens']:,} train / {source['val_tokens']:,} val tokens, 0.12% unknown characters"
@@ -126,11 +130,11 @@ def test_wikitext_replaces_the_fallback_when_the_network_returns(tmp_path, serve
     monkeypatch.setattr(corpus, "WIKITEXT_MEMBERS", sums)
     out = tmp_path / "corpus"
     with pytest.warns(FallbackWarning):
-        prepare("wikitext-2-raw-v1", (), 1, 0.1, out, 32)
-    now = prepare("wikitext-2-raw-v1", (f"{base}/w.zip",), 5, 0.1, out, 32)
+        prepare("wikitext-2-raw-v1", (), 1, 0.1, out, 32, *CHARS)
+    now = prepare("wikitext-2-raw-v1", (f"{base}/w.zip",), 5, 0.1, out, 32, *CHARS)
     assert now["changed"] and now["used"] == "wikitext-2-raw-v1" and not now["fallback"]
     assert decode(np.fromfile(out / "val.u8", dtype=np.uint8)) == MEMBERS["wikitext-2-raw/wiki.valid.raw"]
-    assert not prepare("wikitext-2-raw-v1", (f"{base}/w.zip",), 5, 0.1, out, 32)["changed"]
+    assert not prepare("wikitext-2-raw-v1", (f"{base}/w.zip",), 5, 0.1, out, 32, *CHARS)["changed"]
 
 
 def test_a_local_file_is_split_at_a_line_boundary(tmp_path):
@@ -161,12 +165,12 @@ def test_a_corpus_too_small_for_a_window_is_refused_and_the_previous_preparation
     good = tmp_path / "good.txt"
     good.write_text("".join(f"line {i} of a corpus long enough\n" for i in range(200)))
     out = tmp_path / "corpus"
-    prepare(str(good), (), 1, 0.1, out, 32)
+    prepare(str(good), (), 1, 0.1, out, 32, *CHARS)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     small = tmp_path / "small.txt"
     small.write_text(text)
     with pytest.raises(CorpusError) as err:
-        prepare(str(small), (), 1, 0.1, out, 32)
+        prepare(str(small), (), 1, 0.1, out, 32, *CHARS)
     message = str(err.value)
     assert message.startswith(f"data.corpus={str(small)!r} gives ") and "training and" in message
     assert "each split needs at least data.seq_len + 2 = 34" in message and "lower data.seq_len" in message
@@ -178,7 +182,7 @@ def test_a_prepared_token_file_that_changed_is_named_and_rewritten(tmp_path, dam
     good = tmp_path / "good.txt"
     good.write_text("".join(f"line {i} of a corpus long enough\n" for i in range(200)))
     out = tmp_path / "corpus"
-    first = prepare(str(good), (), 1, 0.1, out, 32)
+    first = prepare(str(good), (), 1, 0.1, out, 32, *CHARS)
     assert first["tokens_sha256"]["train"] == hashlib.sha256((out / "train.u8").read_bytes()).hexdigest()
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     if damage == "truncate":  # the stage used to report the half that was left as the corpus
@@ -190,7 +194,7 @@ def test_a_prepared_token_file_that_changed_is_named_and_rewritten(tmp_path, dam
     else:
         (out / "source.json").write_text("[]")
         named = f"{out / 'source.json'}: not the corpus stage's record"
-    again = prepare(str(good), (), 1, 0.1, out, 32)
+    again = prepare(str(good), (), 1, 0.1, out, 32, *CHARS)
     assert again["changed"] and again["redone"].startswith(named)
     assert summary(again, out).startswith(f"corpus: {named}")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
@@ -200,20 +204,20 @@ def test_a_corpus_mostly_outside_the_tokenizers_range_is_refused_naming_the_shar
     good = tmp_path / "good.txt"
     good.write_text("".join(f"line {i} of a corpus long enough\n" for i in range(200)))
     out = tmp_path / "corpus"
-    kept = prepare(str(good), (), 1, 0.1, out, 32, max_unknown_share=0.05)
+    kept = prepare(str(good), (), 1, 0.1, out, 32, max_unknown_share=0.05, tokenizer=CHARS[1])
     assert kept["unknown_share"] == 0.0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     cjk = tmp_path / "cjk.txt"  # valid UTF-8, almost no ASCII: nearly every character would become id 127
     cjk.write_text("".join(f"第{i}行的文本🙂很长很长很长\n" for i in range(300)))
     with pytest.raises(CorpusError) as err:
-        prepare(str(cjk), (), 1, 0.1, out, 32, max_unknown_share=0.05)
+        prepare(str(cjk), (), 1, 0.1, out, 32, max_unknown_share=0.05, tokenizer=CHARS[1])
     assert str(err.value) == (
         f"data.corpus={str(cjk)!r}: 76.8% of its characters are outside the character tokenizer's range (ASCII "
         "0-126; every other character becomes the unknown id 127), above data.max_unknown_share=0.05; point "
         "data.corpus at mostly-ASCII text (e.g. English) or raise data.max_unknown_share"
     )
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    lowered = prepare(str(good), (), 1, 0.1, out, 32, max_unknown_share=0.0)  # a kept preparation is checked too
+    lowered = prepare(str(good), (), 1, 0.1, out, 32, 0.0, CHARS[1])  # a kept preparation is checked too
     assert lowered["unknown_share"] == 0.0 and not lowered["changed"]
 
 
@@ -221,12 +225,12 @@ def test_a_record_written_before_token_hashes_gets_them_without_rewriting_the_to
     good = tmp_path / "good.txt"
     good.write_text("".join(f"line {i} of a corpus long enough\n" for i in range(200)))
     out = tmp_path / "corpus"
-    record = prepare(str(good), (), 1, 0.1, out, 32)
+    record = prepare(str(good), (), 1, 0.1, out, 32, *CHARS)
     recorded = json.loads((out / "source.json").read_text())
     legacy = {k: v for k, v in recorded.items() if k not in ("tokens_sha256", "unknown_share")}
     (out / "source.json").write_text(json.dumps(legacy))
     tokens = {p.name: p.read_bytes() for p in out.glob("*.u8")}
-    again = prepare(str(good), (), 1, 0.1, out, 32)
+    again = prepare(str(good), (), 1, 0.1, out, 32, *CHARS)
     assert not again["changed"] and again["tokens_sha256"] == record["tokens_sha256"]
     assert json.loads((out / "source.json").read_text()) == recorded
     assert {p.name: p.read_bytes() for p in out.glob("*.u8")} == tokens
@@ -236,7 +240,7 @@ def test_a_directory_whose_train_file_is_shorter_than_a_window_is_refused(tmp_pa
     (tmp_path / "wiki.train.raw").write_text("x" * 50)
     (tmp_path / "wiki.valid.raw").write_text("y" * 500)
     with pytest.raises(CorpusError, match="gives 50 training and 500 validation characters"):
-        prepare(str(tmp_path), (), 1, 0.1, tmp_path / "out", 64)
+        prepare(str(tmp_path), (), 1, 0.1, tmp_path / "out", 64, *CHARS)
     assert not (tmp_path / "out").exists()
 
 
@@ -316,7 +320,7 @@ def test_switching_the_tokenizer_or_editing_tokenizer_json_redoes_the_preparatio
     from topometrics.params import TokenizerParams
 
     text, out = bpe_corpus(tmp_path), tmp_path / "prepared"
-    chars = prepare(str(text), (), 1, 0.1, out, 32)
+    chars = prepare(str(text), (), 1, 0.1, out, 32, *CHARS)
     assert "tokenizer" not in chars and (out / "train.u8").exists()
     bpe_source = prepare(str(text), (), 1, 0.1, out, 32, 0.05, TokenizerParams("bpe", 600))
     assert bpe_source["redone"].endswith("made with another data.tokenizer") and not (out / "train.u8").exists()
@@ -324,7 +328,7 @@ def test_switching_the_tokenizer_or_editing_tokenizer_json_redoes_the_preparatio
     tokenizer_json.write_text(tokenizer_json.read_text().replace("Ġt", "Ġq", 1))
     again = prepare(str(text), (), 1, 0.1, out, 32, 0.05, TokenizerParams("bpe", 600))
     assert again["changed"] and "tokenizer.json: content changed" in again["redone"]
-    back = prepare(str(text), (), 1, 0.1, out, 32)
+    back = prepare(str(text), (), 1, 0.1, out, 32, *CHARS)
     assert "tokenizer" not in back and not tokenizer_json.exists() and not (out / "val.u16").exists()
     assert (load_tokens(out, "val") == encode((text / "wiki.valid.raw").read_text())).all()
 

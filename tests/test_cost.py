@@ -5,11 +5,11 @@ import tracemalloc
 from types import SimpleNamespace
 
 import numpy as np
+from repo_params import features_params
 from safetensors.numpy import save_file
 
 from topometrics.execution import cost
 from topometrics.landscape.trace import adaptive_trace
-from topometrics.params import FeaturesParams
 from topometrics.series.source_shards import affordable
 
 
@@ -62,7 +62,7 @@ def checkpoints_of(tmp_path, rows, cols):
 
 def test_a_series_whose_largest_tensor_cannot_be_read_is_skipped_in_one_line(tmp_path):
     lines = []
-    params = FeaturesParams()
+    params = features_params()
     kept, why = affordable("s", checkpoints_of(tmp_path, 64, 32), params, lines.append, available=12 * 64 * 32 - 1)
     assert kept is params and why.startswith("its largest tensor needs ~0.0 GB to read")
     assert lines == [f"s: skipped: {why}"]
@@ -70,7 +70,7 @@ def test_a_series_whose_largest_tensor_cannot_be_read_is_skipped_in_one_line(tmp
 
 def test_families_that_do_not_fit_are_taken_out_with_the_gb_they_need(tmp_path):
     lines = []
-    params = FeaturesParams()
+    params = features_params()
     checkpoints = checkpoints_of(tmp_path, 64, 32)
     parameters = 64 * 32 + 32
     # room for every family but curvature, the one with the most bytes per parameter

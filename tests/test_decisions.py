@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
+from repo_params import analysis_params
 from sklearn.metrics import roc_auc_score
 
 from topometrics.analysis import warehouse
-from topometrics.params import AnalysisParams
 from topometrics.report import verdict as report_verdict
 from topometrics.verdict import decisions
 from topometrics.verdict.decisions import noise_ceiling, outlier_runs, pair_order_accuracy, robust_z
@@ -114,7 +114,7 @@ def test_too_few_or_identical_others_flag_nothing():
 
 PLANTED = {("a", "w", 0), ("b", "x", 1), ("a", "y", 2), ("b", "z", 3)}  # (rung, variant, seed): runs that end far worse
 FAMILIES = {"weights_vr": ("vr_tp0",), "weights_np": ("np_norm",)}
-PARAMS = AnalysisParams(permutations=499)  # a Monte Carlo p near its floor (4 outliers: 1 / 8^4), not 1 / 160
+PARAMS = analysis_params(permutations=499)  # a Monte Carlo p near its floor (4 outliers: 1 / 8^4), not 1 / 160
 
 
 def outlier_sweep(seed: int = 2, planted: bool = True, fractions=(0.3, 0.8)) -> pd.DataFrame:
@@ -191,7 +191,7 @@ def test_the_shuffle_floor_is_the_brute_force_chance_that_each_cells_outliers_ke
 def test_a_gaussian_cell_flags_few_runs_at_the_default_threshold():
     rng = np.random.default_rng(0)
     loss, cells = rng.normal(size=8 * 400), np.repeat(np.arange(400), 8)  # the sweep's 8 seeds per cell
-    share = outlier_runs(loss, cells, AnalysisParams().outlier_sd).mean()
+    share = outlier_runs(loss, cells, analysis_params().outlier_sd).mean()
     assert 0.005 < share < 0.025  # about 1.6 %; the leave-one-out MAD of 7 runs has heavy tails (3 SDs: 4.9 %)
 
 
@@ -209,7 +209,7 @@ def test_a_family_that_marks_the_outlier_runs_early_is_flagged_before_the_loss_c
 
 
 def test_a_noise_family_is_not_flagged_beyond_its_nominal_rate():
-    params = AnalysisParams()
+    params = analysis_params()
     p = [
         decisions.outlier_verdict(outlier_sweep(seed, fractions=(0.3,)), params, {"weights_np": ("np_norm",)})
         for seed in range(10, 16)
@@ -224,31 +224,31 @@ def test_identical_losses_have_no_outlier_and_too_few_outliers_is_one_reason_in_
     sweep = outlier_sweep(fractions=(0.3,))
     flat = sweep.assign(actual=1.5)  # every cell's losses identical: no spread to measure an outlier by
     assert not outlier_runs(flat["actual"], decisions._cell_labels(flat)).any()
-    row = decisions.outlier_verdict(flat, AnalysisParams(), FAMILIES).iloc[0]
+    row = decisions.outlier_verdict(flat, analysis_params(), FAMILIES).iloc[0]
     assert row["status"] == "skipped" and row["n_outliers"] == 0
     no_spread = "skipped: no cell has 4 runs whose final losses spread (a run's robust z needs 3 other seeds)"
     assert row["verdict"] == no_spread
     assert (
-        decisions.outlier_verdict(sweep[sweep["seed"] < 3], AnalysisParams(), FAMILIES).iloc[0]["verdict"] == no_spread
+        decisions.outlier_verdict(sweep[sweep["seed"] < 3], analysis_params(), FAMILIES).iloc[0]["verdict"] == no_spread
     )
     even = sweep.assign(actual=1.5 + 0.01 * sweep["seed"])  # evenly spread seeds: the worst is 1.35 robust SDs out
-    row = decisions.outlier_verdict(even, AnalysisParams(), FAMILIES).iloc[0]
+    row = decisions.outlier_verdict(even, analysis_params(), FAMILIES).iloc[0]
     assert (
         row["verdict"]
         == "skipped: no outlier runs (final loss > 5 robust SDs above its cell's others) among 64; need 2"
     )
     keys = zip(sweep["rung"], sweep["variant"], sweep["seed"], strict=True)
     one = sweep[[k not in PLANTED - {("b", "x", 1)} for k in keys]]  # three of the four planted runs gone
-    row = decisions.outlier_verdict(one, AnalysisParams(), FAMILIES).iloc[0]
+    row = decisions.outlier_verdict(one, analysis_params(), FAMILIES).iloc[0]
     assert row["verdict"].startswith("skipped: 1 outlier run (") and row["n_outliers"] == 1
 
 
 def test_the_outlier_rows_reach_the_topology_verdict_view_and_the_report_table():
-    rows = decisions.outlier_verdict(outlier_sweep(fractions=(0.3,)), AnalysisParams(), FAMILIES)
+    rows = decisions.outlier_verdict(outlier_sweep(fractions=(0.3,)), analysis_params(), FAMILIES)
     con = duckdb.connect()
     schema, *views = warehouse.sql_files()
     con.execute(schema.read_text())
-    settings = list(dataclasses.asdict(AnalysisParams().settings()).values())
+    settings = list(dataclasses.asdict(analysis_params().settings()).values())
     con.execute(f"INSERT INTO settings VALUES ({', '.join('?' * len(settings))})", settings)
     con.register("frame", rows)
     con.execute("INSERT INTO incremental_validity BY NAME SELECT * FROM frame")

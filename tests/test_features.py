@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from repo_params import features_params
 
 from topometrics.features.checkpoint import (
     ALL,
@@ -25,11 +26,11 @@ from topometrics.features.run_shards import read_tables
 from topometrics.features.sweep import run_shards
 from topometrics.models.checkpoints import save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names
-from topometrics.params import FeaturesParams, ParamsError
+from topometrics.params import ParamsError
 from topometrics.vocabulary import CURVATURE, LANDSCAPE, model_only
 
 CONFIG = GPTConfig(context=16, hidden=8, layers=2, heads=2)
-PARAMS = FeaturesParams(
+PARAMS = features_params(
     rep_points=60, rep_batch=4, betti_scales=4, workers=1, landscape_grid=5, landscape_every=2, hessian_iters=8
 )
 

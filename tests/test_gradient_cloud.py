@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from repo_params import features_params
 
 from topometrics.features.checkpoint import checkpoint_features, validation_batch
 from topometrics.features.gradient_cloud import gradient_batch
@@ -16,7 +17,7 @@ from topometrics.params_schema import ParamsError
 from topometrics.vocabulary import ALL, GRADIENT_TOPOLOGY, model_level, per_layer
 
 CONFIG = GPTConfig(context=8, hidden=8, layers=2, heads=2)
-PARAMS = FeaturesParams(rep_points=30, rep_batch=4, betti_scales=4, workers=1, grad_batch=6, grad_dim=16)
+PARAMS = features_params(rep_points=30, rep_batch=4, betti_scales=4, workers=1, grad_batch=6, grad_dim=16)
 OFF = "family switched off (features.families)"
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from repo_params import analysis_params
 from scipy import stats as sps
 from sklearn.linear_model import Ridge
 from sklearn.preprocessing import StandardScaler
 
 from bench import power
-from topometrics.params import AnalysisParams
 from topometrics.verdict import inference, verdict
 
 
@@ -137,7 +137,7 @@ def test_only_topology_questions_are_corrected_together():
         | {"p_value": [0.01, 0.01, 0.01, 0.02, 0.01, 0.5], "status": "ok", "reason": None}
         | {"n": 96, "n_cells": 12, "min_p": 0.001, "gain_share": 0.1, "ci_low": -0.01, "bound_share": 0.2}
     )
-    out = verdict.judge(frame, AnalysisParams())
+    out = verdict.judge(frame, analysis_params())
     assert out["p_adjusted"].tolist() == pytest.approx([0.01, 0.01, 0.03, 0.04, 0.01, 0.5])
     assert out["verdict"].tolist() == ["adds", "adds", "adds", "adds", "adds", "no evidence"]
 

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from repo_params import PARAMS_YAML, features_params
 from test_architectures import module_weights
 from transformers import TrainerCallback
 
@@ -22,14 +23,13 @@ from topometrics.features import checkpoint as feat
 from topometrics.features.monitor import NPPatience, TopologyCallback, TopologyMonitor
 from topometrics.models.architectures import config_rules, match_tensors, module_layers, oriented
 from topometrics.models.model import GPT, GPTConfig
-from topometrics.params import FeaturesParams
 from topometrics.series.checkpoint import SafetensorsFile
 from topometrics.series.run_folders import scan_run_folder
 from topometrics.training import monitor_log
 from topometrics.training.corpus import encode
 from topometrics.training.monitor_log import measured_with, measurement_parts, read_log
 
-PARAMS = FeaturesParams(max_points=20, workers=1)
+PARAMS = features_params(max_points=20, workers=1)
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
 SHARED = SHARED if SHARED.exists() else Path("/work/shared/data/wikitext-2")
 GIT_ID = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
@@ -85,7 +85,7 @@ def test_the_log_spells_the_features_schema_as_the_features_do():
 
 def test_training_waits_only_for_the_copy(tmp_path):
     model = GPT(GPTConfig(hidden=32, layers=2, heads=2))
-    with TopologyMonitor(tmp_path, every=1, params=FeaturesParams(max_points=200), log=lambda _: None) as monitor:
+    with TopologyMonitor(tmp_path, every=1, params=features_params(max_points=200), log=lambda _: None) as monitor:
         monitor.step(model, 0)  # starts the worker
         start = time.perf_counter()
         monitor.step(model, 1)
@@ -99,19 +99,19 @@ def test_a_step_is_skipped_only_when_its_snapshot_would_exceed_the_bytes_in_flig
     model = GPT(GPTConfig(hidden=32, layers=2, heads=2))
     size = sum(4 * model.get_parameter(layer.tensor).numel() for layer in module_layers(model))
     lines = []
-    with TopologyMonitor(tmp_path, every=1, max_pending_bytes=2 * size, log=lines.append) as monitor:
+    with TopologyMonitor(tmp_path, 1, features_params(), max_pending_bytes=2 * size, log=lines.append) as monitor:
         assert size == monitor.snapshot_bytes(model) == sum(w.nbytes for w, _ in monitor.snapshot(model).values())
         for step in range(4):  # back to back: no measurement can finish in between
             monitor.step(model, step)
     assert monitor.measured == [0, 1] and monitor.skipped == [2, 3]  # two snapshots fit, then none
     assert lines[1] == "monitor: step 2 not measured, 2 measurements still running"  # after the estimate
-    with TopologyMonitor(tmp_path / "big", every=1, max_pending_bytes=1, log=lines.append) as monitor:
+    with TopologyMonitor(tmp_path / "big", 1, features_params(), max_pending_bytes=1, log=lines.append) as monitor:
         monitor.step(model, 0)  # one snapshot always goes, however large
     assert monitor.measured == [0]
 
 
 def test_the_worker_starts_with_the_monitor_before_any_step(tmp_path):
-    with TopologyMonitor(tmp_path / "log", every=1, log=lambda _: None) as monitor:
+    with TopologyMonitor(tmp_path / "log", every=1, params=features_params(), log=lambda _: None) as monitor:
         deadline = time.time() + 60
         while not monitor._pool._processes and time.time() < deadline:  # started in the background
             time.sleep(0.01)
@@ -187,8 +187,9 @@ def test_sinks_get_each_measurement_and_a_raising_sink_is_one_warning_and_traini
 
 UNGUARDED = """
 from topometrics.features.monitor import TopologyMonitor
+from topometrics.params import load_params
 def monitored():
-    return TopologyMonitor("{log}", every=1)
+    return TopologyMonitor("{log}", every=1, params=load_params("{params_yaml}").features)
 monitor = monitored()
 print("trained")
 """
@@ -196,7 +197,7 @@ print("trained")
 
 def test_a_script_without_the_main_guard_fails_in_one_line_saying_what_to_add(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text(UNGUARDED.format(log=tmp_path / "log"))
+    script.write_text(UNGUARDED.format(log=tmp_path / "log", params_yaml=PARAMS_YAML))
     env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and done.stdout == "" and not (tmp_path / "log").exists()
@@ -208,13 +209,14 @@ def test_a_script_without_the_main_guard_fails_in_one_line_saying_what_to_add(tm
 
 
 KILLED = """
-import sys, torch
+import dataclasses, sys, torch
 from topometrics.models.model import GPT, GPTConfig
 from topometrics.features.monitor import TopologyMonitor
-from topometrics.params import FeaturesParams
+from topometrics.params import load_params
 if __name__ == "__main__":
     model = GPT(GPTConfig(hidden=48, layers=3, heads=4))
-    monitor = TopologyMonitor(sys.argv[1], every=1, params=FeaturesParams(max_points=40))
+    params = dataclasses.replace(load_params(sys.argv[2]).features, max_points=40)
+    monitor = TopologyMonitor(sys.argv[1], every=1, params=params)
     step = 0
     while True:
         step += 1
@@ -230,7 +232,7 @@ def test_kill_9_leaves_only_complete_files(tmp_path):
     script.write_text(KILLED)
     log = tmp_path / "log"
     env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen([sys.executable, str(script), str(log)], env=env, start_new_session=True,
+    proc = subprocess.Popen([sys.executable, str(script), str(log), str(PARAMS_YAML)], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -471,17 +473,19 @@ def test_dvc_exp_run_with_monitor_every_relays_the_monitor_live_and_the_warehous
 
 
 USER_TRAINING = """
+import dataclasses
 from pathlib import Path
 import torch
 from topometrics.models.model import GPT, GPTConfig
 from topometrics.features.monitor import TopologyMonitor
-from topometrics.params import FeaturesParams
+from topometrics.params import load_params
 
 if __name__ == "__main__":
+    features = dataclasses.replace(load_params("PARAMS_YAML").features, max_points=20)
     torch.manual_seed(0)
     model = GPT(GPTConfig(hidden=16, layers=1, heads=1, context=16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    with TopologyMonitor(Path("monitor"), every=10, params=FeaturesParams(max_points=20), live=True) as monitor:
+    with TopologyMonitor(Path("monitor"), every=10, params=features, live=True) as monitor:
         for step in range(1, 31):
             x = torch.randint(0, 128, (4, 16))
             loss = model.loss(x, x)
@@ -511,7 +515,7 @@ def test_in_a_users_own_dvc_experiment_the_monitor_shows_in_exp_show_and_plots_a
 
     project = tmp_path / "user"
     project.mkdir()
-    (project / "train.py").write_text(USER_TRAINING)
+    (project / "train.py").write_text(USER_TRAINING.replace("PARAMS_YAML", str(PARAMS_YAML)))
     (project / "dvc.yaml").write_text(USER_DVC_YAML)
     for args in (["git", "init", "-q"], ["git", "config", "user.email", "t@t.invalid"],
                  ["git", "config", "user.name", "t"], ["dvc", "init", "-q"]):  # fmt: skip

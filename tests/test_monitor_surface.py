@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from repo_params import features_params, train_params
 from safetensors.torch import load_file, save_file
 from test_monitor import OneThread, train_steps
 from threadpoolctl import threadpool_limits
@@ -17,13 +18,13 @@ from topometrics.features import checkpoint as feat
 from topometrics.features.monitor import RunMonitors, TopologyCallback, TopologyMonitor
 from topometrics.features.monitor_surface import SurfaceSource, model_snapshot, state_bytes, surface_rows
 from topometrics.models.model import GPT, GPTConfig, linear_weights
-from topometrics.params import FeaturesParams, TrainParams
+from topometrics.params import FeaturesParams
 from topometrics.params_sources import SeriesSource
 from topometrics.series.source_shards import log_series
 from topometrics.training.monitor_log import read_log
 from topometrics.vocabulary import CURVATURE, LANDSCAPE, model_only
 
-PARAMS = FeaturesParams(
+PARAMS = features_params(
     max_points=20, workers=1, rep_points=40, rep_batch=2, landscape_grid=5, landscape_batch=2, landscape_every=2,
     hessian_iters=30,
 )  # fmt: skip
@@ -88,7 +89,7 @@ def test_the_monitors_surface_equals_the_checkpoint_paths_at_the_same_step(tmp_p
 
 def test_off_by_default_the_monitor_writes_the_weight_features_alone(tmp_path):
     model = tiny_gpt()
-    assert TrainParams().monitor_surface is False and RunMonitors(10, PARAMS).corpus is None
+    assert train_params().monitor_surface is False and RunMonitors(10, PARAMS).corpus is None
     with TopologyMonitor(tmp_path, every=1, params=PARAMS, log=lambda _: None) as monitor:
         assert monitor.surface is None
         monitor.step(model, 0)
@@ -196,7 +197,7 @@ def test_the_train_stages_runs_get_the_surface_of_their_checkpoints_with_train_m
     from topometrics.training.run_queue import train_runs
 
     data, run = corpus(tmp_path / "corpus"), files(tmp_path, config(seed=1, steps=30))  # checkpoints every 10
-    train = dataclasses.replace(TrainParams(), monitor_every=10, monitor_surface=True)
+    train = dataclasses.replace(train_params(), monitor_every=10, monitor_surface=True)
     (_, monitors) = observers(train, PARAMS, data)
     assert monitors == RunMonitors(10, PARAMS, data)
     assert observers(dataclasses.replace(train, monitor_surface=False), PARAMS, data)[1].corpus is None

@@ -415,3 +415,68 @@ def test_seeds_names_and_huge_values_stop_the_config_stage_in_one_short_line_nam
     raw[section] = raw[section] | change
     err = _config_stage(raw, tmp_path, capsys)
     assert err.startswith(expected) and err.count("\n") == 1 and len(err) <= 310, err[:400]
+
+
+# ---------------------------------------------------------------- params.yaml is the one place a value lives
+
+OPTIONAL_SECTIONS = ("variants",)  # absent: no variants (docs/params.md, *Required keys*)
+OPEN_MAPS = ("ladder", "series.sources")  # user-named entries: deleting one drops that rung or series
+
+
+def required_keys(tree: dict, prefix: str = "") -> list[str]:
+    """Every key the repository's params.yaml sets that must be there, read from the file: each section but
+    ``variants`` and each key in it, down to the open maps (whose entries are the user's to add or drop)."""
+    keys = []
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if name in OPTIONAL_SECTIONS:
+            continue
+        keys.append(name)
+        if isinstance(value, dict) and name not in OPEN_MAPS:
+            keys += required_keys(value, f"{name}.")
+    return keys
+
+
+REQUIRED = required_keys(default_raw())
+
+
+def test_the_required_keys_are_read_from_params_yaml():
+    assert {"train.lr", "features.max_points", "series.sources", "compute.cluster"} <= set(REQUIRED)
+    assert len(REQUIRED) > 60 and "variants" not in REQUIRED and not any(k.startswith("ladder.") for k in REQUIRED)
+
+
+@pytest.mark.parametrize("key", REQUIRED)
+def test_a_key_missing_from_params_yaml_stops_the_config_stage_in_one_line_naming_it(key, tmp_path, capsys):
+    """No code default stands in for a key params.yaml sets: deleting it stops the first stage, before any work,
+    with one line naming the key and the fix."""
+    raw = default_raw()
+    *parents, last = key.split(".")
+    section = raw
+    for part in parents:
+        section = section[part]
+    del section[last]
+    err = _config_stage(raw, tmp_path, capsys)
+    assert err.startswith(f"error: missing param {key}: add it to params.yaml (docs/params.md") and err.count("\n") == 1
+    with pytest.raises(ParamsError, match=f"^missing param {key}: "):
+        parse_params(raw)
+
+
+def test_the_params_dataclasses_hold_no_default_for_a_key_params_yaml_sets():
+    """dataclasses.fields of each section against the keys the file sets: a default there would be a second
+    copy of the value, one DVC does not track."""
+    import typing
+
+    from topometrics.params import Params
+
+    def defaulted(cls: type, keys) -> list[str]:
+        by_name = {f.name: f for f in dataclasses.fields(cls)}
+        return [k for k in keys if by_name[k].default is not dataclasses.MISSING
+                or by_name[k].default_factory is not dataclasses.MISSING]  # fmt: skip
+
+    raw, hints = default_raw(), typing.get_type_hints(Params)
+    found = list(defaulted(Params, [k for k in raw if k not in OPTIONAL_SECTIONS]))
+    for section, values in raw.items():
+        if dataclasses.is_dataclass(hints[section]):
+            found += [f"{section}.{k}" for k in defaulted(hints[section], values)]
+    assert found == []
+    assert dataclasses.is_dataclass(hints["train"]) and dataclasses.is_dataclass(hints["series"])

@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+from repo_params import analysis_params
 
 from topometrics.analysis import predict
 from topometrics.models.lr_schedule import Schedule
@@ -101,7 +102,6 @@ def test_the_changepoint_inputs_at_a_fraction_come_from_the_topological_headline
     from collections import namedtuple
 
     from topometrics.analysis import tables
-    from topometrics.params import AnalysisParams
 
     run = namedtuple("Run", "rung variant seed actual")("tiny", "base", 1, 2.0)
     t = np.arange(0, 1001, 50.0)
@@ -110,7 +110,7 @@ def test_the_changepoint_inputs_at_a_fraction_come_from_the_topological_headline
     series = {
         ("tiny", "base", 1): {"val_loss": (t, 4.0 - t / 1000), "vr_tp0": (t, step_at_400), "w_spec": (t, spectral)}
     }
-    params = AnalysisParams()
+    params = analysis_params()
     assert "w_spec" in params.headline_features and "vr_tp0" in params.headline_features
     at = {f: tables._curve_predictions(run, Schedule(1000, 100), f, series, params)[2] for f in (0.2, 0.3, 0.5)}
     assert np.isnan(at[0.2]["cp_count"]) and np.isnan(at[0.2]["cp_first"])  # 5 checkpoints: too few to segment

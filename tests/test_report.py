@@ -16,11 +16,12 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+from repo_params import analysis_params
 from test_warehouse import RUNGS, write_inputs
 
 from topometrics.analysis import tables as analysis
 from topometrics.analysis import warehouse
-from topometrics.params import AnalysisParams, run_name
+from topometrics.params import run_name
 from topometrics.report import charts, paper
 from topometrics.report import contents as report
 from topometrics.report import frames as report_frames
@@ -91,12 +92,12 @@ def build_tiny_warehouse(root: Path, with_analysis=True, with_features=True) -> 
     inputs = warehouse.discover_inputs(root / "config", root / "runs", source, [root / "features"])
     if with_analysis:
         with duckdb.connect() as con:
-            warehouse.populate(con, inputs, AnalysisParams().settings(), {"code_version": "test"})
-            for name, frame in analysis.run_analysis(con, analysis.AnalysisParams(bootstrap=200)).items():
+            warehouse.populate(con, inputs, analysis_params().settings(), {"code_version": "test"})
+            for name, frame in analysis.run_analysis(con, analysis_params(bootstrap=200)).items():
                 frame.to_parquet(root / f"{name}.parquet", index=False)
         inputs = warehouse.discover_inputs(root / "config", root / "runs", source, [root / "features"], root)
     meta = {"code_version": "test", "params": json.dumps({"train": {"steps": 600}})}
-    return warehouse.build_warehouse(root / "warehouse.duckdb", inputs, AnalysisParams().settings(), meta)
+    return warehouse.build_warehouse(root / "warehouse.duckdb", inputs, analysis_params().settings(), meta)
 
 
 def _status(computed: int) -> dict:

@@ -9,6 +9,7 @@ import json
 import duckdb
 import pandas as pd
 import pytest
+from repo_params import analysis_params, raw_params
 from test_verdict import synthetic_runs, warehouse_with
 
 from topometrics.params import AnalysisParams, ParamsError, PrimaryParams, parse_params
@@ -20,7 +21,7 @@ from topometrics.report.answer import answer
 from topometrics.verdict import remedy, verdict
 
 FAMILIES = {"weights_vr": ("vr_tp0", "vr_tp1"), "scale_free": ("vr_unit_tp0",), "heavy_tail": ("w_alpha", "rep_alpha")}
-FAST = AnalysisParams(permutations=49)  # smallest p 0.02: passes Holm's 0.025 over 2 topology rows
+FAST = analysis_params(permutations=49)  # smallest p 0.02: passes Holm's 0.025 over 2 topology rows
 
 
 def view(runs: pd.DataFrame, params: AnalysisParams = FAST) -> pd.DataFrame:
@@ -121,7 +122,7 @@ def test_not_enough_runs_says_how_many_recipes_per_rung_would_do():
 
 def test_the_pre_registered_endpoint_leads_and_every_other_row_is_labelled_exploratory():
     primary = PrimaryParams(family="scale_free", fraction=0.5, cv="seed")
-    got = answer(view(synthetic_runs("topology"), AnalysisParams(permutations=49, primary=primary)), meta())
+    got = answer(view(synthetic_runs("topology"), analysis_params(permutations=49, primary=primary)), meta())
     assert got.sentences[1].startswith("Pre-registered endpoint: At 50% of training, adding the scale-free family")
     assert got.sentences[1].endswith(": adds.") and "one-sided p=0.02" in got.sentences[1]
     assert got.sentences[2].startswith("Power: ") and "--layouts 2x1x1" in got.sentences[2]
@@ -166,12 +167,14 @@ def test_no_verdict_view_says_so_and_points_at_dvc_repro(frame):
 def test_the_loss_surface_spacing_is_checked_against_the_first_fraction():
     sweep = {"train": {"steps": 1000, "ckpt_every": 50, "seeds": [1, 2, 3]}, "analysis": {"fractions": [0.2, 0.3]}}
     sweep |= {"ladder": dict.fromkeys(["tiny", "small", "medium"], {}), "variants": {}}
+    every = list(raw_params()["features"]["families"])  # params.yaml's: the loss-surface families included
     why = "3 loss-surface checkpoints (landscape, curvature) by 20% of training"
     # every 10th of 21 checkpoints: steps 0 and 500, one by step 200; every 2nd: 0, 100, 200
-    assert remedy.surface_remedy(sweep | {"features": {"landscape_every": 10}}) == [("features.landscape_every=2", why)]
-    assert remedy.surface_remedy(sweep | {"features": {"landscape_every": 2}}) == []
+    spaced = sweep | {"features": {"landscape_every": 10, "families": every}}
+    assert remedy.surface_remedy(spaced) == [("features.landscape_every=2", why)]
+    assert remedy.surface_remedy(sweep | {"features": {"landscape_every": 2, "families": every}}) == []
     assert remedy.surface_remedy(sweep | {"features": {"landscape_every": 10, "families": ["np", "vr"]}}) == []
-    assert remedy.remedy(sweep | {"features": {"landscape_every": 10}}) == [("features.landscape_every=2", why)]
+    assert remedy.remedy(spaced) == [("features.landscape_every=2", why)]
 
 
 @pytest.mark.parametrize(
@@ -186,7 +189,7 @@ def test_the_loss_surface_spacing_is_checked_against_the_first_fraction():
 )  # fmt: skip
 def test_the_power_recorded_with_the_endpoint_sits_beside_its_verdict(power, needed, said):
     primary = PrimaryParams(family="scale_free", fraction=0.5, cv="seed", power=power)
-    frame = view(synthetic_runs("topology"), AnalysisParams(permutations=49, primary=primary))
+    frame = view(synthetic_runs("topology"), analysis_params(permutations=49, primary=primary))
     recorded = {"family": "scale_free", "power": power, "needed_runs": needed}
     got = answer(frame, meta(analysis={"fractions": [0.2, 0.3, 0.5], "primary": recorded}))
     assert got.sentences[2].startswith("Power: this sweep detects a family explaining >= 30 % of the residual")

@@ -1,9 +1,9 @@
 """The report's queries: a warehouse with several recipe variants shows the variant the analysis ran on."""
 
 import duckdb
+from repo_params import analysis_params
 
 from topometrics.analysis import warehouse
-from topometrics.params import AnalysisParams
 from topometrics.report import frames as report_frames
 
 
@@ -11,7 +11,7 @@ def _warehouse_with_two_variants() -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     schema, *views = warehouse.sql_files()
     con.execute(schema.read_text())
-    settings = AnalysisParams().settings().__dict__
+    settings = analysis_params().settings().__dict__
     con.execute(f"INSERT INTO settings ({', '.join(settings)}) VALUES ({', '.join('?' * len(settings))})",
                 list(settings.values()))  # fmt: skip
     con.execute("INSERT INTO rungs (rung, kind, n_params) VALUES ('t', 'ladder', 100)")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from repo_params import features_params
 from run_helpers import config, corpus, files
 from safetensors.torch import load_file
 
@@ -21,7 +22,7 @@ from topometrics.models.bpe import TokenizerError
 from topometrics.models.checkpoints import CheckpointError, list_checkpoints
 from topometrics.models.model import GPTConfig
 from topometrics.models.tokens import load_tokens
-from topometrics.params import FeaturesParams, ParamsError, load_params
+from topometrics.params import ParamsError, load_params
 from topometrics.training.corpus import offline_text
 from topometrics.training.live_relay import LiveRelay
 from topometrics.training.monitor_log import read_log
@@ -111,7 +112,7 @@ def test_monitored_runs_log_in_their_run_directories_from_pool_processes_and_the
     runs = [files(tmp_path, config(seed=1, steps=20)), files(tmp_path, config(seed=2, steps=20, lr=float("inf")))]
     runs.append(files(tmp_path, config(seed=3, steps=20, variant="wd0")))
     lines = []
-    watch = FeaturesParams(max_points=20, workers=1)
+    watch = features_params(max_points=20, workers=1)
     summaries = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=lines.append, observers=[RunMonitors(10, watch)])
     assert summaries["t-2"]["status"].startswith("diverged: loss is nan at step")
     for run, name, steps in zip(runs, ("t-live", "t-live", "t-wd0-live"), ([0, 10, 20], [0], [0, 10, 20]), strict=True):
@@ -145,7 +146,7 @@ def test_a_live_folder_shows_every_run_while_the_queue_trains_and_holds_every_va
     data = corpus(tmp_path / "corpus")
     runs = [files(tmp_path, config(seed=1, steps=200)), files(tmp_path, config(seed=2, steps=20, lr=float("inf")))]
     live = tmp_path / "live"
-    watch = FeaturesParams(max_points=20, workers=1)
+    watch = features_params(max_points=20, workers=1)
     args = (runs, data, Pool(2, 1, ("cpu",)), 30.0, quiet, [RunMonitors(50, watch)], live, 0.05)  # relayed every 50 ms
     queue = threading.Thread(target=train_runs, args=args)
     queue.start()
@@ -181,10 +182,10 @@ KILLED = """
 import sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
-from test_run_queue import FeaturesParams, Pool, RunMonitors, config, files, quiet, train_runs
+from test_run_queue import Pool, RunMonitors, config, features_params, files, quiet, train_runs
 root = Path({root!r})
 runs = [files(root, config(seed=s, steps=200)) for s in (1, 2)]
-watch = FeaturesParams(max_points=20)
+watch = features_params(max_points=20)
 train_runs(runs, root / "corpus", Pool(2, 1, ("cpu",)), log=quiet, observers=[RunMonitors(20, watch)])
 """
 
@@ -211,7 +212,7 @@ def test_kill_9_of_the_whole_queue_resumes_every_run_bit_identically(tmp_path):
     killed_logs = [read_log(r.run_dir / "monitor")[0] for r in runs]
     assert not any(log.duplicated(["step", "layer", "feature"]).any() for log in killed_logs)
 
-    watch = FeaturesParams(max_points=20)
+    watch = features_params(max_points=20)
     resumed = train_runs(runs, data, Pool(2, 1, ("cpu",)), log=quiet, observers=[RunMonitors(20, watch)])
     assert {s["status"] for s in resumed.values()} == {"complete"}
     # every measurement in every log, before and after the resume, is a whole layer x feature grid; the

@@ -12,13 +12,13 @@ import duckdb
 import pandas as pd
 import pytest
 from distributed import Client
+from repo_params import compute_params
 from test_cluster import worker_pids
 from test_features import PARAMS, run_tables, stage_project, write_run
 
 from topometrics.execution.cluster import local_cluster
 from topometrics.execution.shards import ShardKey, params_digest, scan
 from topometrics.features.sweep import run_shards
-from topometrics.params_sources import ComputeParams
 
 STEPS = (0, 100, 200, 300)
 
@@ -110,7 +110,7 @@ def test_on_a_dask_cluster_with_a_worker_killed_mid_run_nothing_is_missing_or_tw
 
         killer = threading.Thread(target=kill_a_busy_worker)
         killer.start()
-        run = run_shards(root / "run", root / "corpus", PARAMS, out, ComputeParams(cluster.scheduler_address))
+        run = run_shards(root / "run", root / "corpus", PARAMS, out, compute_params(cluster=cluster.scheduler_address))
         killer.join()
     assert killed, "no worker was killed"
     assert not run.failed

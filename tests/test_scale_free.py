@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from repo_params import features_params
 from scipy.sparse.csgraph import minimum_spanning_tree
 from test_neural_persistence import brute_force_tree  # the one brute-force Kruskal oracle
 
@@ -12,7 +13,6 @@ from topometrics.measures import scale_free as S
 from topometrics.measures.layer_features import aggregate_layers, layer_features
 from topometrics.measures.neural_persistence import bipartite_max_spanning_tree, neural_persistence
 from topometrics.measures.persistence import vietoris_rips_diagrams
-from topometrics.params import FeaturesParams
 from topometrics.vocabulary import SCALE_FREE, per_layer
 
 
@@ -52,7 +52,7 @@ def farthest_points(points: np.ndarray, count: int) -> np.ndarray:
 
 def every_scale_free_feature(w, params=None, index=0):
     """The scale-free values of a layer as the features stage computes them (np_excess included)."""
-    values, _, _ = layer_features(np.array(w), float(np.abs(w).max()), params or FeaturesParams(), index)
+    values, _, _ = layer_features(np.array(w), float(np.abs(w).max()), params or features_params(), index)
     return {name: values[name] for name in per_layer(SCALE_FREE)}
 
 
@@ -116,7 +116,7 @@ def test_np_z_by_hand():
 @pytest.mark.parametrize("c", [1e-3, 0.37, 1.0, 7.0, 1e4])
 def test_scaling_and_row_permutation_leave_every_scale_free_feature_unchanged(c):
     w = trained_like((48, 16), 3)
-    params = FeaturesParams(null_draws=3, unit_points=32)
+    params = features_params(null_draws=3, unit_points=32)
     base = every_scale_free_feature(w, params, 1)
     perm = np.random.default_rng(9).permutation(w.shape[0])
     moved = every_scale_free_feature(c * w[perm], params, 1)
@@ -130,7 +130,7 @@ def test_dead_rows_and_all_zero_layers():
     w[3] = 0
     assert S.farthest_unit_rows(w, 64).shape == (9, 6)  # the dead row has no direction: dropped
     np.testing.assert_allclose(np.linalg.norm(S.farthest_unit_rows(w, 64), axis=1), 1.0)
-    zero, _, _ = layer_features(np.zeros((5, 4)), 0.0, FeaturesParams(), 0)
+    zero, _, _ = layer_features(np.zeros((5, 4)), 0.0, features_params(), 0)
     assert zero["vr_unit_tp0"] == 0 and zero["vr_fnorm_tp0"] == 0
     assert np.isnan(zero["np_excess"]) and np.isnan(zero["np_z"])
 

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from repo_params import features_params, series_params
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
@@ -26,8 +27,8 @@ from topometrics.features import checkpoint as feat
 from topometrics.features.run_shards import read_tables
 from topometrics.models.checkpoints import CheckpointError
 from topometrics.models.tokens import encode
-from topometrics.params import FeaturesParams, ParamsError, parse_params
-from topometrics.params_sources import SeriesParams, SeriesSource
+from topometrics.params import ParamsError, parse_params
+from topometrics.params_sources import SeriesSource
 from topometrics.series.checkpoint import causal_lm_on_batch
 from topometrics.series.hub import hub_checkpoints, step_from_name
 from topometrics.series.safetensors_reader import SafetensorsFile
@@ -35,7 +36,7 @@ from topometrics.series.source_shards import grouped_lines, series_shards, summa
 from topometrics.training.corpus import offline_text
 
 REPO = Path(__file__).resolve().parents[1]
-PARAMS = FeaturesParams(max_points=20, rep_points=60, rep_dim=5, rep_batch=2, betti_scales=4, workers=1)
+PARAMS = features_params(max_points=20, rep_points=60, rep_dim=5, rep_batch=2, betti_scales=4, workers=1)
 SEQ_LEN = 16
 TEXT = offline_text()[:60_000]
 ENTRIES = {"step0": 0, "step_000010": 10, "checkpoint-20": 20}  # folder name -> step
@@ -96,7 +97,7 @@ class Series:
 
 def one_series(out: Path, name: str, source: SeriesSource) -> Series:
     """series_shards of one source into ``out`` (a fresh folder: nothing reused), and its shards read back."""
-    result = series_shards(SeriesParams(sources={name: source}, seq_len=SEQ_LEN), PARAMS, TEXT, out)
+    result = series_shards(series_params(sources={name: source}, seq_len=SEQ_LEN), PARAMS, TEXT, out)
     (status,) = result.status["series"]
     return Series(status["checkpoints"], *read_tables(out), result.losses)
 
@@ -508,7 +509,7 @@ def test_a_folder_with_an_unknown_layer_name_is_one_line_with_the_count_and_the_
             {f"blocks.{i}.attn.mystery.weight": torch.randn(8, 8) for i in (0, 1)}, folder / f"step_{step}.safetensors"
         )
     lines = []
-    params = SeriesParams(sources={"mine": SeriesSource(path=str(folder))}, seq_len=SEQ_LEN)
+    params = series_params(sources={"mine": SeriesSource(path=str(folder))}, seq_len=SEQ_LEN)
     result = series_shards(params, PARAMS, TEXT, tmp_path / "out", progress=lines.append)
     skipped = [line for line in lines if " skipped" in line]
     assert len(skipped) == 1 and skipped[0].startswith(
@@ -574,7 +575,7 @@ def test_one_hostile_source_never_stops_the_others_and_each_bad_file_is_a_skip_w
     }
     done = []
     stage = threading.Thread(target=lambda: done.append(series_shards(
-        SeriesParams(sources=sources, seq_len=SEQ_LEN), PARAMS, TEXT, tmp_path / "shards")), daemon=True)  # fmt: skip
+        series_params(sources=sources, seq_len=SEQ_LEN), PARAMS, TEXT, tmp_path / "shards")), daemon=True)  # fmt: skip
     stage.start()
     stage.join(600)
     assert done, "the series stage did not finish"
@@ -615,7 +616,7 @@ def test_a_series_trajectory_dimension_is_from_its_checkpoints_through_the_per_c
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(root / name, tmp_path / "run")
     params = replace(PARAMS, families=("np", "trajectory"), phdim_window=1000, phdim_sizes=(8, 9, 10))
-    series = SeriesParams(sources={"tiny": SeriesSource(path=str(tmp_path / "run"))}, seq_len=SEQ_LEN)
+    series = series_params(sources={"tiny": SeriesSource(path=str(tmp_path / "run"))}, seq_len=SEQ_LEN)
     series_shards(series, params, TEXT, tmp_path / "shards")
     features, _ = read_tables(tmp_path / "shards")
     rows = features[features["feature"].str.startswith("traj_")].set_index(["step", "feature"])
@@ -654,7 +655,7 @@ def test_features_of_a_folder_or_a_model_are_the_series_stages_rows(local_series
     model = topometrics.features_of(models_by_step[0], tokenizer=AutoTokenizer.from_pretrained(root), text=TEXT,
                                     params=PARAMS, seq_len=SEQ_LEN, name="tiny")  # fmt: skip
     pd.testing.assert_frame_equal(model, got[got["step"] == 0].reset_index(drop=True))
-    weights_only = topometrics.features_of(root / "step0", params=PARAMS, families=["np", "vr"])
+    weights_only = topometrics.features_of(root / "step0", params=PARAMS, seq_len=SEQ_LEN, families=["np", "vr"])
     assert {"grad_norm", "rep_tp0"}.isdisjoint(weights_only["feature"]) and weights_only["value"].notna().any()
     off = weights_only[weights_only["feature"] == "w_fro"]
     assert set(off["reason"]) == {"family switched off (features.families)"}
@@ -668,7 +669,7 @@ def test_features_of_anything_else_is_one_line_saying_what_it_accepts(tmp_path):
     things = [(object(), "got a object"), (tmp_path / "absent", "is not a folder"), (tmp_path, "no checkpoint")]
     for thing, start in things:
         with pytest.raises(TopometricsError) as err:
-            topometrics.features_of(thing)
+            topometrics.features_of(thing, params=PARAMS, seq_len=SEQ_LEN)
         assert start in str(err.value) and str(err.value).endswith(f"it accepts {ACCEPTS}")
         assert "\n" not in str(err.value)
 
@@ -781,7 +782,7 @@ def test_a_series_shape_is_its_config_and_the_tensors_its_files_hold_and_reaches
     root, _ = local_series
     out = tmp_path / "shards"
     result = series_shards(
-        SeriesParams(sources={"neox": SeriesSource(path=str(root))}, seq_len=SEQ_LEN), PARAMS, TEXT, out
+        series_params(sources={"neox": SeriesSource(path=str(root))}, seq_len=SEQ_LEN), PARAMS, TEXT, out
     )
     with safe_open(root / "step0" / "model.safetensors", "pt") as f:  # counted independently: every stored tensor
         names = f.keys()  # safe_open is no mapping: it lists its tensors only through keys()
@@ -810,6 +811,6 @@ def test_a_series_without_a_config_has_its_tensor_count_and_a_null_shape(local_s
     shutil.copy(root / "step0" / "model.safetensors", folder / "step_0.safetensors")
     layers = {part: rf"gpt_neox\.layers\.(\d+)\.{module}\.weight" for part, module in MAPPING}
     source = SeriesSource(path=str(folder), layers=layers)
-    result = series_shards(SeriesParams(sources={"plain": source}, seq_len=SEQ_LEN), PARAMS, TEXT, tmp_path / "s")
+    result = series_shards(series_params(sources={"plain": source}, seq_len=SEQ_LEN), PARAMS, TEXT, tmp_path / "s")
     (row,) = result.shapes.to_dict("records")
     assert row["n_params"] > 0 and all(pd.isna(row[c]) for c in ("hidden", "layers", "heads", "vocab_size", "context"))

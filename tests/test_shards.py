@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from repo_params import features_params
 
 from topometrics.execution.shards import (
     CONTENT_KEY,
@@ -38,7 +39,6 @@ from topometrics.execution.shards import (
     stored_info,
     write_shard,
 )
-from topometrics.params import FeaturesParams
 
 FP = Fingerprint(inputs="abc", params="p1", code="c1")
 
@@ -79,11 +79,11 @@ def test_fingerprint_digest_depends_on_every_part():
 
 
 def test_params_digest_ignores_workers_and_device_only():
-    base = FeaturesParams()
+    base = features_params()
     assert (
-        params_digest(base) == params_digest(FeaturesParams(workers=7)) == params_digest(FeaturesParams(device="cpu"))
+        params_digest(base) == params_digest(features_params(workers=7)) == params_digest(features_params(device="cpu"))
     )
-    assert params_digest(base) != params_digest(FeaturesParams(max_points=base.max_points + 1))
+    assert params_digest(base) != params_digest(features_params(max_points=base.max_points + 1))
     assert params_digest({"a": 1, "b": 2}) == params_digest({"b": 2, "a": 1})
 
 

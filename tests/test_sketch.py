@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from repo_params import features_params, train_params
 from safetensors.torch import load_file
 from test_train import TRAIN, VAL, config, quiet
 
@@ -143,10 +144,9 @@ def test_the_train_stage_sketches_every_run_by_default_and_not_when_switched_off
     import dataclasses
 
     from stages.train import observers
-    from topometrics.params import FeaturesParams, TrainParams
 
-    assert observers(TrainParams(), FeaturesParams()) == [TrajectorySketches(64, 10)]
-    assert observers(dataclasses.replace(TrainParams(), sketch_every=0), FeaturesParams()) == []
+    assert observers(train_params(), features_params()) == [TrajectorySketches(64, 10)]
+    assert observers(dataclasses.replace(train_params(), sketch_every=0), features_params()) == []
 
 
 def test_a_changed_recipe_discards_the_old_sketch_with_the_runs_other_files(tmp_path):

@@ -60,7 +60,7 @@ def test_a_prepared_corpus_decodes_with_the_tokenizer_that_made_it(tmp_path):
 
     text = offline_text()[:40_000] + "\nnaïve 世界 🎉\n"
     (tmp_path / "t.txt").write_text(text, encoding="utf-8")
-    for tokenizer in (TokenizerParams(), TokenizerParams("bpe", 400)):
+    for tokenizer in (TokenizerParams("char"), TokenizerParams("bpe", 400)):
         out = tmp_path / tokenizer.kind
         prepare(str(tmp_path / "t.txt"), (), 1, 0.1, out, 16, 0.05, tokenizer)
         val = decode_prepared(out, load_tokens(out, "val"))

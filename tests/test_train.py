@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from repo_params import features_params
 from safetensors.torch import load_file
 from test_architectures import module_weights
 
@@ -31,7 +32,7 @@ from topometrics.models.checkpoints import (
 )
 from topometrics.models.model import GPTConfig
 from topometrics.models.tokens import encode
-from topometrics.params import FeaturesParams, ParamsError
+from topometrics.params import ParamsError
 from topometrics.training.corpus import CorpusError, offline_text
 from topometrics.training.monitor_log import read_log
 from topometrics.training.run_dir import resume_info, truncate_steps_log
@@ -48,7 +49,7 @@ from topometrics.training.train import (
 
 TEXT = encode(offline_text()[:200_000])
 TRAIN, VAL = TEXT[:180_000], TEXT[180_000:]
-MONITOR_PARAMS = FeaturesParams(max_points=20, workers=1)
+MONITOR_PARAMS = features_params(max_points=20, workers=1)
 
 
 def config(steps=40, ckpt_every=10, lr=3e-3, seed=7) -> RunConfig:

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from repo_params import features_params
 
 from topometrics.dynamics.phdim import trailing_dimension
 from topometrics.features.run_shards import read_tables
@@ -15,12 +16,11 @@ from topometrics.features.sweep import run_shards
 from topometrics.features.trajectory import NO_SKETCH, Iterates, checkpoint_iterates, trajectory_values, window
 from topometrics.models.checkpoints import save_checkpoint
 from topometrics.models.model import GPT, GPTConfig
-from topometrics.params import FeaturesParams
 from topometrics.params_schema import ParamsError
 from topometrics.training.sketch import SKETCH_FILE
 
 CONFIG = GPTConfig(context=8, hidden=8, layers=1, heads=2)
-PARAMS = FeaturesParams(
+PARAMS = features_params(
     rep_points=30, rep_batch=2, betti_scales=4, workers=1, grad_batch=4, grad_dim=8, landscape_every=100
 )
 PARAMS = dataclasses.replace(PARAMS, landscape_grid=3, hessian_iters=4, phdim_window=500, phdim_sizes=(10, 20, 40))

@@ -8,11 +8,12 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+from repo_params import analysis_params
 from scipy import stats as sps
 
 from topometrics.analysis import warehouse
 from topometrics.landscape.sublevel import SUMMARY_KEYS
-from topometrics.params import AnalysisParams, ParamsError, PrimaryParams
+from topometrics.params import ParamsError, PrimaryParams
 from topometrics.verdict import inference, remedy, verdict
 from topometrics.vocabulary import verdict_families
 
@@ -57,7 +58,7 @@ def warehouse_with(table: pd.DataFrame, errors: pd.DataFrame, alpha: float = 0.0
     con = duckdb.connect()
     schema, *views = warehouse.sql_files()
     con.execute(schema.read_text())
-    settings = dataclasses.replace(AnalysisParams().settings(), alpha=alpha)
+    settings = dataclasses.replace(analysis_params().settings(), alpha=alpha)
     values = list(settings.__dict__.values())
     con.execute(f"INSERT INTO settings VALUES ({', '.join('?' * len(values))})", values)
     for name, frame in (("incremental_validity", table), ("incremental_errors", errors)):
@@ -113,7 +114,7 @@ def test_the_verdict_families_declared_in_the_vocabulary_in_report_order():
 
 FAMILIES = {"scale_free": ("vr_unit_tp0",), "weights_vr": ("vr_tp0", "vr_tp1"), "heavy_tail": ("w_alpha", "rep_alpha")}
 PRIMARY = PrimaryParams(family="scale_free", fraction=0.5, cv="seed", features=("vr_unit_tp0",))
-PARAMS = AnalysisParams(primary=PRIMARY, permutations=49)
+PARAMS = analysis_params(primary=PRIMARY, permutations=49)
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +203,7 @@ def test_bad_input_is_a_named_skip_never_a_silent_nan(topology_case):
 def test_fewer_than_three_groups_and_a_missing_variant_column_are_named_skips():
     runs = synthetic_runs("topology")
     few = runs[runs.seed.isin([1, 2])].drop(columns="variant")
-    table, errors = verdict.incremental_validity(few, AnalysisParams(permutations=9), FAMILIES)
+    table, errors = verdict.incremental_validity(few, analysis_params(permutations=9), FAMILIES)
     by_cv = table[table.fraction == 0.3].groupby("cv")["reason"].first()
     assert by_cv["seed"] == "leave-one-seed-out needs at least 3 seeds, got 2"
     assert by_cv["variant"] == "runs have no variant column (a single recipe)"
@@ -213,7 +214,7 @@ def test_fewer_than_three_groups_and_a_missing_variant_column_are_named_skips():
 def test_the_not_enough_runs_rule_counts_usable_cells():
     runs = synthetic_runs("topology")
     one_recipe = runs[runs.variant == "x"]  # 12 runs, 3 cells, one per rung: no cell permutation exists
-    table, _ = verdict.incremental_validity(one_recipe, AnalysisParams(permutations=9), FAMILIES)
+    table, _ = verdict.incremental_validity(one_recipe, analysis_params(permutations=9), FAMILIES)
     tested = table[(table.cv == "seed") & (table.status == "ok") & (table.level == "between")]
     assert (tested.min_p == 1.0).all() and tested.verdict.str.startswith("not enough runs (n=12, 3 cells)").all()
     # a cell whose runs lack the family's values does not count: 2 usable cells in rung a -> 2! = 2 permutations
@@ -240,7 +241,8 @@ def test_metrics_lead_with_the_primary_endpoint(topology_case):
 
 
 def test_metrics_of_a_verdict_that_could_not_run_name_no_scheme():
-    table, errors = verdict.incremental_validity(synthetic_runs("topology").query("fraction == 0.1"), families=FAMILIES)
+    skipped = synthetic_runs("topology").query("fraction == 0.1")
+    table, errors = verdict.incremental_validity(skipped, analysis_params(), FAMILIES)
     metrics = verdict.verdict_metrics(warehouse_with(table, errors).execute("SELECT * FROM topology_verdict").df())
     assert metrics == {"cv": "none", "f10": {"verdict": "skipped"}}
 
@@ -256,20 +258,20 @@ def test_metrics_of_a_verdict_that_could_not_run_name_no_scheme():
 )
 def test_a_primary_endpoint_not_in_the_vocabulary_is_one_params_error_before_any_comparison(primary, message):
     with pytest.raises(ParamsError, match=message):
-        verdict.incremental_validity(synthetic_runs("topology"), AnalysisParams(primary=primary))
+        verdict.incremental_validity(synthetic_runs("topology"), analysis_params(primary=primary))
 
 
 def test_a_primary_endpoint_reading_a_family_the_features_stage_leaves_out_is_a_params_error():
     everything = ("np", "vr", "spectral", "scale_free", "landscape", "curvature", "trajectory")
     on_landscape = PrimaryParams("landscape", 0.3, "seed", ("ls_hess_tp",), baseline="norm+curvature")
-    verdict.check_primary(AnalysisParams(primary=on_landscape), computed=everything)  # all computed: no error
+    verdict.check_primary(analysis_params(primary=on_landscape), computed=everything)  # all computed: no error
     with pytest.raises(ParamsError, match=r"reads the families \['curvature'\], which features.families leaves out"):
-        verdict.check_primary(AnalysisParams(primary=on_landscape), computed=("landscape", "vr"))
+        verdict.check_primary(analysis_params(primary=on_landscape), computed=("landscape", "vr"))
     with pytest.raises(ParamsError, match=r"reads the families \['landscape'\]"):
-        verdict.check_primary(AnalysisParams(primary=dataclasses.replace(on_landscape, baseline="norm")), computed=())
+        verdict.check_primary(analysis_params(primary=dataclasses.replace(on_landscape, baseline="norm")), computed=())
     # the changepoint family is the analysis's own: no features-stage family to switch on
     on_changes = PrimaryParams("changepoints", 0.3, "seed")
-    verdict.check_primary(AnalysisParams(primary=on_changes), computed=())
+    verdict.check_primary(analysis_params(primary=on_changes), computed=())
 
 
 def test_a_geometric_family_becomes_a_second_baseline_for_every_topological_family():
@@ -296,7 +298,7 @@ def test_a_baseline_whose_geometric_family_has_no_values_is_skipped_not_run_as_t
     runs = synthetic_runs("topology").assign(w_fro_level=np.nan, w_fro_rate=np.nan)  # e.g. too few surface points
     with pytest.MonkeyPatch.context() as patch:  # w_fro stands in for a declared geometric feature
         patch.setattr(verdict, "kind", lambda f: "geometric" if f == "w_fro" else "topological")
-        table, _ = verdict.incremental_validity(runs, AnalysisParams(permutations=9), families)
+        table, _ = verdict.incremental_validity(runs, analysis_params(permutations=9), families)
     late = table[table.fraction == 0.5]
     geo = late[late.baseline == "norm+norms"]
     assert len(geo) and (geo.status == "skipped").all()

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from repo_params import features_params
 
 from topometrics.features.checkpoint import (
     NoForwardPass,
@@ -20,7 +21,6 @@ from topometrics.features.distances import distance_features
 from topometrics.features.trajectory import trajectory_values
 from topometrics.measures.layer_features import aggregate_layers
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_weights
-from topometrics.params import FeaturesParams
 from topometrics.vocabulary import (
     ALL,
     DISTANCE,
@@ -46,7 +46,7 @@ from topometrics.vocabulary import (
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = GPTConfig(context=16, hidden=8, layers=2, heads=2)
-PARAMS = FeaturesParams(rep_points=60, rep_batch=4, betti_scales=3, workers=1)
+PARAMS = features_params(rep_points=60, rep_batch=4, betti_scales=3, workers=1)
 
 
 @pytest.fixture(scope="module")

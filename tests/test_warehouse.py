@@ -16,13 +16,14 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+from repo_params import PARAMS_YAML, analysis_params
 from scipy import stats
 
 from topometrics.analysis import warehouse
 from topometrics.analysis.predict import Schedule, multi_power_law
 from topometrics.analysis.warehouse import Inputs, WarehouseError
 from topometrics.measures.layer_features import aggregate_layers
-from topometrics.params import AnalysisParams, run_name
+from topometrics.params import run_name
 
 REPO = Path(__file__).resolve().parents[1]
 RUNGS = {"tiny": 2936, "small": 7408, "medium": 20640, "large": 46368, "xl": 97200}
@@ -118,7 +119,7 @@ def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("wh")
     inputs = write_inputs(root / "data", rungs={k: RUNGS[k] for k in ("tiny", "small", "medium")})
     path = warehouse.build_warehouse(
-        root / "data" / "warehouse.duckdb", inputs, AnalysisParams().settings(), {"code_version": "test"}
+        root / "data" / "warehouse.duckdb", inputs, analysis_params().settings(), {"code_version": "test"}
     )
     return path, inputs
 
@@ -166,7 +167,7 @@ def test_null_feature_keeps_its_reason(built):
 def test_killed_build_leaves_previous_warehouse_intact(built, tmp_path):
     path, inputs = built
     target = tmp_path / "warehouse.duckdb"
-    warehouse.build_warehouse(target, inputs, AnalysisParams().settings(), {"code_version": "v1"})
+    warehouse.build_warehouse(target, inputs, analysis_params().settings(), {"code_version": "v1"})
     ready = tmp_path / "ready"
     # The child builds a new warehouse but stalls after loading the inputs, as a long build would.
     child = f"""
@@ -182,7 +183,8 @@ def slow(con, table, files, *constants):
         Path({str(ready)!r}).touch(); time.sleep(60)
 warehouse.load_parquet = slow
 inputs = {inputs!r}
-warehouse.build_warehouse(Path({str(target)!r}), inputs, AnalysisParams().settings(), {{"code_version": "v2"}})
+settings = load_params({str(PARAMS_YAML)!r}).analysis.settings()
+warehouse.build_warehouse(Path({str(target)!r}), inputs, settings, {{"code_version": "v2"}})
 """
     proc = subprocess.Popen([sys.executable, "-c", child], cwd=REPO)
     try:
@@ -197,7 +199,7 @@ warehouse.build_warehouse(Path({str(target)!r}), inputs, AnalysisParams().settin
     with _con(target) as con:
         assert con.execute("SELECT value FROM meta WHERE key = 'code_version'").fetchone() == ("v1",)
         assert con.execute("SELECT count(*) FROM checkpoints").fetchone() == (3 * 41,)
-    warehouse.build_warehouse(target, inputs, AnalysisParams().settings(), {"code_version": "v3"})
+    warehouse.build_warehouse(target, inputs, analysis_params().settings(), {"code_version": "v3"})
     assert not list(tmp_path.glob(".warehouse.duckdb.*")), "stale temporaries of dead builds are removed"
 
 
@@ -208,7 +210,7 @@ def test_a_full_disk_during_the_build_is_one_error_naming_the_warehouse_and_keep
     target = tiny_disk("1m") / "warehouse.duckdb"  # the inputs' steps and features do not fit in 1 MiB
     target.write_bytes(b"the previous warehouse")
     with pytest.raises(DiskFullError, match=f"^{target}: no space left on its disk; free space there"):
-        warehouse.build_warehouse(target, inputs, AnalysisParams().settings(), {"code_version": "test"})
+        warehouse.build_warehouse(target, inputs, analysis_params().settings(), {"code_version": "test"})
     assert target.read_bytes() == b"the previous warehouse"
     assert sorted(p.name for p in target.parent.iterdir()) == ["warehouse.duckdb"]  # no temporary, no log
 
@@ -223,7 +225,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 from topometrics.analysis import warehouse
 from topometrics.analysis.warehouse import Inputs
 from topometrics.errors import run_stage
-from topometrics.params import AnalysisParams
+from topometrics.params import load_params
 real = warehouse.populate
 def long_build(con, *args):
     real(con, *args)
@@ -232,7 +234,8 @@ def long_build(con, *args):
         con.execute("SELECT sum(range) FROM range(200000)").fetchall()
 warehouse.populate = long_build
 inputs = {inputs!r}
-run_stage(lambda argv: warehouse.build_warehouse(Path({target!r}), inputs, AnalysisParams().settings(), {{}}), [])
+settings = load_params({str(PARAMS_YAML)!r}).analysis.settings()
+run_stage(lambda argv: warehouse.build_warehouse(Path({target!r}), inputs, settings, {{}}), [])
 """
 
 
@@ -240,7 +243,7 @@ def test_ctrl_c_inside_a_duckdb_query_of_the_build_exits_130_in_one_line_and_kee
     """Regression: DuckDB turns SIGINT into its own error, so the stage printed a traceback and exited 1."""
     path, inputs = built
     target, ready = tmp_path / "warehouse.duckdb", tmp_path / "ready"
-    warehouse.build_warehouse(target, inputs, AnalysisParams().settings(), {"code_version": "v1"})
+    warehouse.build_warehouse(target, inputs, analysis_params().settings(), {"code_version": "v1"})
     code = INTERRUPTED.format(ready=str(ready), inputs=inputs, target=str(target))
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
@@ -284,7 +287,7 @@ def test_missing_run_log_names_the_file_and_the_fix(tmp_path):
     inputs = write_inputs(tmp_path, rungs={"tiny": 2936})
     (tmp_path / "runs" / "tiny-42" / "steps.csv").unlink()
     with pytest.raises(WarehouseError, match=r"runs/tiny-42/steps.csv not found .* run `dvc repro train` first$"):
-        warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, AnalysisParams().settings(), {})
+        warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, analysis_params().settings(), {})
     assert not (tmp_path / "w.duckdb").exists()
     assert not list(tmp_path.glob(".w.duckdb*")), "a failed build removes its temporary file"
 
@@ -294,7 +297,7 @@ def test_a_config_without_its_variant_names_the_fix(tmp_path):
     config = tmp_path / "config" / "tiny-42.json"
     config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "variant"}))
     with pytest.raises(WarehouseError, match=r"tiny-42\.json lacks \['variant'\]; regenerate it with the config stage"):
-        warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, AnalysisParams().settings(), {})
+        warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, analysis_params().settings(), {})
 
 
 def test_only_declared_runs_are_loaded(tmp_path):
@@ -328,7 +331,7 @@ def test_external_series_gets_runs_and_rungs_rows(tmp_path):
         )
     )
     con = duckdb.connect()
-    warehouse.populate(con, inputs, AnalysisParams().settings(), {})
+    warehouse.populate(con, inputs, analysis_params().settings(), {})
     assert con.execute("SELECT kind FROM runs WHERE rung = 'EleutherAI/pythia-14m'").fetchall() == [("series",)]
     assert con.execute("SELECT kind, n_params FROM rungs ORDER BY rung").fetchall() == [
         ("series", None),
@@ -406,7 +409,7 @@ def test_phases_fall_back_to_the_mean_of_layer_np_norm():
 def test_early_stopping_follows_rieck_patience_rule():
     # NP improves by more than min_delta (0.001) up to step 300, then wobbles: patience 3 fires at step 600
     np_values = [0.30, 0.32, 0.34, 0.36, 0.3605, 0.359, 0.3609, 0.40, 0.41, 0.42, 0.43]
-    con = _hand_made_db(np_values=np_values, settings=AnalysisParams(np_patience=3, loss_patience=2).settings())
+    con = _hand_made_db(np_values=np_values, settings=analysis_params(np_patience=3, loss_patience=2).settings())
     # val loss improves until step 500, then stalls: patience 2 fires at step 700
     _checkpoint_rows(con, "t", [4.0, 3.0, 2.5, 2.2, 2.1, 2.0, 2.0, 2.0, 1.99, 1.98, 1.97])
     row = con.execute("SELECT * FROM early_stopping").df().iloc[0]
@@ -462,7 +465,7 @@ def _hand_made_db(np_values, settings=None) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     schema, *views = warehouse.sql_files()
     con.execute(schema.read_text())
-    values = list((settings or AnalysisParams().settings()).__dict__.values())
+    values = list((settings or analysis_params().settings()).__dict__.values())
     con.execute(f"INSERT INTO settings VALUES ({', '.join('?' * len(values))})", values)
     con.execute("INSERT INTO runs (rung, seed, kind, steps) VALUES ('t', 0, 'ladder', 1000)")
     if np_values is not None:
@@ -501,7 +504,7 @@ def test_feature_shards_of_other_params_are_reported_not_read(tmp_path):
         f"(e.g. {shards / 'rung=tiny/variant=base/seed=42/step=0/features.parquet'})",
     ]  # the run's diagrams.parquet is not a shard: read as before
     con = duckdb.connect()
-    warehouse.populate(con, inputs, AnalysisParams().settings(), {})
+    warehouse.populate(con, inputs, analysis_params().settings(), {})
     got = con.execute("SELECT DISTINCT step FROM features ORDER BY step").fetchall()
     assert [s for (s,) in got] == sorted(s for s in flat.step.unique() if s % 200)
     assert con.execute("SELECT count(*) FROM features").fetchone()[0] == (flat.step % 200 != 0).sum()
@@ -523,7 +526,7 @@ def test_series_losses_reach_the_checkpoints_table_and_the_views(tmp_path):
     files = {"feature_files": [*inputs.feature_files, tmp_path / "series" / "features.parquet"]}
     inputs = Inputs(**(inputs.__dict__ | files | {"checkpoint_files": found.checkpoint_files}))
     con = duckdb.connect()
-    warehouse.populate(con, inputs, AnalysisParams(np_patience=2).settings(), {})
+    warehouse.populate(con, inputs, analysis_params(np_patience=2).settings(), {})
     rows = con.execute("SELECT step, val_loss, reason FROM checkpoints WHERE rung = 'my-run' ORDER BY step").fetchall()
     assert rows[-1] == (400, None, "trainer_state.json logs no eval_loss at step 400") and rows[0] == (0, 5.0, None)
     assert con.execute("SELECT reason FROM checkpoints WHERE rung = 'tiny' LIMIT 1").fetchone() == (None,)
@@ -587,7 +590,7 @@ def test_analysis_loss_unit_picks_the_final_loss_the_scaling_fit_and_the_curves_
 
     from topometrics.analysis.tables import CHOSEN_LOSS
 
-    con = _hand_made_db(None, dataclasses.replace(AnalysisParams().settings(), loss_unit=unit))
+    con = _hand_made_db(None, dataclasses.replace(analysis_params().settings(), loss_unit=unit))
     con.execute("INSERT INTO rungs (rung, kind, n_params) VALUES ('t', 'ladder', 1000)")
     for step, nats in ((0, 4.0), (500, 2.0), (1000, 1.5)):
         bpb = nats * 100 / 130 / np.log(2)  # 100 scored tokens standing for 130 bytes
@@ -608,7 +611,7 @@ def test_a_checkpoint_tables_bits_per_byte_reaches_the_warehouse_and_older_table
     frame = pd.read_csv(table)
     frame.assign(val_bpb=frame["val_loss"] * 0.9).to_csv(table, index=False)  # the train stage's column
     target = tmp_path / "warehouse.duckdb"
-    warehouse.build_warehouse(target, inputs, AnalysisParams().settings(), {"code_version": "test"})
+    warehouse.build_warehouse(target, inputs, analysis_params().settings(), {"code_version": "test"})
     with duckdb.connect(str(target), read_only=True) as con:
         rows = con.execute("SELECT rung, val_loss, val_bpb FROM checkpoints ORDER BY rung, step").df()
         unit = con.execute("SELECT loss_unit FROM settings").fetchone()[0]
@@ -621,10 +624,10 @@ def test_a_runs_throughput_is_its_summarys_and_null_without_one_and_a_broken_sum
     inputs = write_inputs(tmp_path, rungs={"tiny": 2936, "small": 7408})
     (tmp_path / "runs" / "tiny-42" / "summary.json").write_text(json.dumps({"tokens_per_s": 1234.5, "device": "cpu"}))
     (tmp_path / "runs" / "small-42" / "summary.json").write_text(json.dumps({"tokens_per_s": None}))
-    target = warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, AnalysisParams().settings(), {})
+    target = warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, analysis_params().settings(), {})
     with warehouse.connect_read_only(target) as con:
         rows = con.execute("SELECT rung, tokens_per_s FROM runs ORDER BY rung").fetchall()
     assert rows == [("small", None), ("tiny", 1234.5)]
     (tmp_path / "runs" / "tiny-42" / "summary.json").write_text("[1, 2")
     with pytest.raises(WarehouseError, match=r"runs/tiny-42/summary\.json is not a JSON object .*re-run its train"):
-        warehouse.build_warehouse(tmp_path / "w2.duckdb", inputs, AnalysisParams().settings(), {})
+        warehouse.build_warehouse(tmp_path / "w2.duckdb", inputs, analysis_params().settings(), {})

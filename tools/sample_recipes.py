@@ -44,7 +44,7 @@ def _log_uniform(rng: np.random.Generator, low: float, high: float) -> float:
 
 
 def sample_recipes(n: int, seed: int, steps: int) -> dict[str, dict]:
-    """``n`` recipe variants ``r01 .. rNN`` -> recipe overrides (keys of ``params.RECIPE_KEYS``)."""
+    """``n`` recipe variants ``r01 .. rNN`` -> recipe overrides (keys of ``params_variants.RECIPE_KEYS``)."""
     rng = np.random.default_rng(seed)
     recipes = {}
     for i in range(1, n + 1):

@@ -40,8 +40,9 @@ from topometrics.landscape.slice import difference_hvp, random_direction
 from topometrics.landscape.surface import LANCZOS_TOL, SurfaceSettings, curvature_values, slice_values
 from topometrics.models.checkpoints import list_checkpoints, load_model
 from topometrics.models.tokens import load_tokens
-from topometrics.params import FeaturesParams
+from topometrics.params import FeaturesParams, load_params
 
+CHECKOUT = Path(__file__).resolve().parents[1]
 GRIDS = (15, 13, 11, 9)
 ITERS = (10, 12, 15)
 PROBES = (4, 8, 32)
@@ -139,7 +140,7 @@ def main(argv: list[str]) -> int:
         found = [v for path in args.tables for v in json.loads(path.read_text())["values"]]
         return report(found)
     torch.set_num_threads(1)
-    params = FeaturesParams()
+    params = load_params(CHECKOUT / "params.yaml").features  # the repository's
     tokens = load_tokens(args.corpus, "val")
     found, names = [], []
     for run in args.runs:

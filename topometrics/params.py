@@ -32,12 +32,8 @@ from topometrics.params_sources import (
     parse_series,
     parse_tokenizer,
 )
+from topometrics.params_variants import BASE_VARIANT, SHAPE_KEYS, Variant, parse_variants
 
-SHAPE_KEYS = ("hidden", "layers", "heads")
-# keys of `train` that a recipe variant may override (the shape belongs to `ladder`)
-RECIPE_KEYS = ("steps", "ckpt_every", "batch_size", "lr", "warmup", "min_lr_ratio", "weight_decay", "grad_clip")
-RECIPE_KEYS += ("schedule", "decay_fraction")  # the LR schedule's shape (topometrics/models/lr_schedule.py)
-BASE_VARIANT = "base"  # the recipe in `train` itself; its runs keep the short name <rung>-<seed>
 # Fewest points of a cloud whose Vietoris-Rips diagram can hold a loop: the smallest cycle not filled
 # by triangles is a square, so with fewer points every H1 feature is 0 by construction, not by measurement.
 MIN_CLOUD_POINTS = 4
@@ -47,19 +43,16 @@ FEATURE_FAMILIES = ("np", "vr", "spectral", "scale_free", "heavy_tail", "gradien
 FEATURE_FAMILIES += ("landscape", "curvature", "gradient_topology", "distance", "trajectory")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DataParams:
-    corpus: str = "wikitext-2-raw-v1"  # the default download, or a local directory / UTF-8 text file
-    urls: tuple[str, ...] = (
-        "https://wikitext.smerity.com/wikitext-2-raw-v1.zip",
-        "https://huggingface.co/datasets/ggml-org/ci/resolve/main/wikitext-2-raw-v1.zip",
-    )
-    download_timeout_s: float = 20.0  # per URL; then the next mirror, then the offline fallback
-    seq_len: int = 128  # characters per training window = the model context
-    val_fraction: float = 0.1  # tail of a single local corpus held out for validation
-    val_windows: int = 256  # fixed held-out windows scored at every checkpoint
-    max_unknown_share: float = 0.05  # refuse a corpus with more characters outside ASCII 0-126 (WikiText-2: 0.07%)
-    tokenizer: TokenizerParams = field(default_factory=TokenizerParams)
+    corpus: str  # the default download, or a local directory / UTF-8 text file
+    urls: tuple[str, ...]
+    download_timeout_s: float  # per URL; then the next mirror, then the offline fallback
+    seq_len: int  # characters per training window = the model context
+    val_fraction: float  # tail of a single local corpus held out for validation
+    val_windows: int  # fixed held-out windows scored at every checkpoint
+    max_unknown_share: float  # refuse a corpus with more characters outside ASCII 0-126 (WikiText-2: 0.07%)
+    tokenizer: TokenizerParams
 
     def check(self) -> None:
         self.tokenizer.check()
@@ -71,29 +64,29 @@ class DataParams:
             raise ParamsError("data.corpus is empty; use 'wikitext-2-raw-v1' or a path to local text")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainParams:
-    steps: int = 5000
-    ckpt_every: int = 100  # a checkpoint every this many steps, plus step 0
-    batch_size: int = 64
-    lr: float = 3e-3  # AdamW peak learning rate
-    warmup: int = 200  # linear warm-up steps before the cosine decay
-    min_lr_ratio: float = 0.0  # the cosine decays to lr * min_lr_ratio at the last step
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0  # max global gradient 2-norm; 0 disables clipping
+    steps: int
+    ckpt_every: int  # a checkpoint every this many steps, plus step 0
+    batch_size: int
+    lr: float  # AdamW peak learning rate
+    warmup: int  # linear warm-up steps before the cosine decay
+    min_lr_ratio: float  # the cosine decays to lr * min_lr_ratio at the last step
+    weight_decay: float
+    grad_clip: float  # max global gradient 2-norm; 0 disables clipping
     schedule: str = "cosine"  # cosine | wsd (stable, then linear decay) | constant_decay (stable, then cosine tail)
     decay_fraction: float = 0.2  # share of the steps in the wsd / constant_decay tail; unused by cosine
-    seeds: tuple[int, ...] = (42,)  # one run per rung x seed (stage instances train@<rung>-<seed>)
-    device: str = "auto"  # auto (CUDA when present) | cpu | cuda
-    threads: int = 0  # torch intra-op threads per training process; 0 = 1 (the processes fill the cores)
-    workers: int = 0  # runs trained at once; 0 = one per usable core on CPU, 4 per GPU on CUDA
-    monitor_every: int = 0  # weight features every this many steps while training (features.monitor); 0 = off
-    monitor_surface: bool = False  # the monitor also computes landscape and curvature (features.monitor_surface)
-    sketch_every: int = 10  # a JL sketch of all the weights every this many steps (training.sketch); 0 = off
-    sketch_dim: int = 64  # dimensions of that sketch
-    hidden: int = 48  # default shape, inherited by rungs that do not override it
-    layers: int = 3
-    heads: int = 4
+    seeds: tuple[int, ...]  # one run per rung x seed (stage instances train@<rung>-<seed>)
+    device: str  # auto (CUDA when present) | cpu | cuda
+    threads: int  # torch intra-op threads per training process; 0 = 1 (the processes fill the cores)
+    workers: int  # runs trained at once; 0 = one per usable core on CPU, 4 per GPU on CUDA
+    monitor_every: int  # weight features every this many steps while training (features.monitor); 0 = off
+    monitor_surface: bool  # the monitor also computes landscape and curvature (features.monitor_surface)
+    sketch_every: int  # a JL sketch of all the weights every this many steps (training.sketch); 0 = off
+    sketch_dim: int  # dimensions of that sketch
+    hidden: int  # default shape, inherited by rungs that do not override it
+    layers: int
+    heads: int
 
     def check(self) -> None:
         self.check_recipe("train")
@@ -130,58 +123,39 @@ class RungShape:
     residual: bool = True  # False: blocks without skip connections (a rung of its own, e.g. small-noskip)
 
 
-@dataclass(frozen=True)
-class Variant:
-    """A named recipe variant: ``train``'s recipe with these keys overridden (None = inherited)."""
-
-    steps: int | None = None
-    ckpt_every: int | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    warmup: int | None = None
-    min_lr_ratio: float | None = None
-    weight_decay: float | None = None
-    grad_clip: float | None = None
-    schedule: str | None = None
-    decay_fraction: float | None = None
-
-    def overrides(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-
-
 STRICTLY_POSITIVE_FEATURES = """max_points rep_points rep_dim rep_batch betti_scales workers null_draws unit_points
     landscape_radius landscape_batch landscape_every hessian_trace_rse grad_dim phdim_window phdim_alpha"""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FeaturesParams:
-    max_points: int = 200  # weight rows per layer for Vietoris-Rips (seeded subsample)
-    rep_points: int = 500  # hidden states subsampled for representation topology
-    rep_dim: int = 50  # PCA dimension before Vietoris-Rips on hidden states
-    rep_batch: int = 16  # validation windows whose hidden states form the cloud
-    seed: int = 0  # subsampling and shuffled-null seed
-    significance: float = 0.1  # a bar is significant if its persistence exceeds this fraction of the largest
-    betti_scales: int = 32  # filtration scales of the Betti curve
-    workers: int = 2  # processes over checkpoints
-    null_draws: int = 4  # shuffled-null draws per layer behind np_excess
-    unit_points: int = 64  # unit rows per layer for vr_unit_* (farthest-point subsample)
-    families: tuple[str, ...] = FEATURE_FAMILIES  # those computed; the others are NULL with a reason
-    landscape_grid: int = 13  # loss-slice points per axis (odd: the weights at the centre)
-    landscape_radius: float = 0.1  # slice half-width, in units of the filter-normalised directions (local)
-    landscape_batch: int = 4  # validation windows of the fixed loss-surface batch (landscape and curvature)
-    landscape_every: int = 5  # every k-th checkpoint of a run (the first included) gets landscape and curvature
-    hessian_top: int = 3  # Hessian eigenvalues kept (hess_eig1..3); Lanczos finds at least 2 (the hess directions)
-    hessian_probes: int = 8  # the least Rademacher probes of a Hutchinson trace (at least 2: a standard error)
-    hessian_probes_max: int = 400  # the most; probes are added until the standard error is hessian_trace_rse
-    hessian_trace_rse: float = 0.05  # target standard error of an estimated trace, as a share of it
-    hessian_exact_max: int = 10_000  # models with at most this many parameters get the exact trace
-    hessian_iters: int = 20  # most Lanczos steps (Hessian products); it stops once the kept eigenvalues converge
-    grad_batch: int = 16  # validation windows whose per-example gradients form the gradient clouds
-    grad_dim: int = 64  # JL projection dimension of the whole network's gradient cloud
-    phdim_window: int = 1000  # training steps of the trailing window whose iterates give traj_phdim
-    phdim_sizes: tuple[int, ...] = (10, 20, 40, 80)  # subsample sizes of the PH0-dimension fit
-    phdim_alpha: float = 1.0  # exponent of the H0 lifetimes; must lie below the trajectory's dimension
-    device: str = "auto"  # where the families that run the model run: auto (CUDA when present) | cpu | cuda
+    max_points: int  # weight rows per layer for Vietoris-Rips (seeded subsample)
+    rep_points: int  # hidden states subsampled for representation topology
+    rep_dim: int  # PCA dimension before Vietoris-Rips on hidden states
+    rep_batch: int  # validation windows whose hidden states form the cloud
+    seed: int  # subsampling and shuffled-null seed
+    significance: float  # a bar is significant if its persistence exceeds this fraction of the largest
+    betti_scales: int  # filtration scales of the Betti curve
+    workers: int  # processes over checkpoints
+    null_draws: int  # shuffled-null draws per layer behind np_excess
+    unit_points: int  # unit rows per layer for vr_unit_* (farthest-point subsample)
+    families: tuple[str, ...]  # those computed; the others are NULL with a reason
+    landscape_grid: int  # loss-slice points per axis (odd: the weights at the centre)
+    landscape_radius: float  # slice half-width, in units of the filter-normalised directions (local)
+    landscape_batch: int  # validation windows of the fixed loss-surface batch (landscape and curvature)
+    landscape_every: int  # every k-th checkpoint of a run (the first included) gets landscape and curvature
+    hessian_top: int  # Hessian eigenvalues kept (hess_eig1..3); Lanczos finds at least 2 (the hess directions)
+    hessian_probes: int  # the least Rademacher probes of a Hutchinson trace (at least 2: a standard error)
+    hessian_probes_max: int  # the most; probes are added until the standard error is hessian_trace_rse
+    hessian_trace_rse: float  # target standard error of an estimated trace, as a share of it
+    hessian_exact_max: int  # models with at most this many parameters get the exact trace
+    hessian_iters: int  # most Lanczos steps (Hessian products); it stops once the kept eigenvalues converge
+    grad_batch: int  # validation windows whose per-example gradients form the gradient clouds
+    grad_dim: int  # JL projection dimension of the whole network's gradient cloud
+    phdim_window: int  # training steps of the trailing window whose iterates give traj_phdim
+    phdim_sizes: tuple[int, ...]  # subsample sizes of the PH0-dimension fit
+    phdim_alpha: float  # exponent of the H0 lifetimes; must lie below the trajectory's dimension
+    device: str  # where the families that run the model run: auto (CUDA when present) | cpu | cuda
 
     def check(self) -> None:
         positive(self, "features", tuple(STRICTLY_POSITIVE_FEATURES.split()))
@@ -217,31 +191,31 @@ class PrimaryParams:
     needed_runs: int | None = None  # below 80 % power: the runs `bench power --need 0.8` says would reach it
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AnalysisParams:
-    fractions: tuple[float, ...] = (0.2, 0.3, 0.5)  # share of training observed before predicting (Table 5)
-    bootstrap: int = 1000  # resamples per bootstrap CI (paper section 3.3)
-    seed: int = 0  # bootstrap generator seed
-    alpha: float = 0.05  # family-wise level of the Bonferroni flags
-    phase_threshold: float = 0.1  # diminishing returns: |dNP| below this share of its peak (Table 6)
-    changepoint_penalty: float = 5.0  # PELT's cost per changepoint, in log(n) noise variances (dynamics.changepoints)
-    np_patience: int = 5  # Rieck et al. NP early stopping: checkpoints without improvement
-    np_min_delta: float = 0.001  # ... minimum NP increase that counts as an improvement
-    loss_patience: int = 5  # validation-loss early stopping, in checkpoints
-    loss_min_delta: float = 0.001  # ... minimum val-loss decrease (nats) that counts
+    fractions: tuple[float, ...]  # share of training observed before predicting (Table 5)
+    bootstrap: int  # resamples per bootstrap CI (paper section 3.3)
+    seed: int  # bootstrap generator seed
+    alpha: float  # family-wise level of the Bonferroni flags
+    phase_threshold: float  # diminishing returns: |dNP| below this share of its peak (Table 6)
+    changepoint_penalty: float  # PELT's cost per changepoint, in log(n) noise variances (dynamics.changepoints)
+    np_patience: int  # Rieck et al. NP early stopping: checkpoints without improvement
+    np_min_delta: float  # ... minimum NP increase that counts as an improvement
+    loss_patience: int  # validation-loss early stopping, in checkpoints
+    loss_min_delta: float  # ... minimum val-loss decrease (nats) that counts
     variant: str = "base"  # the recipe variant whose runs the scaling fits (across rungs) use
     # Feature names (topometrics.vocabulary; checked by topometrics.analysis.tables, which reads them):
-    topology_features: tuple[str, ...] = ("vr_tp0", "vr_tp1")  # layer-'all' series used with NP for prediction
-    weight_norm_features: tuple[str, ...] = ("w_fro",)  # weight-norm baseline: the first present
+    topology_features: tuple[str, ...]  # layer-'all' series used with NP for prediction
+    weight_norm_features: tuple[str, ...]  # weight-norm baseline: the first present
     # features whose rho(feature, val loss) goes into metrics.json (those present)
-    headline_features: tuple[str, ...] = ("vr_tp0", "vr_tp1", "np_norm", "rep_tp0", "w_spec", "w_rankme")
-    permutations: int = 99  # cell-block refits behind each verdict p-value (smallest p: 1 / (1 + this))
-    min_effect: float = 0.01  # 'adds' needs a gain of at least this share of the baseline MAE
-    equivalence_margin: float = 0.05  # 'ruled out' when the 95% bound on the gain is within this share
+    headline_features: tuple[str, ...]
+    permutations: int  # cell-block refits behind each verdict p-value (smallest p: 1 / (1 + this))
+    min_effect: float  # 'adds' needs a gain of at least this share of the baseline MAE
+    equivalence_margin: float  # 'ruled out' when the 95% bound on the gain is within this share
     primary: PrimaryParams | None = None  # the pre-registered endpoint (None: every row exploratory)
-    loss_unit: str = "nats"  # nats (per token) | bpb (bits per UTF-8 byte): the unit final losses are compared in
-    outlier_sd: float = 5.0  # an outlier run: final loss > this many robust SDs above its cell's other seeds
-    outlier_min_gain: float = 0.05  # the outlier row's 'adds' needs an AUROC gain of at least this
+    loss_unit: str  # nats (per token) | bpb (bits per UTF-8 byte): the unit final losses are compared in
+    outlier_sd: float  # an outlier run: final loss > this many robust SDs above its cell's other seeds
+    outlier_min_gain: float  # the outlier row's 'adds' needs an AUROC gain of at least this
 
     def check(self) -> None:
         names = ("bootstrap", "np_patience", "loss_patience", "alpha", "phase_threshold", "changepoint_penalty")
@@ -261,7 +235,7 @@ class AnalysisParams:
         return ViewSettings(**{f.name: getattr(self, f.name) for f in fields(ViewSettings)})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ViewSettings:
     """The analysis params the SQL views read from the warehouse's ``settings`` table (one row)."""
 
@@ -270,20 +244,20 @@ class ViewSettings:
     np_min_delta: float
     loss_patience: int
     loss_min_delta: float
-    alpha: float = 0.05
-    loss_unit: str = "nats"  # the unit the final loss is compared in (final_checkpoints.loss)
+    alpha: float
+    loss_unit: str  # the unit the final loss is compared in (final_checkpoints.loss)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Params:
-    data: DataParams = field(default_factory=DataParams)
-    train: TrainParams = field(default_factory=TrainParams)
-    ladder: dict[str, RungShape] = field(default_factory=dict)
-    features: FeaturesParams = field(default_factory=FeaturesParams)
-    analysis: AnalysisParams = field(default_factory=AnalysisParams)
-    series: SeriesParams = field(default_factory=SeriesParams)
-    compute: ComputeParams = field(default_factory=ComputeParams)
-    variants: dict[str, Variant] = field(default_factory=dict)
+    data: DataParams
+    train: TrainParams
+    ladder: dict[str, RungShape]
+    features: FeaturesParams
+    analysis: AnalysisParams
+    series: SeriesParams
+    compute: ComputeParams
+    variants: dict[str, Variant] = field(default_factory=dict)  # optional: no variants, only train's recipe
 
     def runs(self) -> list[tuple[str, str, int]]:
         """Every training run params.yaml declares, as (rung, variant, seed): ladder x variants x seeds.
@@ -344,6 +318,8 @@ def parse_params(raw: dict) -> Params:
     if not isinstance(raw, dict):
         raise ParamsError("params.yaml must be a mapping of sections")
     reject_unknown(raw, Params, "")
+    if absent := [section for section in schema.required(Params) if section not in raw]:
+        raise schema.missing(absent[0])  # every section but variants (none: only train's recipe)
     ladder_raw = raw.get("ladder", {}) or {}
     if not isinstance(ladder_raw, dict) or not ladder_raw:
         raise ParamsError("ladder must map rung names to shape overrides, e.g. tiny: {hidden: 8}")
@@ -362,7 +338,7 @@ def parse_params(raw: dict) -> Params:
         analysis=_parse_analysis(raw.get("analysis") or {}),
         series=parse_series(raw.get("series") or {}),
         compute=parse_compute(raw.get("compute") or {}),
-        variants=_parse_variants(raw.get("variants") or {}),
+        variants=parse_variants(raw.get("variants") or {}, {f.name for f in fields(TrainParams)}),
     )
     for section in (params.data, params.train, params.features, params.analysis, params.series, params.compute):
         section.check()
@@ -394,40 +370,6 @@ def _check_primary(params: Params) -> None:
     if params.analysis.primary is not None:
         groups = {"seed": len(params.train.seeds), "variant": 1 + len(params.variants), "rung": len(params.ladder)}
         check_primary_shape(params.analysis.primary, groups, params.analysis.fractions, params.analysis.alpha)
-
-
-def _parse_variants(raw: object) -> dict[str, Variant]:
-    """``variants``: name -> overrides of train's recipe keys; the shape and run-level keys are refused."""
-    if not isinstance(raw, dict):
-        raise ParamsError(
-            f"variants must map variant names to recipe overrides, e.g. lr_hi: {{lr: 0.006}}; got {raw!r}"
-        )
-    variants = {}
-    for name, overrides in raw.items():
-        schema.check_name("variants", name, "_", "lr_hi")
-        if name == BASE_VARIANT:
-            raise ParamsError(
-                f"variants.{BASE_VARIANT}: '{BASE_VARIANT}' is the recipe in train itself; "
-                "change train.<key> or give this variant another name"
-            )
-        overrides = overrides or {}
-        if not isinstance(overrides, dict):
-            raise ParamsError(f"variants.{name} must map recipe keys to values, e.g. {{lr: 0.006}}; got {overrides!r}")
-        for key in overrides:
-            if key in SHAPE_KEYS:
-                raise ParamsError(
-                    f"variants.{name}.{key}: the model shape belongs in ladder, not in a recipe variant; "
-                    f"add a rung, e.g. ladder.{name}: {{{key}: ...}}"
-                )
-            if key not in RECIPE_KEYS and key in {f.name for f in fields(TrainParams)}:
-                raise ParamsError(
-                    f"variants.{name}.{key}: train.{key} applies to every run, not a recipe variant; "
-                    f"variants may set {', '.join(RECIPE_KEYS)}"
-                )
-            if key not in RECIPE_KEYS:
-                raise ParamsError(f"unknown param variants.{name}.{key}; variants may set {', '.join(RECIPE_KEYS)}")
-        variants[name] = build(Variant, overrides, f"variants.{name}")
-    return variants
 
 
 def check_device(key: str, device: str) -> None:

@@ -13,7 +13,7 @@ import math
 import re
 import types
 import typing
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from math import factorial, prod
 
 from topometrics.errors import TopometricsError
@@ -40,10 +40,24 @@ def reject_unknown(raw: dict, cls: type, prefix: str) -> None:
             raise ParamsError(f"unknown param {prefix}{key}; known keys: {', '.join(sorted(known))}")
 
 
+def missing(key: str) -> ParamsError:
+    """The one-line error of a required key (one params.yaml sets) that is absent: no code default stands in."""
+    return ParamsError(
+        f"missing param {key}: add it to params.yaml (docs/params.md, `{key}`, gives its meaning and usual value)"
+    )
+
+
+def required(cls: type) -> list[str]:
+    """The fields of ``cls`` without a default: the keys params.yaml must set (docs/params.md, *Required keys*)."""
+    return [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+
+
 def build(cls: type, raw: object, prefix: str):
     if not isinstance(raw, dict):
         raise ParamsError(f"{prefix} must be a mapping, got {type(raw).__name__}")
     reject_unknown(raw, cls, prefix + ".")
+    if absent := [name for name in required(cls) if name not in raw]:
+        raise missing(f"{prefix}.{absent[0]}")
     hints = typing.get_type_hints(cls)
     values = {k: coerce(v, hints[k], f"{prefix}.{k}") for k, v in raw.items()}
     return cls(**values)

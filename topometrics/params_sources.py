@@ -6,12 +6,20 @@ which composes them into ``Params``).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from topometrics.params_schema import ParamsError, build, check_name, check_seeds, non_negative, positive, within
+from topometrics.params_schema import (
+    ParamsError,
+    build,
+    check_name,
+    check_seeds,
+    missing,
+    non_negative,
+    positive,
+    within,
+)
 
 TOKENIZER_KINDS = ("char", "bpe")  # data.tokenizer: the 128-symbol characters, or a byte-level BPE
-PYTHIA_REVISIONS = ("step0", "step1000", "step5000", "step10000", "step50000", "step100000", "step143000")
 
 
 @dataclass(frozen=True)
@@ -44,13 +52,11 @@ class SeriesSource:
         check_seeds(f"{prefix}.seed", (self.seed,))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SeriesParams:
-    # series name (the rung column) -> source; default: the paper's Pythia validation (section 4.8, Table 8)
-    sources: dict[str, SeriesSource] = field(
-        default_factory=lambda: {"pythia-14m": SeriesSource(model="EleutherAI/pythia-14m", revisions=PYTHIA_REVISIONS)}
-    )
-    seq_len: int = 128  # tokens of the model's own tokenizer per validation window (features.rep_batch windows)
+    # series name (the rung column) -> source; params.yaml's: the paper's Pythia validation (section 4.8, Table 8)
+    sources: dict[str, SeriesSource]
+    seq_len: int  # tokens of the model's own tokenizer per validation window (features.rep_batch windows)
 
     def check(self) -> None:
         positive(self, "series", ("seq_len",))
@@ -67,11 +73,11 @@ class SecurityParams:
     key: str | None = None  # its PEM private key (None: appended to cert)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ComputeParams:
-    cluster: str = "local"  # local (this machine) | tcp://host:8786 | tls://host:8786 | a scheduler file
-    security: SecurityParams | None = None  # TLS files, required for tls://
-    connect_timeout_s: float = 10.0  # wait this long for the scheduler and its first worker, then fail
+    cluster: str  # local (this machine) | tcp://host:8786 | tls://host:8786 | a scheduler file
+    security: SecurityParams | None = None  # TLS files, required for tls:// (optional: only a TLS cluster has them)
+    connect_timeout_s: float  # wait this long for the scheduler and its first worker, then fail
 
     def check(self) -> None:
         positive(self, "compute", ("connect_timeout_s",))
@@ -83,10 +89,10 @@ def parse_series(raw: object) -> SeriesParams:
     """``series``: scalar keys as usual; ``sources`` maps series names (letters, digits, '-', '_') to sources."""
     if not isinstance(raw, dict):
         raise ParamsError(f"series must be a mapping, got {type(raw).__name__}")
-    sources_raw = raw.get("sources")
-    params = build(SeriesParams, {k: v for k, v in raw.items() if k != "sources"}, "series")
-    if sources_raw is None:
-        return params
+    if "sources" not in raw:
+        raise missing("series.sources")
+    sources_raw = raw["sources"] or {}  # `sources:` with nothing under it: no series
+    params = build(SeriesParams, raw | {"sources": {}}, "series")
     if not isinstance(sources_raw, dict):
         raise ParamsError("series.sources must map series names to {model, revisions} or {path}")
     sources = {}
@@ -113,7 +119,7 @@ def parse_compute(raw: object) -> ComputeParams:
 class TokenizerParams:
     """``data.tokenizer``: ``char`` (written as the bare word) or ``{kind: bpe, vocab_size: N}``."""
 
-    kind: str = "char"
+    kind: str  # char | bpe
     vocab_size: int = 0  # bpe: 256 byte tokens + merges, in [257, 65535]; the text may support fewer (capped)
 
     def check(self) -> None:
@@ -125,7 +131,9 @@ class TokenizerParams:
             within(self, "data.tokenizer", "vocab_size", 257, 65_535, "256 bytes + at least one merge, ids fit uint16")
 
 
-def parse_tokenizer(data: object) -> TokenizerParams:
+def parse_tokenizer(data: dict) -> TokenizerParams:
     """``data.tokenizer``: the word ``char``, or a mapping such as ``{kind: bpe, vocab_size: 512}``."""
-    tok = data.get("tokenizer", "char") if isinstance(data, dict) else "char"
+    if "tokenizer" not in data:
+        raise missing("data.tokenizer")
+    tok = data["tokenizer"]
     return TokenizerParams(kind=tok) if isinstance(tok, str) else build(TokenizerParams, tok, "data.tokenizer")

@@ -115,7 +115,7 @@ class TopologyMonitor:
         self,
         out_dir: Path,
         every: int,
-        params: FeaturesParams | None = None,
+        params: FeaturesParams,
         rung: str = "live",
         seed: int = 0,
         patience: int | None = None,
@@ -130,7 +130,7 @@ class TopologyMonitor:
             raise ValueError(f"every must be a positive number of steps, got {every}")
         if patience is not None and patience <= 0:
             raise ValueError(f"patience must be a positive number of measurements, got {patience}")
-        self.out_dir, self.every, self.params = Path(out_dir), every, params or FeaturesParams()
+        self.out_dir, self.every, self.params = Path(out_dir), every, params
         self.rung, self.seed, self.patience, self.min_delta = rung, seed, patience, min_delta
         self.max_pending_bytes, self.log, self.surface = max_pending_bytes, log, surface
         self.layers: list[LinearLayer] | None = None

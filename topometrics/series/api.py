@@ -33,11 +33,12 @@ ACCEPTS = (
 
 def features_of(
     model_or_folder,
+    *,
+    params: FeaturesParams,
+    seq_len: int,
     families: tuple[str, ...] | list[str] | None = None,
     tokenizer=None,
     text: str | None = None,
-    params: FeaturesParams | None = None,
-    seq_len: int = 128,
     name: str = "model",
     seed: int = 0,
 ) -> pd.DataFrame:
@@ -52,12 +53,12 @@ def features_of(
     tokenizer : the model's tokenizer, when its folder has none (the forward pass tokenises ``text`` with it).
     text : validation text for the forward-pass families (representation, gradients, loss surface);
         None: weight features only (those rows are absent).
-    params : ``features`` params (default: the project's defaults); ``seq_len``: tokens per window.
+    params, seq_len : params.yaml's ``features`` and ``series.seq_len`` (tokens per window), e.g.
+        ``p = load_params("params.yaml")`` then ``params=p.features, seq_len=p.series.seq_len``.
     name, seed : the ``rung`` and ``seed`` columns.
 
     Raises :class:`topometrics.errors.TopometricsError` (one line saying what it accepts) for anything else.
     """
-    params = params or FeaturesParams()
     if families is not None:
         params = replace(params, families=tuple(families))
         params.check()

@@ -45,10 +45,9 @@ from topometrics.models.tokens import (
     vocab_size,
     vocabulary,
 )
-from topometrics.params import DataParams, TokenizerParams
+from topometrics.params import TokenizerParams
 
 WIKITEXT = "wikitext-2-raw-v1"
-CHARACTERS = TokenizerParams()  # data.tokenizer's default
 FALLBACK = "python-docs-offline"
 
 # Published size and SHA-256 of the raw v1 archive and its members (shared/data/wikitext-2/README.md).
@@ -355,8 +354,8 @@ def prepare(
     val_fraction: float,
     out_dir: Path,
     seq_len: int,
-    max_unknown_share: float = DataParams.max_unknown_share,
-    tokenizer: TokenizerParams = CHARACTERS,
+    max_unknown_share: float,
+    tokenizer: TokenizerParams,
 ) -> dict:
     """Resolve the corpus and write ``train.u8``, ``val.u8`` (uint8 ids; ``.u16``, uint16, for a BPE
     vocabulary above 256), ``vocab.json``, ``tokenizer.json`` (BPE only) and ``source.json`` into

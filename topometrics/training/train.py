@@ -37,7 +37,8 @@ from topometrics.models.checkpoints import list_checkpoints, save_checkpoint
 from topometrics.models.lr_schedule import DEFAULT_DECAY_FRACTION, DEFAULT_SHAPE, Schedule
 from topometrics.models.model import GPT, GPTConfig, count_parameters, pick_device
 from topometrics.models.tokens import bits_per_byte
-from topometrics.params import BASE_VARIANT, RECIPE_KEYS, ParamsError, run_name
+from topometrics.params import BASE_VARIANT, ParamsError, run_name
+from topometrics.params_variants import RECIPE_KEYS
 from topometrics.training.corpus import CorpusError, check_split_sizes
 from topometrics.training.memory import check_step_memory, out_of_memory_named
 from topometrics.training.run_dir import (

@@ -281,7 +281,7 @@ def outlier_test(base, extra, target, anchor, outlier, groups, cells, n_perm: in
 
 
 def outlier_verdict(
-    inputs: pd.DataFrame, params: AnalysisParams | None = None, families: dict[str, tuple[str, ...]] | None = None
+    inputs: pd.DataFrame, params: AnalysisParams, families: dict[str, tuple[str, ...]] | None = None
 ) -> pd.DataFrame:
     """One verdict row per fraction x topological family: does the family flag the outlier runs better?
 
@@ -300,7 +300,6 @@ def outlier_verdict(
     -------
     DataFrame with :data:`topometrics.verdict.verdict.VERDICT_COLUMNS`; ``statistic`` is the AUROC gain.
     """
-    params = AnalysisParams() if params is None else params
     families = verdict_families() if families is None else families
     columns = verdict.family_columns(families)
     topological = [name for name, feats in families.items() if verdict.family_kind(feats) == "topological"]

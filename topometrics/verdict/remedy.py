@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from topometrics.params import FeaturesParams
 from topometrics.verdict.verdict import MIN_CHECKPOINTS, MIN_GROUPS
 
 SURFACE_FAMILIES = ("landscape", "curvature")  # computed every features.landscape_every-th checkpoint only
@@ -100,11 +99,10 @@ def surface_remedy(params: dict) -> list[tuple[str, str]]:
     """The ``features.landscape_every`` that gives the loss-surface families :data:`SURFACE_POINTS`
     checkpoints by the first fraction (step 0 counts), with why; empty when they have them, are switched off,
     or no spacing can give them (then the checkpoint rule of :func:`remedy` comes first)."""
-    default = FeaturesParams()
     features = params.get("features") or {}
-    if not set(SURFACE_FAMILIES) & set(features.get("families", default.families)):
-        return []
-    every, k = int(params["train"]["ckpt_every"]), int(features.get("landscape_every", default.landscape_every))
+    if "landscape_every" not in features or not set(SURFACE_FAMILIES) & set(features.get("families", ())):
+        return []  # a snapshot without them predates the loss-surface families
+    every, k = int(params["train"]["ckpt_every"]), int(features["landscape_every"])
     first = min(params["analysis"]["fractions"])
     cutoff = first * int(params["train"]["steps"])
     fits = [d for d in range(1, k) if cutoff // (d * every) + 1 >= SURFACE_POINTS]

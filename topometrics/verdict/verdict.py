@@ -156,7 +156,7 @@ def primary_comparison(params: AnalysisParams, families: dict[str, tuple[str, ..
 
 
 def incremental_validity(
-    inputs: pd.DataFrame, params: AnalysisParams | None = None, families: dict[str, tuple[str, ...]] | None = None
+    inputs: pd.DataFrame, params: AnalysisParams, families: dict[str, tuple[str, ...]] | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every comparison at every fraction and cross-validation scheme, with its verdict.
 
@@ -168,7 +168,7 @@ def incremental_validity(
         ``anchor`` (last observed val loss) and the input columns (:data:`LOSS_INPUTS`,
         :data:`NORM_INPUTS`, :func:`family_columns`); a missing column counts as all-NaN.
     params : the analysis params (``permutations``, ``seed``, ``alpha``, ``min_effect``,
-        ``equivalence_margin``, ``primary``); default :class:`AnalysisParams`
+        ``equivalence_margin``, ``primary``): params.yaml's ``analysis``
     families : family name -> layer-'all' feature names (default the vocabulary's, ``verdict_families()``)
 
     Returns
@@ -176,7 +176,6 @@ def incremental_validity(
     verdict : DataFrame with :data:`VERDICT_COLUMNS`, one row per scheme x fraction x comparison
     errors : DataFrame with :data:`ERROR_COLUMNS`, the paired per-run predictions behind each ok row
     """
-    params = AnalysisParams() if params is None else params
     check_primary(params, families)
     rows, errors = [], []
     plan, primary = comparisons(families), primary_comparison(params, families)
