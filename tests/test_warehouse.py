@@ -174,7 +174,7 @@ def test_killed_build_leaves_previous_warehouse_intact(built, tmp_path):
 import time
 from pathlib import Path, PosixPath
 from topometrics.analysis import warehouse
-from topometrics.params import AnalysisParams
+from topometrics.params import load_params
 from topometrics.analysis.warehouse import Inputs
 real = warehouse.load_parquet
 def slow(con, table, files, *constants):
@@ -234,7 +234,7 @@ def long_build(con, *args):
         con.execute("SELECT sum(range) FROM range(200000)").fetchall()
 warehouse.populate = long_build
 inputs = {inputs!r}
-settings = load_params({str(PARAMS_YAML)!r}).analysis.settings()
+settings = load_params({params_yaml!r}).analysis.settings()
 run_stage(lambda argv: warehouse.build_warehouse(Path({target!r}), inputs, settings, {{}}), [])
 """
 
@@ -244,7 +244,7 @@ def test_ctrl_c_inside_a_duckdb_query_of_the_build_exits_130_in_one_line_and_kee
     path, inputs = built
     target, ready = tmp_path / "warehouse.duckdb", tmp_path / "ready"
     warehouse.build_warehouse(target, inputs, analysis_params().settings(), {"code_version": "v1"})
-    code = INTERRUPTED.format(ready=str(ready), inputs=inputs, target=str(target))
+    code = INTERRUPTED.format(ready=str(ready), inputs=inputs, target=str(target), params_yaml=str(PARAMS_YAML))
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not ready.exists() and proc.poll() is None and time.time() < deadline:
