@@ -23,6 +23,7 @@ from topometrics.features import checkpoint as feat
 from topometrics.features.monitor import NPPatience, TopologyCallback, TopologyMonitor
 from topometrics.models.architectures import config_rules, match_tensors, module_layers, oriented
 from topometrics.models.model import GPT, GPTConfig
+from topometrics.params import project_params
 from topometrics.series.checkpoint import SafetensorsFile
 from topometrics.series.run_folders import scan_run_folder
 from topometrics.training import monitor_log
@@ -75,6 +76,11 @@ def test_each_measurement_records_the_code_and_params_that_made_it(tmp_path):
     (part,) = measurement_parts(tmp_path)
     made = {"code": module_source_hash("topometrics.features.monitor_measure"), "params": params_digest(PARAMS)}
     assert measured_with(part) == made  # a log measured by other code or params is told apart
+
+
+def test_a_monitor_given_no_params_measures_with_the_projects_params_yaml(tmp_path):
+    with TopologyMonitor(tmp_path / "log", every=1, log=lambda _: None) as monitor:
+        assert monitor.params == project_params().features
 
 
 def test_the_log_spells_the_features_schema_as_the_features_do():

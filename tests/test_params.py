@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from topometrics.params import ParamsError, load_params, parse_params, run_name
+from topometrics.params import ParamsError, load_params, parse_params, project_params, run_name
 from topometrics.training.train import build_run_config, recipe_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -480,3 +480,9 @@ def test_the_params_dataclasses_hold_no_default_for_a_key_params_yaml_sets():
             found += [f"{section}.{k}" for k in defaulted(hints[section], values)]
     assert found == []
     assert dataclasses.is_dataclass(hints["train"]) and dataclasses.is_dataclass(hints["series"])
+
+
+def test_the_package_reads_the_projects_params_yaml_through_a_link_not_a_copy():
+    linked = REPO / "topometrics" / "params.yaml"
+    assert linked.is_symlink() and linked.resolve() == (REPO / "params.yaml").resolve()
+    assert project_params() == load_params(REPO / "params.yaml")

@@ -27,7 +27,7 @@ from topometrics.features import checkpoint as feat
 from topometrics.features.run_shards import read_tables
 from topometrics.models.checkpoints import CheckpointError
 from topometrics.models.tokens import encode
-from topometrics.params import ParamsError, parse_params
+from topometrics.params import ParamsError, parse_params, project_params
 from topometrics.params_sources import SeriesSource
 from topometrics.series.checkpoint import causal_lm_on_batch
 from topometrics.series.hub import hub_checkpoints, step_from_name
@@ -659,6 +659,12 @@ def test_features_of_a_folder_or_a_model_are_the_series_stages_rows(local_series
     assert {"grad_norm", "rep_tp0"}.isdisjoint(weights_only["feature"]) and weights_only["value"].notna().any()
     off = weights_only[weights_only["feature"] == "w_fro"]
     assert set(off["reason"]) == {"family switched off (features.families)"}
+    # no params: the project's params.yaml as installed with the package, the same values as passing them
+    project = project_params()
+    one_call = topometrics.features_of(root / "step0", families=["np", "vr"])
+    passed = topometrics.features_of(root / "step0", params=project.features, seq_len=project.series.seq_len,
+                                     families=["np", "vr"])  # fmt: skip
+    pd.testing.assert_frame_equal(one_call, passed)
 
 
 def test_features_of_anything_else_is_one_line_saying_what_it_accepts(tmp_path):

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
+from repo_params import compute_params
 from run_helpers import config, corpus, files, free_port
 
-from topometrics.params_sources import ComputeParams
 from topometrics.training.run_queue import Pool, train_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -175,7 +175,7 @@ def test_runs_trained_by_slurm_worker_jobs_from_a_scheduler_file_equal_local_run
         queue = slurm_cli(["squeue", "-h", "-o", "%j %T %b"]).splitlines()
         remote = [files(tmp_path / "cluster", c) for c in cfgs]
         lines = []
-        pool = Pool(2, 1, ("cpu",), ComputeParams(str(scheduler_file)), {"GPU": 1.0})  # a whole GPU per run
+        pool = Pool(2, 1, ("cpu",), compute_params(cluster=str(scheduler_file)), {"GPU": 1.0})  # a whole GPU per run
         summaries = train_runs(remote, data, pool, log=lines.append)
     finally:
         cluster.close()

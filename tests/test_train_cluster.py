@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from repo_params import compute_params
 from run_helpers import config, corpus, files, free_port
 
 from topometrics.execution.cluster import ClusterError, connect
 from topometrics.execution.compute import whole_job_executor
-from topometrics.params_sources import ComputeParams
 from topometrics.training.run_queue import Pool, train_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_runs_on_the_cluster_equal_local_runs_even_after_a_worker_is_killed_mid_
     killer = threading.Thread(target=kill_a_worker_mid_run)
     killer.start()
     lines = []
-    summaries = train_runs(remote, data, Pool(4, 1, ("cpu",), ComputeParams(address)), log=lines.append)
+    summaries = train_runs(remote, data, Pool(4, 1, ("cpu",), compute_params(cluster=address)), log=lines.append)
     killer.join()
     assert killed, "no worker was killed mid-run; nothing was tested"
     assert "on the Dask cluster at " + address in lines[0]
@@ -117,7 +117,7 @@ def test_a_scheduler_that_goes_away_stops_the_queue_in_one_line_and_finished_run
 
     stopper = threading.Thread(target=stop_scheduler_after_the_short_run)
     stopper.start()
-    pool = Pool(2, 1, ("cpu",), ComputeParams(address, connect_timeout_s=2))
+    pool = Pool(2, 1, ("cpu",), compute_params(cluster=address, connect_timeout_s=2))
     try:
         with pytest.raises(ClusterError) as err:
             train_runs(runs, data, pool, log=lambda x: None)
@@ -145,7 +145,7 @@ def test_an_http_server_as_the_scheduler_fails_within_the_connect_timeout_naming
 
 def test_a_missing_gpu_resource_and_an_unseen_folder_are_one_line_errors_before_any_run(tmp_path, dask_cluster):
     address, _, _ = dask_cluster
-    compute = ComputeParams(address)
+    compute = compute_params(cluster=address)
     gpu = {"resources": {"GPU": 0.25}}
     missing = "no worker of the Dask scheduler at .* declares the GPU resource"
     with pytest.raises(ClusterError, match=missing), whole_job_executor(compute, 1, print, (), **gpu):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -311,6 +312,13 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         line = f" (line {where.line + 1})" if where is not None else ""
         raise ParamsError(f"{path}{line} is not valid YAML: {getattr(err, 'problem', err)}; fix the syntax") from err
     return parse_params(raw)
+
+
+def project_params() -> Params:
+    """The project's own params.yaml, installed with the package (``topometrics/params.yaml`` links to the one at
+    the repository's root, so it is the same file, not a copy): the values ``features_of`` and
+    ``TopologyMonitor`` use when a caller outside a project passes none."""
+    return load_params(resources.files("topometrics").joinpath("params.yaml"))
 
 
 def parse_params(raw: dict) -> Params:

@@ -46,7 +46,7 @@ from topometrics.features.monitor_measure import Snapshot, measure
 from topometrics.features.monitor_surface import SurfaceSource, due_batch, model_snapshot, state_bytes
 from topometrics.models.architectures import LinearLayer, module_layers
 from topometrics.models.tokens import load_tokens
-from topometrics.params import BASE_VARIANT, FeaturesParams
+from topometrics.params import BASE_VARIANT, FeaturesParams, project_params
 from topometrics.training.monitor_log import MONITOR_DIR, SHOWN, LiveLog, write_losses, write_stop
 
 
@@ -78,8 +78,9 @@ class TopologyMonitor:
         are kept; a re-measured step replaces its file.
     every : int
         Measure when ``step % every == 0``.
-    params : FeaturesParams
-        ``max_points`` and ``seed`` of the weight features (as for checkpoints).
+    params : FeaturesParams, optional
+        The ``features`` params (as for checkpoints); None: the project's own
+        (:func:`topometrics.params.project_params`).
     rung, seed : str, int
         The ``rung`` and ``seed`` columns of the rows (the series name the warehouse shows).
     patience : int, optional
@@ -115,7 +116,7 @@ class TopologyMonitor:
         self,
         out_dir: Path,
         every: int,
-        params: FeaturesParams,
+        params: FeaturesParams | None = None,
         rung: str = "live",
         seed: int = 0,
         patience: int | None = None,
@@ -130,7 +131,8 @@ class TopologyMonitor:
             raise ValueError(f"every must be a positive number of steps, got {every}")
         if patience is not None and patience <= 0:
             raise ValueError(f"patience must be a positive number of measurements, got {patience}")
-        self.out_dir, self.every, self.params = Path(out_dir), every, params
+        self.out_dir, self.every = Path(out_dir), every
+        self.params = params if params is not None else project_params().features
         self.rung, self.seed, self.patience, self.min_delta = rung, seed, patience, min_delta
         self.max_pending_bytes, self.log, self.surface = max_pending_bytes, log, surface
         self.layers: list[LinearLayer] | None = None

@@ -21,7 +21,7 @@ import pandas as pd
 from topometrics.errors import TopometricsError
 from topometrics.execution.compute import one_thread
 from topometrics.features.checkpoint import FEATURE_COLUMNS, features_frame
-from topometrics.params import FeaturesParams
+from topometrics.params import FeaturesParams, project_params
 from topometrics.series.checkpoint import series_checkpoint_features
 from topometrics.series.run_folders import RunCheckpoint, scan_run_folder, step_from_name
 
@@ -33,12 +33,11 @@ ACCEPTS = (
 
 def features_of(
     model_or_folder,
-    *,
-    params: FeaturesParams,
-    seq_len: int,
     families: tuple[str, ...] | list[str] | None = None,
     tokenizer=None,
     text: str | None = None,
+    params: FeaturesParams | None = None,
+    seq_len: int | None = None,
     name: str = "model",
     seed: int = 0,
 ) -> pd.DataFrame:
@@ -53,12 +52,16 @@ def features_of(
     tokenizer : the model's tokenizer, when its folder has none (the forward pass tokenises ``text`` with it).
     text : validation text for the forward-pass families (representation, gradients, loss surface);
         None: weight features only (those rows are absent).
-    params, seq_len : params.yaml's ``features`` and ``series.seq_len`` (tokens per window), e.g.
-        ``p = load_params("params.yaml")`` then ``params=p.features, seq_len=p.series.seq_len``.
+    params, seq_len : a params.yaml's ``features`` and ``series.seq_len`` (tokens per window), e.g.
+        ``p = load_params("params.yaml")`` then ``params=p.features, seq_len=p.series.seq_len``; None: the
+        project's own (:func:`topometrics.params.project_params`).
     name, seed : the ``rung`` and ``seed`` columns.
 
     Raises :class:`topometrics.errors.TopometricsError` (one line saying what it accepts) for anything else.
     """
+    if params is None or seq_len is None:
+        project = project_params()
+        params, seq_len = params or project.features, seq_len or project.series.seq_len
     if families is not None:
         params = replace(params, families=tuple(families))
         params.check()
