@@ -193,9 +193,8 @@ def test_sinks_get_each_measurement_and_a_raising_sink_is_one_warning_and_traini
 
 UNGUARDED = """
 from topometrics.features.monitor import TopologyMonitor
-from topometrics.params import load_params
 def monitored():
-    return TopologyMonitor("{log}", every=1, params=load_params("{params_yaml}").features)
+    return TopologyMonitor("{log}", every=1)  # the project's params.yaml
 monitor = monitored()
 print("trained")
 """
@@ -203,7 +202,7 @@ print("trained")
 
 def test_a_script_without_the_main_guard_fails_in_one_line_saying_what_to_add(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text(UNGUARDED.format(log=tmp_path / "log", params_yaml=PARAMS_YAML))
+    script.write_text(UNGUARDED.format(log=tmp_path / "log"))
     env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and done.stdout == "" and not (tmp_path / "log").exists()

@@ -12,7 +12,7 @@ import pytest
 from repo_params import analysis_params, raw_params
 from test_verdict import synthetic_runs, warehouse_with
 
-from topometrics.params import AnalysisParams, ParamsError, PrimaryParams, parse_params
+from topometrics.params import FEATURE_FAMILIES, AnalysisParams, ParamsError, PrimaryParams, parse_params
 from topometrics.report import answer as answer_module
 from topometrics.report import contents as report
 from topometrics.report import frames as report_frames
@@ -202,21 +202,26 @@ def test_the_power_recorded_with_the_endpoint_sits_beside_its_verdict(power, nee
     )
 
 
+def with_primary(primary: dict) -> dict:
+    """params.yaml with three seeds of one rung, no variants and ``primary`` declared."""
+    raw = raw_params()
+    raw["train"]["seeds"], raw["ladder"], raw["variants"] = [1, 2, 3], {"tiny": {"hidden": 8}}, {}
+    raw["analysis"]["primary"] = primary
+    return raw
+
+
 def test_a_power_outside_zero_one_is_one_params_error():
     primary = {"family": "weights_vr", "fraction": 0.3, "cv": "seed", "level": "within", "power": 84}
-    raw = {"analysis": {"primary": primary}}
-    raw |= {"train": {"seeds": [1, 2, 3]}, "ladder": {"tiny": {"hidden": 8}}}
     with pytest.raises(ParamsError, match=r"analysis.primary: power 84.0 is not a share in \(0, 1\]"):
-        parse_params(raw)
+        parse_params(with_primary(primary))
 
 
 def test_needed_runs_without_a_short_power_or_within_the_declared_runs_is_one_params_error():
-    raw = {"train": {"seeds": [1, 2, 3]}, "ladder": {"tiny": {"hidden": 8}}}
     primary = {"family": "weights_vr", "fraction": 0.3, "cv": "seed", "level": "within"}
     for recorded in ({"power": 0.9, "needed_runs": 144}, {"power": 0.5, "needed_runs": 3}, {"needed_runs": 144}):
         with pytest.raises(ParamsError, match=r"needed_runs \d+ goes with a power below 0.8 and more than the 3 runs"):
-            parse_params(raw | {"analysis": {"primary": primary | recorded}})
-    assert parse_params(raw | {"analysis": {"primary": primary | {"power": 0.5, "needed_runs": 4}}})
+            parse_params(with_primary(primary | recorded))
+    assert parse_params(with_primary(primary | {"power": 0.5, "needed_runs": 4}))
 
 
 def test_a_family_that_adds_over_both_baselines_names_the_fraction_once():
@@ -243,6 +248,7 @@ SWEEP_LAYOUT = {  # the measured sweep's params: 3 rungs, the base and 15 drawn 
     "variants": {f"r{i:02d}": {} for i in range(1, 16)},
     "analysis": {"fractions": [0.2, 0.3, 0.5], "alpha": 0.05, "permutations": 99},
     "data": {"seq_len": 128},
+    "features": {"families": list(FEATURE_FAMILIES), "landscape_every": 5},  # the repository's, as it was swept
 }
 
 

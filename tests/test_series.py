@@ -388,9 +388,8 @@ def test_streamed_reads_equal_torch_for_every_float_dtype(tmp_path, dtype):
     assert np.isnan(SafetensorsFile(tmp_path / "nan.safetensors").absmax("w"))
 
 
-def test_series_params_default_to_the_papers_pythia_validation_and_validate():
+def test_series_params_hold_the_papers_pythia_validation_and_validate():
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw.pop("series", None)
     pythia = parse_params(raw).series.sources["pythia-14m"]
     assert pythia.model == "EleutherAI/pythia-14m"
     assert pythia.revisions == ("step0", "step1000", "step5000", "step10000", "step50000", "step100000", "step143000")
@@ -406,7 +405,9 @@ def test_series_params_default_to_the_papers_pythia_validation_and_validate():
         ({"sources": {"x": {"path": "/p", "layers": {"attn.q": 1}}}}, "series.sources.x.layers must map names"),
     ]:
         with pytest.raises(ParamsError, match=message):
-            parse_params(raw | {"series": bad})
+            parse_params(raw | {"series": raw["series"] | bad})
+    with pytest.raises(ParamsError, match=r"^missing param series: add it to params.yaml"):
+        parse_params({k: v for k, v in raw.items() if k != "series"})
 
 
 # ---------------------------------------------------------------------------
