@@ -8,14 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import default_raw
 from topometrics.params import ParamsError, load_params, parse_params, run_name
 from topometrics.training.train import build_run_config, recipe_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def default_raw() -> dict:
-    return yaml.safe_load((REPO / "params.yaml").read_text())
 
 
 def test_the_repository_params_load_and_give_the_papers_ladder():
