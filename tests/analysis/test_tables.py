@@ -1,11 +1,7 @@
-"""topometrics.analysis.tables, metrics_file and the analysis -> warehouse stages, end to end on a synthetic ladder."""
+"""topometrics.analysis.tables and the analysis -> warehouse stages, end to end on a synthetic ladder."""
 
 import json
-import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -22,31 +18,6 @@ from topometrics.vocabulary import kind
 
 REPO = Path(__file__).resolve().parents[2]
 LEARNED = ("loss_learned", "topology", "loss_topology", "gradnorm", "loss_gradnorm", "weightnorm", "loss_weightnorm")
-
-
-def _stage(name: str, *args) -> None:
-    env = os.environ | {"PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, str(REPO / "stages" / f"{name}.py"), "--params", str(REPO / "params.yaml"), *map(str, args)]
-    subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    """Both stages as DVC runs them, on five synthetic rungs: the warehouse file and metrics.json."""
-    data = tmp_path_factory.mktemp("pipe") / "data"
-    write_inputs(data)
-    common = ["--configs", data / "config", "--runs", data / "runs", "--corpus", data / "corpus" / "source.json"]
-    common += ["--features", data / "features"]
-    metrics = data.parent / "reports" / "metrics.json"
-    _stage("analysis", *common, "--out", data / "analysis", "--metrics", metrics)
-    _stage("warehouse", *common, "--analysis", data / "analysis", "--out", data / "warehouse.duckdb")
-    return data / "warehouse.duckdb", metrics
-
-
-@pytest.fixture()
-def con(pipeline):
-    with duckdb.connect(str(pipeline[0]), read_only=True) as c:
-        yield c
 
 
 def test_every_method_predicts_every_rung_at_every_fraction(con):
@@ -101,38 +72,6 @@ def test_scaling_fit_recovers_the_loss_exponent(con):
     row = con.execute("SELECT * FROM fits WHERE kind = 'scaling' AND target = 'val_loss'").df().iloc[0]
     assert row.status == "ok" and row.b == pytest.approx(-0.144, abs=0.05)  # the synthetic floor's exponent
     assert row.spearman_rho == pytest.approx(-1.0)
-
-
-def test_metrics_file_is_the_headline_a_column_per_rung_at_most(pipeline):
-    text = pipeline[1].read_text()
-    metrics = json.loads(text)
-    assert set(metrics) == {"corpus", "final_val_loss", "rho", "runs", "diverged_runs", "verdict"}
-    assert metrics["corpus"] == {"used": "python-docs", "fallback": True}
-    assert set(metrics["final_val_loss"]) == set(RUNGS) and metrics["runs"] == len(RUNGS)
-    assert metrics["rho"]["vr_tp0"] < -0.9 and set(metrics["rho"]) <= set(AnalysisParams().headline_features)
-    assert metrics["verdict"]["cv"] == "rung" and set(metrics["verdict"]) == {"cv", "f20", "f30", "f50"}
-    columns = _leaves(metrics)  # what `dvc exp show` makes a column of
-    assert len(columns) <= len(RUNGS) + 6 + 1 + 9 + 4, columns  # rungs, rho, verdict cv, 3 x 3 verdict, the rest
-    numbers = re.findall(r"-?\d+\.?\d*(?:e-?\d+)?", text)
-    assert numbers and all(math.isfinite(float(n)) for n in numbers)
-    assert "NaN" not in text and "Infinity" not in text
-
-
-def _leaves(tree: dict, prefix: str = "") -> list[str]:
-    """The dotted keys of a nested dict's leaves (the columns `dvc exp show` lists for a metrics file)."""
-    out = []
-    for key, value in tree.items():
-        out += _leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
-    return out
-
-
-def test_metrics_follow_the_params_and_equal_the_stages_file(pipeline):
-    with duckdb.connect(str(pipeline[0]), read_only=True) as c:
-        assert metrics_file.metrics_json(metrics_file.build_metrics(c, AnalysisParams())) == pipeline[1].read_text()
-        fewer = metrics_file.build_metrics(c, AnalysisParams(headline_features=("vr_tp1",)))
-        final = dict(c.execute("SELECT rung, val_loss FROM final_checkpoints").fetchall())
-    assert list(fewer["rho"]) == ["vr_tp1"]
-    assert fewer["final_val_loss"] == pytest.approx(final, rel=1e-5)
 
 
 def test_docs_example_queries_run(con):
@@ -345,21 +284,6 @@ def test_changepoints_view_has_every_run_series_and_the_loss_breaks_of_the_pelt_
         assert pd.isna(got["lag_vs_val_loss"]) and pd.isna(got["lag_vs_lr"])  # the reference has no lag
         for feature in set(rows.index) - {"val_loss", "lr"}:  # a NULL lag says why
             assert pd.notna(rows.loc[feature, "lag_vs_val_loss"]) or rows.loc[feature, "lag_vs_val_loss_reason"]
-
-
-def test_stopping_decisions_and_interval_coverage_on_the_pipeline_warehouse(con):
-    # five rungs of one seed: the sweep can stop a share of its 5 runs, no rung can stop one of its 1
-    stop = con.execute("SELECT * FROM stopping_decisions").df()
-    sweep = stop[(stop["scope"] == "sweep") & (stop["predictor"] == "current loss") & (stop["status"] == "ok")]
-    assert sorted(sweep["fraction"].unique()) == [0.2, 0.3, 0.5]
-    assert sorted(sweep["killed"].unique()) == [1, 2, 3]  # floor(0.25, 0.5, 0.75 x 5)
-    rung = stop[stop["scope"] == "rung"]
-    assert (rung["reason"].str.startswith("no rung has 4 runs (the most: 1)")).all()
-    # leave-one-rung-out predictions carry intervals, and the view counts only the finite ones
-    coverage = con.execute("SELECT * FROM interval_coverage").df()
-    intervals = con.execute("SELECT * FROM prediction_intervals WHERE isfinite(half_width)").df()
-    assert len(intervals) == coverage["n"].sum()
-    assert set(coverage["nominal"]) <= {0.8, 0.95}
 
 
 def test_every_baseline_part_has_its_columns_in_the_verdicts_input_table(con):

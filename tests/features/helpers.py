@@ -1,10 +1,13 @@
-"""Helpers shared by the features tests: a tiny run directory and the features stage on it, a few training steps,
-and a Hugging Face callback that trains on one thread."""
+"""Helpers shared by the features tests: a tiny run directory and the features stage on it, its shards read back,
+a few training steps, and a Hugging Face callback that trains on one thread."""
 
+import duckdb
 import numpy as np
+import pandas as pd
 import torch
 from transformers import TrainerCallback
 
+from topometrics.execution.shards import params_digest, scan
 from topometrics.features.run_shards import read_tables
 from topometrics.features.sweep import run_shards
 from topometrics.models.checkpoints import save_checkpoint
@@ -87,3 +90,25 @@ class OneThread(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         torch.set_num_threads(1)
+
+
+STEPS = (0, 100, 200, 300)
+
+
+def read_back(root):
+    """features (+ distances) and diagrams of every shard under root, as the warehouse reads them."""
+    con = duckdb.connect()
+    digest = params_digest(PARAMS)
+    features = pd.concat(
+        [con.execute(f"SELECT * FROM {scan(con, root, t, digest).relation()}").df() for t in ("features", "distances")]
+    )
+    diagrams = con.execute(f"SELECT * FROM {scan(con, root, 'diagrams', digest).relation()}").df()
+    return features, diagrams
+
+
+def same_rows(a: pd.DataFrame, b: pd.DataFrame, keys: list[str]) -> None:
+    a = a[b.columns].sort_values(keys).reset_index(drop=True)
+    b = b.sort_values(keys).reset_index(drop=True)
+    if "reason" in b:  # NULL: None from DuckDB, NaN from pandas
+        a["reason"], b["reason"] = a["reason"].fillna("-"), b["reason"].fillna("-")
+    pd.testing.assert_frame_equal(a, b, check_dtype=False)

@@ -16,7 +16,6 @@ import torch
 
 from tests.features.helpers import OneThread, train_steps
 from tests.models.helpers import module_weights
-from topometrics import vocabulary
 from topometrics.execution.shards import module_source_hash, params_digest
 from topometrics.features import checkpoint
 from topometrics.features.monitor import NPPatience, TopologyCallback, TopologyMonitor
@@ -25,7 +24,6 @@ from topometrics.models.model import GPT, GPTConfig
 from topometrics.params import FeaturesParams
 from topometrics.series.checkpoint import SafetensorsFile
 from topometrics.series.run_folders import scan_run_folder
-from topometrics.training import monitor_log
 from topometrics.training.corpus import encode
 from topometrics.training.monitor_log import measured_with, measurement_parts, read_log
 
@@ -62,12 +60,6 @@ def test_each_measurement_records_the_code_and_params_that_made_it(tmp_path):
     (part,) = measurement_parts(tmp_path)
     made = {"code": module_source_hash("topometrics.features.monitor_measure"), "params": params_digest(PARAMS)}
     assert measured_with(part) == made  # a log measured by other code or params is told apart
-
-
-def test_the_log_spells_the_features_schema_as_the_features_do():
-    # monitor_log imports no measure (training imports it), so it spells these two facts itself
-    assert monitor_log.ROW_COLUMNS == checkpoint.FEATURE_COLUMNS and monitor_log.MODEL_LAYER == vocabulary.ALL
-    assert all(vocabulary.lookup(name) is not None for name in monitor_log.SHOWN)
 
 
 def test_training_waits_only_for_the_copy(tmp_path):

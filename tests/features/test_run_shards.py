@@ -8,19 +8,15 @@ import subprocess
 import threading
 import time
 
-import duckdb
-import pandas as pd
 import pytest
 from distributed import Client
 
 from tests.execution.helpers import worker_pids
-from tests.features.helpers import PARAMS, run_tables, stage_project, write_run
+from tests.features.helpers import PARAMS, STEPS, read_back, run_tables, same_rows, stage_project, write_run
 from topometrics.execution.cluster import local_cluster
-from topometrics.execution.shards import ShardKey, params_digest, scan
+from topometrics.execution.shards import ShardKey
 from topometrics.features.sweep import run_shards
 from topometrics.params_sources import ComputeParams
-
-STEPS = (0, 100, 200, 300)
 
 
 def run_features_stage(tmp_path, steps, change) -> subprocess.CompletedProcess:
@@ -29,33 +25,6 @@ def run_features_stage(tmp_path, steps, change) -> subprocess.CompletedProcess:
     cmd = stage_project(tmp_path, steps, {"workers": 1, "rep_points": 60, "rep_batch": 4, "betti_scales": 4})
     change(tmp_path / "runs" / "tiny-42")
     return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-
-
-def read_back(root):
-    """features (+ distances) and diagrams of every shard under root, as the warehouse reads them."""
-    con = duckdb.connect()
-    digest = params_digest(PARAMS)
-    features = pd.concat(
-        [con.execute(f"SELECT * FROM {scan(con, root, t, digest).relation()}").df() for t in ("features", "distances")]
-    )
-    diagrams = con.execute(f"SELECT * FROM {scan(con, root, 'diagrams', digest).relation()}").df()
-    return features, diagrams
-
-
-def same_rows(a: pd.DataFrame, b: pd.DataFrame, keys: list[str]) -> None:
-    a = a[b.columns].sort_values(keys).reset_index(drop=True)
-    b = b.sort_values(keys).reset_index(drop=True)
-    if "reason" in b:  # NULL: None from DuckDB, NaN from pandas
-        a["reason"], b["reason"] = a["reason"].fillna("-"), b["reason"].fillna("-")
-    pd.testing.assert_frame_equal(a, b, check_dtype=False)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("run")
-    write_run(root, STEPS)
-    features, diagrams = run_tables(root / "run", root / "corpus", root / "expected")  # the tests' reference
-    return root, features, diagrams
 
 
 def test_shards_hold_exactly_the_in_memory_tables_and_are_reused(tiny, tmp_path):
@@ -211,36 +180,3 @@ def test_a_resumed_stage_counts_the_checkpoints_it_reuses_as_current_not_compute
     run = run_shards(root / "run", root / "corpus", PARAMS, out, progress=lines.append)
     assert f"{len(STEPS)} checkpoints, 0 computed, {len(STEPS)} already current, 0 failed" in lines[-1]
     assert len(run.computed) == len(STEPS)  # the distance shards, written again
-
-
-def test_one_sweep_over_several_runs_writes_each_runs_shards_as_alone_and_names_a_run_without_checkpoints(
-    tiny, tmp_path
-):
-    import json
-    import shutil
-
-    from topometrics.features.sweep import RunShards, sweep_shards
-    from topometrics.models.checkpoints import CheckpointError
-
-    root, features, diagrams = tiny
-    shutil.copytree(root / "run", tmp_path / "a")
-    shutil.copytree(root / "run", tmp_path / "b")
-    for sidecar in (tmp_path / "b").glob("step_*.json"):  # the same weights, recorded as another seed
-        sidecar.write_text(json.dumps(json.loads(sidecar.read_text()) | {"seed": 7}))
-    (tmp_path / "empty").mkdir()
-    runs = [RunShards(tmp_path / name, tmp_path / "out" / name) for name in ("a", "b", "empty")]
-    lines = []
-    with pytest.raises(CheckpointError, match=r"empty: no complete checkpoints"):
-        sweep_shards(runs, root / "corpus", PARAMS, progress=lines.append)
-    for name, seed in (("a", 42), ("b", 7)):  # written before the error, each as run_shards alone writes it
-        got_features, got_diagrams = read_back(tmp_path / "out" / name)
-        assert set(got_features["seed"]) == {seed}
-        same_rows(got_features.assign(seed=42), features, ["step", "layer", "feature"])
-        same_rows(got_diagrams.assign(seed=42), diagrams, ["step", "source", "layer", "dim", "birth", "death"])
-    assert "features@a: 4 checkpoints, 4 computed, 0 already current, 0 failed" in lines[0]
-    assert lines[-1].startswith("features: 3 runs, 8 checkpoints, 0 failed, 1 runs without checkpoints")
-
-    lines = []  # every shard current: nothing computed, no line per run, one summary
-    done = sweep_shards(runs[:2], root / "corpus", PARAMS, progress=lines.append)
-    assert all(not r.computed and {k.step for k in r.reused} == set(STEPS) for r in done.values())
-    assert len(lines) == 1 and lines[0].startswith("features: 2 runs, 8 checkpoints, 0 failed, 0 runs without")

@@ -3,11 +3,15 @@
 A folder may import the shared modules at the package's top and the folders listed under it in
 :data:`MAY_IMPORT`, nothing else; the shared modules import no folder. Imports are read from the
 source with ``ast`` (lazy ones inside functions too), as the DVC deps test reads them.
+
+The tests mirror the package (docs/developing.md): every module has its test file in the same folder under
+tests/, every folder there is a package, and no test file imports another.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -91,3 +95,38 @@ def test_folders_hold_at_most_ten_modules_of_at_most_450_lines(folder):
 def test_shared_modules_hold_at_most_450_lines():
     long = {n: k for n in sorted(SHARED) if (k := len((PACKAGE / f"{n}.py").read_text().splitlines())) > 450}
     assert not long, long
+
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def test_every_module_has_its_test_file_in_the_mirrored_folder():
+    # topometrics/<folder>/<module>.py -> tests/<folder>/test_<module>.py; a shared module -> tests/test_<module>.py
+    modules = sorted(p.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+    missing = [str(m) for m in modules if not (TESTS / m.parent / f"test_{m.name}").is_file()]
+    assert not missing, f"no tests/<folder>/test_<module>.py for {missing}"
+
+
+def test_every_tests_folder_is_a_package():
+    # test files of two same-named modules (features/checkpoint.py, series/checkpoint.py) import as
+    # tests.features.test_checkpoint and tests.series.test_checkpoint only when their folders are packages
+    folders = {p.parent for p in TESTS.rglob("*.py")}
+    assert not [str(f.relative_to(TESTS.parent)) for f in sorted(folders) if not (f / "__init__.py").is_file()]
+
+
+SCRIPT_IMPORT = re.compile(r"^\s*(?:from|import) (?:[\w.]+\.)?(?:test_\w+|conftest)\b", re.M)
+
+
+def test_no_test_file_imports_another_test_file():
+    # shared helpers live in a folder's helpers.py or conftest.py (docs/developing.md)
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            if any(n.rsplit(".", 1)[-1].startswith("test_") or n.endswith("conftest") for n in names):
+                found.append(f"{path.relative_to(TESTS.parent)}:{node.lineno}")
+        # and the scripts a test runs in a subprocess (strings), which import by name
+        found += [f"{path.relative_to(TESTS.parent)}: {m}" for m in re.findall(SCRIPT_IMPORT, path.read_text())]
+    assert not found, found

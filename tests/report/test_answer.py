@@ -10,7 +10,7 @@ import duckdb
 import pandas as pd
 import pytest
 
-from tests.verdict.helpers import synthetic_runs, warehouse_with
+from tests.verdict.helpers import SWEEP_LAYOUT, synthetic_runs, warehouse_with
 from topometrics.params import AnalysisParams, ParamsError, PrimaryParams, parse_params
 from topometrics.report import contents, frames, html
 from topometrics.report.answer import _families, answer
@@ -125,15 +125,6 @@ def test_the_pre_registered_endpoint_leads_and_every_other_row_is_labelled_explo
     assert got.sentences[3].startswith("Exploratory (topology rows Holm-corrected per scheme")
 
 
-def test_remedy_is_empty_when_the_design_allows_a_verdict():
-    default = {"train": {"steps": 5000, "ckpt_every": 100, "seeds": [42]}, "analysis": {"fractions": [0.2, 0.3, 0.5]}}
-    default |= {"ladder": dict.fromkeys(["tiny", "small", "medium", "large", "xl"], {}), "variants": {}}
-    assert remedy.remedy(default) == []  # leave-one-rung-out over five rungs, 11 checkpoints by 20%
-    assert remedy.remedy(default | {"analysis": {"fractions": [0.05]}}) == [
-        ("train.ckpt_every=50", "4 checkpoints by 5% of training")
-    ]
-
-
 def test_the_page_opens_with_the_answer_and_folds_the_verdict_table_away():
     loaded = frames.load(duckdb.connect())  # an empty warehouse: every other piece is Missing
     loaded |= {"verdict": view(synthetic_runs("topology").query("fraction == 0.1")), "meta": meta()}
@@ -158,17 +149,6 @@ def test_the_page_opens_with_the_answer_and_folds_the_verdict_table_away():
 def test_no_verdict_view_says_so_and_points_at_dvc_repro(frame):
     got = answer(frame if frame is not None else frames.need(pd.DataFrame(), "verdict"), None)
     assert got.sentences[0].startswith("No verdict yet: ") and got.command == "dvc repro"
-
-
-def test_the_loss_surface_spacing_is_checked_against_the_first_fraction():
-    sweep = {"train": {"steps": 1000, "ckpt_every": 50, "seeds": [1, 2, 3]}, "analysis": {"fractions": [0.2, 0.3]}}
-    sweep |= {"ladder": dict.fromkeys(["tiny", "small", "medium"], {}), "variants": {}}
-    why = "3 loss-surface checkpoints (landscape, curvature) by 20% of training"
-    # every 10th of 21 checkpoints: steps 0 and 500, one by step 200; every 2nd: 0, 100, 200
-    assert remedy.surface_remedy(sweep | {"features": {"landscape_every": 10}}) == [("features.landscape_every=2", why)]
-    assert remedy.surface_remedy(sweep | {"features": {"landscape_every": 2}}) == []
-    assert remedy.surface_remedy(sweep | {"features": {"landscape_every": 10, "families": ["np", "vr"]}}) == []
-    assert remedy.remedy(sweep | {"features": {"landscape_every": 10}}) == [("features.landscape_every=2", why)]
 
 
 @pytest.mark.parametrize(
@@ -229,40 +209,6 @@ def test_the_opening_counts_every_run_the_scheme_used_not_only_those_every_famil
     frame.loc[frame["family"] == "everything", "n"] = 30  # a family missing in some runs: fewer runs together
     got = answer(frame, meta())
     assert got.sentences[0].endswith(": 36 runs, leave-one-seed-out (4 seeds).")
-
-
-SWEEP_LAYOUT = {  # the measured sweep's params: 3 rungs, the base and 15 drawn recipes, 2 seeds
-    "train": {"steps": 1000, "ckpt_every": 50, "seeds": [3, 13], "batch_size": 32, "workers": 0},
-    "ladder": dict.fromkeys(["tiny", "small", "medium"], {}),
-    "variants": {f"r{i:02d}": {} for i in range(1, 16)},
-    "analysis": {"fractions": [0.2, 0.3, 0.5], "alpha": 0.05, "permutations": 99},
-    "data": {"seq_len": 128},
-}
-
-
-def test_the_layout_an_answer_needs_is_the_measured_sweeps_cells_with_the_declared_rungs():
-    assert remedy.answer_layout(SWEEP_LAYOUT) is None  # the measured layout itself: nothing more to ask
-    single = SWEEP_LAYOUT | {"variants": {}, "train": SWEEP_LAYOUT["train"] | {"seeds": [42]}}
-    need = remedy.answer_layout(single)
-    assert (need.recipes, need.seeds, need.cells, need.runs) == (16, 2, 48, 96)
-    five = single | {"ladder": dict.fromkeys(["tiny", "small", "medium", "large", "xl"], {})}
-    assert (remedy.answer_layout(five).recipes, remedy.answer_layout(five).runs) == (10, 100)  # ceil(48 / 5) = 10
-    one = single | {"ladder": {"tiny": {}}}
-    assert remedy.answer_layout(one).cells == 48  # 48 recipes on one rung
-    assert remedy.layout_command(single, need) == (
-        "dvc exp run $(python tools/sample_recipes.py --n 15 --seed 2026 --steps 1000) -S 'train.seeds=[42,43]' "
-        "-S features.landscape_every=2"  # the default every 5th checkpoint has one loss surface by 20 %: needs 3
-    )
-
-
-def test_training_minutes_is_the_longest_first_schedule_of_every_runs_tokens_at_its_rungs_rate():
-    params = {"train": {"steps": 10, "batch_size": 10}, "data": {"seq_len": 10}}  # 1,000 tokens per run
-    layout = remedy.Layout(("a", "b"), recipes=2, seeds=1)  # runs of 1 s (a) and 2 s (b), two of each
-    rates = {"a": 1000.0, "b": 500.0}
-    assert remedy.training_minutes(params, layout, rates, workers=1) == pytest.approx(6 / 60)
-    assert remedy.training_minutes(params, layout, rates, workers=2) == pytest.approx(3 / 60)  # b|b, then a|a
-    assert remedy.training_minutes(params, layout, rates, workers=3) == pytest.approx(2 / 60)  # b, b, a then a
-    assert remedy.training_minutes(params, layout, {"a": 1000.0}, workers=2) is None  # b never trained here
 
 
 def test_the_answer_projects_the_training_from_the_runs_measured_throughput_or_names_the_bench():

@@ -11,7 +11,6 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import huggingface_hub.constants
 import numpy as np
 import pandas as pd
 import pytest
@@ -24,13 +23,10 @@ from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM, PreTr
 from topometrics import vocabulary
 from topometrics.features import checkpoint
 from topometrics.features.run_shards import read_tables
-from topometrics.models.checkpoints import CheckpointError
 from topometrics.models.tokens import encode
-from topometrics.params import FeaturesParams, ParamsError, parse_params
+from topometrics.params import FeaturesParams, parse_params
 from topometrics.params_sources import SeriesParams, SeriesSource
 from topometrics.series.checkpoint import causal_lm_on_batch
-from topometrics.series.hub import hub_checkpoints, step_from_name
-from topometrics.series.safetensors_reader import SafetensorsFile
 from topometrics.series.source_shards import grouped_lines, series_shards, summary_line
 from topometrics.training.corpus import offline_text
 
@@ -265,13 +261,6 @@ def test_a_folder_of_pickle_weights_is_skipped_with_the_reason_and_how_to_conver
     assert found == [("skipped", str(only / "pytorch_model.bin"))]
 
 
-def test_safetensors_file_errors_name_the_file(tmp_path):
-    path = tmp_path / "empty.safetensors"
-    path.write_bytes(b"")
-    with pytest.raises(CheckpointError, match=f"^{path}: not a readable safetensors file"):
-        SafetensorsFile(path)
-
-
 def test_a_diverged_checkpoint_gives_nulls_with_the_reason(local_series, tmp_path):
     model = tiny_neox(7)
     with torch.no_grad():
@@ -283,23 +272,6 @@ def test_a_diverged_checkpoint_gives_nulls_with_the_reason(local_series, tmp_pat
     frame = frame[~frame["feature"].str.endswith("_prev") & ~frame["feature"].str.startswith("traj_")]  # distances
     assert frame["value"].isna().all() and frame["reason"].str.startswith("diverged").all()
     assert {"np_norm", "rep_tp0", "grad_norm"} <= set(frame["feature"])
-
-
-def test_uncached_revisions_offline_are_skipped_with_the_reason(monkeypatch, tmp_path):
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    found = list(hub_checkpoints("acme/absent", ("step0", "main"), cache_dir=tmp_path))
-    assert [(s["revision"], s["status"]) for s in found] == [("main", "skipped"), ("step0", "skipped")]
-    assert "cannot tell the step" in found[0]["reason"]
-    assert found[1]["reason"].startswith("not cached and not downloadable (LocalEntryNotFoundError")
-
-
-def test_a_hub_revision_whose_step_the_warehouse_cannot_hold_is_skipped_before_any_download(monkeypatch, tmp_path):
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    found = list(hub_checkpoints("acme/absent", ("step2147483648", "step2147483647"), cache_dir=tmp_path))
-    beyond = "step 2,147,483,648 is beyond the warehouse's 32-bit step column (at most 2**31-1)"
-    assert found[0] == {"revision": "step2147483648", "step": None, "status": "skipped",
-                        "reason": f"revision 'step2147483648': {beyond}"}  # fmt: skip
-    assert found[1]["step"] == 2**31 - 1 and found[1]["reason"].startswith("not cached and not downloadable")
 
 
 def populate_hf_cache(hub: Path, repo_id: str, revisions: dict[str, Path], extra: list[Path]) -> None:
@@ -362,50 +334,6 @@ def test_stage_reads_hub_revisions_from_a_local_cache_offline(local_series, loca
 # ---------------------------------------------------------------------------
 # Pieces: names, dtypes, params
 # ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("name", "step"),
-    [("step0", 0), ("step143000", 143000), ("step_001000", 1000), ("checkpoint-500", 500), ("main", None)],
-)
-def test_step_from_name(name, step):
-    assert step_from_name(name) == step
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
-def test_streamed_reads_equal_torch_for_every_float_dtype(tmp_path, dtype):
-    gen = torch.Generator().manual_seed(0)
-    w = (torch.randn(300, 700, generator=gen) * 3).to(dtype)  # > 1 MiB in float32: several chunks
-    w[17, 5] = -100.0
-    save_file({"w": w, "b": torch.ones(3, dtype=dtype)}, str(tmp_path / "t.safetensors"))
-    f = SafetensorsFile(tmp_path / "t.safetensors")
-    np.testing.assert_array_equal(f.read("w"), w.float().numpy())
-    assert f.read("w").dtype == np.float32
-    assert f.absmax("w") == 100.0
-    w[200, 3] = float("nan")
-    save_file({"w": w}, str(tmp_path / "nan.safetensors"))
-    assert np.isnan(SafetensorsFile(tmp_path / "nan.safetensors").absmax("w"))
-
-
-def test_series_params_default_to_the_papers_pythia_validation_and_validate():
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw.pop("series", None)
-    pythia = parse_params(raw).series.sources["pythia-14m"]
-    assert pythia.model == "EleutherAI/pythia-14m"
-    assert pythia.revisions == ("step0", "step1000", "step5000", "step10000", "step50000", "step100000", "step143000")
-    for bad, message in [
-        ({"sources": {"x": {}}}, "series.sources.x: give exactly one of model"),
-        ({"sources": {"x": {"model": "a/b"}}}, "series.sources.x.revisions is empty"),
-        ({"sources": {"x": {"path": "/p", "revisions": ["step1"]}}}, "revisions applies to model only"),
-        ({"sources": {"x": {"model": "a/b", "revisions": ["s"], "typo": 1}}}, "unknown param series.sources.x.typo"),
-        ({"seq_len": 0}, "series.seq_len must be positive"),
-        ({"sources": {"x": {"path": "/p", "log": "/l"}}}, "give exactly one of model .* or log"),
-        ({"sources": {"x": {"log": "/l", "losses": "a.csv"}}}, "series.sources.x.losses applies to path only"),
-        ({"sources": {"x": {"log": "/l", "layers": {"attn.q": "a"}}}}, "layers does not apply to a monitor log"),
-        ({"sources": {"x": {"path": "/p", "layers": {"attn.q": 1}}}}, "series.sources.x.layers must map names"),
-    ]:
-        with pytest.raises(ParamsError, match=message):
-            parse_params(raw | {"series": bad})
 
 
 # ---------------------------------------------------------------------------
@@ -658,19 +586,6 @@ def test_features_of_a_folder_or_a_model_are_the_series_stages_rows(local_series
     assert {"grad_norm", "rep_tp0"}.isdisjoint(weights_only["feature"]) and weights_only["value"].notna().any()
     off = weights_only[weights_only["feature"] == "w_fro"]
     assert set(off["reason"]) == {"family switched off (features.families)"}
-
-
-def test_features_of_anything_else_is_one_line_saying_what_it_accepts(tmp_path):
-    import topometrics
-    from topometrics.errors import TopometricsError
-    from topometrics.series.api import ACCEPTS
-
-    things = [(object(), "got a object"), (tmp_path / "absent", "is not a folder"), (tmp_path, "no checkpoint")]
-    for thing, start in things:
-        with pytest.raises(TopometricsError) as err:
-            topometrics.features_of(thing)
-        assert start in str(err.value) and str(err.value).endswith(f"it accepts {ACCEPTS}")
-        assert "\n" not in str(err.value)
 
 
 def run_series_stage(tmp_path: Path, sources: dict) -> tuple[subprocess.CompletedProcess, dict]:

@@ -3,11 +3,9 @@ stopping alone, and a real SIGKILL of the whole queue resuming every run bit-ide
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,7 +22,6 @@ from topometrics.models.model import GPTConfig
 from topometrics.models.tokens import load_tokens
 from topometrics.params import FeaturesParams, ParamsError, load_params
 from topometrics.training.corpus import offline_text
-from topometrics.training.live_relay import LiveRelay
 from topometrics.training.monitor_log import read_log
 from topometrics.training.run_queue import (
     Pool,
@@ -36,7 +33,7 @@ from topometrics.training.run_queue import (
     train_runs,
     usable_cores,
 )
-from topometrics.training.train import Recipe, RunConfig, recipe_fingerprint, train_run
+from topometrics.training.train import RunConfig, recipe_fingerprint, train_run
 
 ROOT = str(Path(__file__).resolve().parents[2])  # the repository: scripts run here import tests.<folder>.helpers
 
@@ -56,20 +53,6 @@ def test_the_longest_runs_go_first_and_a_resumed_run_counts_what_is_left():
     cost = {k: estimated_flops(config(hidden=h, layers=n)) for k, (h, n) in shapes.items()}
     assert sorted(cost, key=cost.get) == list(shapes)
     assert estimated_flops(config(steps=40), from_step=30) == pytest.approx(estimated_flops(config(steps=40)) / 4)
-
-
-def test_the_progress_line_weighs_steps_by_their_cost():
-    from topometrics.training.progress import overall_line
-
-    cheap, costly = config(hidden=8, steps=40), config(hidden=48, layers=3, steps=40)
-    per_step = {c: estimated_flops(c, 39) for c in (cheap, costly)}
-    assert per_step[costly] * 40 == pytest.approx(estimated_flops(costly))  # one step's cost, times the steps
-    # the costly run half trained, the cheap one not started: most of the compute is done, not a quarter
-    done, total = per_step[costly] * 20, (per_step[costly] + per_step[cheap]) * 40
-    line = overall_line(done, total, 0, 2, time.monotonic() - 60)
-    share = done / total
-    assert share > 0.45 and f"{share:.0%} of the compute to train" in line
-    assert f"about {60 * (1 - share) / share / 60:,.1f} min left" in line
 
 
 def test_runs_train_at_once_a_diverging_run_stops_alone_and_complete_runs_are_skipped_untouched(tmp_path):
@@ -132,48 +115,6 @@ def test_without_monitoring_the_metrics_have_no_monitor_values(tmp_path):
     run = files(tmp_path, config(seed=1, steps=20))
     train_runs([run], corpus(tmp_path / "corpus"), Pool(1, 1, ("cpu",)), log=quiet)
     assert "monitor" not in json.loads(run.metrics.read_text()) and not (run.run_dir / "monitor").exists()
-
-
-def tsv(path: Path) -> list[tuple[int, float]]:
-    """The (step, value) rows of a dvclive metric history (empty while it does not exist)."""
-    lines = path.read_text().splitlines()[1:] if path.exists() else []
-    return [(int(step), float(value)) for step, value in (line.split("\t") for line in lines)]
-
-
-def test_a_live_folder_shows_every_run_while_the_queue_trains_and_holds_every_value_once_at_the_end(tmp_path):
-    data = corpus(tmp_path / "corpus")
-    runs = [files(tmp_path, config(seed=1, steps=200)), files(tmp_path, config(seed=2, steps=20, lr=float("inf")))]
-    live = tmp_path / "live"
-    watch = FeaturesParams(max_points=20, workers=1)
-    args = (runs, data, Pool(2, 1, ("cpu",)), 30.0, quiet, [RunMonitors(50, watch)], live, 0.05)  # relayed every 50 ms
-    queue = threading.Thread(target=train_runs, args=args)
-    queue.start()
-    seen_while_training = []
-    while queue.is_alive():
-        rows = tsv(live / "plots/metrics/t-1/val_loss.tsv")
-        if rows and not runs[0].metrics.exists():  # the run's metrics JSON is written when the queue ends
-            seen_while_training.append(rows[-1][0])
-        time.sleep(0.02)
-    queue.join()
-    assert seen_while_training and min(seen_while_training) < 200  # shown before the run had finished
-
-    curve = [(c.step, c.meta["val_loss"]) for c in list_checkpoints(runs[0].run_dir)]
-    assert tsv(live / "plots/metrics/t-1/val_loss.tsv") == curve  # every checkpoint once, in order
-    features, _ = read_log(runs[0].run_dir / "monitor")
-    np_norm = features[(features["layer"] == "all") & (features["feature"] == "np_norm")].sort_values("step")
-    measured = list(zip(np_norm["step"], np_norm["value"], strict=True))
-    assert tsv(live / "plots/metrics/t-1/np_norm.tsv") == measured and measured[0][0] == 0  # (a step may be skipped)
-    summary = json.loads((live / "metrics.json").read_text())
-    assert summary["t-1"]["val_loss"] == curve[-1][1] and summary["t-1"]["np_norm"] == np_norm["value"].iloc[-1]
-    assert [s for s, _ in tsv(live / "plots/metrics/t-2/val_loss.tsv")] == [0]  # diverged at once: one checkpoint
-
-    # a later queue (nothing to train) relays the finished runs again from the start, each value once
-    train_runs(runs[:1], data, Pool(1, 1, ("cpu",)), log=quiet, live=live)
-    assert tsv(live / "plots/metrics/t-1/val_loss.tsv") == curve
-    assert not (live / "plots/metrics/t-2").exists()
-    stale = files(tmp_path, config(seed=1, steps=200, lr=1e-3))  # another recipe in the same run directory
-    relay = LiveRelay(tmp_path / "live-stale", {"t-1": (stale.run_dir, recipe_fingerprint(stale.config, "test"))})
-    assert relay.poll() == 0  # no checkpoint of this recipe: neither its sidecars nor its monitor log are relayed
 
 
 KILLED = """
@@ -357,36 +298,3 @@ def test_a_bpe_run_records_its_tokenizer_and_another_tokenizer_is_refused_before
     with pytest.raises(TokenizerError, match=r"tokenizer.json: content changed after the corpus stage wrote it"):
         train_runs([run], data, Pool(1, 1, ("cpu",)), log=quiet)
     assert snapshot(run.run_dir) == before  # every refusal left the finished run as it was
-
-
-def test_a_run_whose_first_checkpoint_is_far_off_shows_its_rate_and_eta_before_it(tmp_path):
-    """train.steps 1,000,000,000 (a checkpoint every 100,000,000): the queue's StepRate observer logs the steps/s
-    and the hours to the next checkpoint and to the end long before any checkpoint (here: after 0.5 s)."""
-    from tests.training.helpers import TRAIN, VAL, quiet
-    from topometrics.training.progress import StepRate
-    from topometrics.training.train import RunConfig, train_run
-
-    lines = []
-
-    class Enough(Exception):
-        pass
-
-    class StopAfterTheLine:  # stops the billion-step run once the line is there
-        def on_step(self, model, step, loss):
-            if lines:
-                raise Enough
-
-        def on_checkpoint(self, step, val_loss):
-            pass
-
-    recipe = Recipe(10**9, 10**8, 8, 3e-3, 5, 0.0, 0.01, 1.0, 7, 8)
-    cfg = RunConfig("big", GPTConfig(hidden=8, layers=1, heads=1, context=32), recipe)
-    rate = StepRate("big", recipe.steps, recipe.ckpt_every, every_s=0.5, log=lines.append)
-    with pytest.raises(Enough):
-        train_run(cfg, TRAIN, VAL, tmp_path, "sha", "cpu", quiet, False, observers=[rate, StopAfterTheLine()])
-    (line,) = lines
-    assert re.fullmatch(
-        r"\[big\] step [\d,]+/1,000,000,000, [\d,.]+ steps/s; checkpoint 100,000,000 in about [\d,.]+ h, "
-        r"the end in about [\d,.]+ h",
-        line,
-    ), line

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.models.helpers import module_weights
-from tests.training.helpers import TRAIN, VAL, config, config_with_batch, quiet
+from tests.training.helpers import TRAIN, VAL, config, quiet
 from topometrics.features.checkpoint import features_frame, weight_features
 from topometrics.features.monitor import TopologyMonitor
 from topometrics.models.checkpoints import (
@@ -35,7 +35,7 @@ from topometrics.models.tokens import encode
 from topometrics.params import FeaturesParams, ParamsError
 from topometrics.training.corpus import CorpusError, offline_text
 from topometrics.training.monitor_log import read_log
-from topometrics.training.run_dir import resume_info, truncate_steps_log
+from topometrics.training.run_dir import resume_info
 from topometrics.training.run_queue import is_complete
 from topometrics.training.train import (
     Recipe,
@@ -104,30 +104,6 @@ def test_kill_9_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     assert (killed / "steps.csv").read_text() == (clean / "steps.csv").read_text()
 
 
-def test_a_kill_between_resume_weights_and_their_step_cannot_pair_them_wrongly(tmp_path):
-    """Regression: the resume weights and their step were two files (resume.safetensors, then
-    resume.json); a kill between the two renames resumed step-40 state as step 20, so the killed
-    run under `pytest -n 2` sometimes ended with other weights. Now the step is the file's metadata."""
-    torch.set_num_threads(1)
-    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
-    info = resume_info(tmp_path)
-    fingerprint = info["recipe_fingerprint"]
-    assert info == {"step": 20, "rung": "t", "variant": "base", "seed": 7, "recipe_fingerprint": fingerprint}
-    assert info["recipe_fingerprint"] == list_checkpoints(tmp_path)[-1].meta["recipe_fingerprint"]
-    assert not (tmp_path / "resume.json").exists()
-
-
-def test_a_half_written_row_of_the_step_log_is_dropped_on_resume(tmp_path):
-    """Regression: a kill mid-write left `6` of `61,...` as the log's last line, kept as step 6."""
-    torch.set_num_threads(1)
-    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
-    whole = (tmp_path / "steps.csv").read_text()
-    with (tmp_path / "steps.csv").open("a") as f:
-        f.write("2")
-    truncate_steps_log(tmp_path / "steps.csv", 20)
-    assert (tmp_path / "steps.csv").read_text() == whole
-
-
 def test_a_run_directory_of_another_run_is_refused_and_left_untouched(tmp_path):
     torch.set_num_threads(1)
     train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
@@ -187,52 +163,6 @@ def test_a_changed_recipe_discards_the_monitor_log_and_another_runs_directory_ge
     (tmp_path / "monitor" / "notes.txt").write_text("a file the run did not write")
     train_run(config(steps=40, lr=1e-3), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)  # unmonitored, new recipe
     assert sorted(p.name for p in (tmp_path / "monitor").iterdir()) == ["notes.txt"]  # no stale measurement
-
-
-def test_a_batch_too_large_for_memory_is_refused_before_the_run_directory_is_touched(tmp_path):
-    torch.set_num_threads(1)
-    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
-    before = snapshot(tmp_path)
-    message = (r"^train\.batch_size=100000000: one training step of t-7 needs at least [\d.]+ GiB "
-               r"\(100,000,000 windows of 32 characters\), more than the [\d.]+ GiB free; lower it$")  # fmt: skip
-    with pytest.raises(ParamsError, match=message):
-        train_run(config_with_batch(10**8), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
-    assert snapshot(tmp_path) == before
-
-
-OUT_OF_MEMORY = """
-import resource, sys, torch
-sys.path.insert(0, {repo!r})  # the repository, for tests.<folder>.helpers
-torch.set_num_threads(1)
-from tests.training.helpers import TRAIN, VAL, config, config_with_batch, quiet
-from topometrics.errors import run_stage
-from topometrics.training.train import train_run
-
-with open("/proc/self/status") as f:  # the address space in use now, plus 256 MiB: the step's logits cannot fit
-    used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-resource.setrlimit(resource.RLIMIT_AS, (used + 256 * 2**20, resource.RLIM_INFINITY))
-run_stage(lambda argv: train_run(config_with_batch(40_000, lr=1e-3), TRAIN, VAL, {out!r}, "sha", "cpu", quiet), [])
-"""
-
-
-def test_a_new_recipe_whose_first_step_fails_leaves_the_finished_run_byte_identical(tmp_path):
-    """Regression: a changed recipe discarded the finished run first, then failed at its first step (a batch
-    too large gave a raw allocator error). Now the old files stay until the new recipe's step 0 has run; a
-    real allocation failure (the address space capped) is one line naming the param."""
-    torch.set_num_threads(1)
-    train_run(config(steps=20), TRAIN, VAL, tmp_path, "sha", "cpu", quiet)
-    before = snapshot(tmp_path)
-    code = OUT_OF_MEMORY.format(repo=ROOT, out=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.startswith("error: train.batch_size=40000: a training step of t-7 ran out of memory (")
-    assert proc.stderr.rstrip().endswith("; lower it (the run's finished files are kept)")
-    assert len(proc.stderr.splitlines()) == 1 and "can't allocate memory" in proc.stderr
-    assert snapshot(tmp_path) == before
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_a_corpus_shorter_than_a_window_is_refused_before_the_run_directory_is_touched(tmp_path):

@@ -76,3 +76,21 @@ def _sweep(seed: int, n_cells: int = 12, seeds: int = 4) -> pd.DataFrame:
 
 
 KINDS = {CURRENT: "baseline", "norm+oracle": "family", "norm+noise": "family"}
+
+
+CHAR = {"kind": "char"}
+
+
+def _runs(n: int, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    anchor = rng.uniform(2.0, 3.0, n)
+    return pd.DataFrame({"fraction": 0.2, "anchor": anchor, "actual": 0.5 + 0.9 * anchor + rng.normal(0, 0.01, n)})
+
+
+SWEEP_LAYOUT = {  # the measured sweep's params: 3 rungs, the base and 15 drawn recipes, 2 seeds
+    "train": {"steps": 1000, "ckpt_every": 50, "seeds": [3, 13], "batch_size": 32, "workers": 0},
+    "ladder": dict.fromkeys(["tiny", "small", "medium"], {}),
+    "variants": {f"r{i:02d}": {} for i in range(1, 16)},
+    "analysis": {"fractions": [0.2, 0.3, 0.5], "alpha": 0.05, "permutations": 99},
+    "data": {"seq_len": 128},
+}
