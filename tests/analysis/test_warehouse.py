@@ -1,7 +1,7 @@
 """The warehouse file and its SQL views: atomic builds, read-only use, and views checked against numpy/scipy.
 
-``write_inputs`` builds a synthetic ladder in the input contract (configs, steps/checkpoints CSVs,
-features/diagrams Parquet, corpus source.json); test_analysis.py imports it.
+The synthetic ladder in the input contract (configs, steps/checkpoints CSVs, features/diagrams Parquet,
+corpus source.json) is ``write_inputs`` of tests/analysis/helpers.py.
 """
 
 import json

@@ -105,7 +105,7 @@ STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 # lazily). The monitor's log is a live view written beside the checkpoints, never read to make the pipeline's
 # results (the features stages recompute every measure from the checkpoints; a series of a log, which a user
 # configures, reads it as it was measured), and the checkpoints are bit-identical with or without it
-# (test_train.py::test_a_monitored_run_writes_the_same_bytes_and_the_monitor_sees_the_checkpoints_weights).
+# (training/test_train.py::test_a_monitored_run_writes_the_same_bytes_and_the_monitor_sees_the_checkpoints_weights).
 # So the modules reached only through the monitor are not deps of train: a change to a measure does not
 # retrain. Each measurement records the code version and params that made it
 # (topometrics.training.monitor_log.measured_with), so a log measured by other code stays detectable. Every other

@@ -1,7 +1,7 @@
 """topometrics.report.answer: the report opens with the verdict in sentences, or why not and the command for one.
 
 The verdict views are computed by the real analysis (topometrics.verdict.verdict) from the synthetic runs of
-tests/test_verdict.py, so the reasons grouped here are the ones the analysis writes.
+tests/verdict/test_verdict.py, so the reasons grouped here are the ones the analysis writes.
 """
 
 import json
