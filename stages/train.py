@@ -6,7 +6,7 @@
 Runs already complete (every checkpoint verified) are skipped untouched; unfinished ones resume
 (topometrics.training.run_queue). With `train.monitor_every` > 0 every run trained is watched by a
 TopologyMonitor logging into `data/runs/<run>/monitor/` (the measures it computes are not this
-stage's deps: tests/test_dvc_deps.py says why). With `train.sketch_every` > 0 (the default) every run
+stage's deps: tests/pipeline/test_dvc_deps.py says why). With `train.sketch_every` > 0 (the default) every run
 trained records a sketch of its weights every few steps into `data/runs/<run>/trajectory_sketch.csv`
 (topometrics.training.sketch). While the runs train, their checkpoint losses and
 measurements are relayed into the dvclive folder `--live` (dvc exp show, dvc plots).

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_pipeline import commit, make_project, run
+
+from tests.pipeline.helpers import commit, make_project, run
 
 # A test that imports a stage (``from stages.train import observers``) runs its ``import checkout`` as
 # ``python stages/train.py`` would find it; appended, so nothing in stages/ shadows an installed module.
@@ -33,24 +34,6 @@ def reproduced(_reproduced_once, tmp_path) -> Path:
     copy = tmp_path / "project"
     shutil.copytree(_reproduced_once, copy, symlinks=True)
     return copy
-
-
-def failing(args: list[str], cwd: Path) -> str:
-    """Output of a command that must fail (test_pipeline.run raises with stdout and stderr)."""
-    with pytest.raises(AssertionError) as err:
-        run(args, cwd)
-    return str(err.value)
-
-
-def error_lines(output: str) -> list[str]:
-    """The stage's one-line errors in a command's output (and no traceback)."""
-    assert "Traceback" not in output, output
-    return [line for line in output.splitlines() if line.startswith("error: ")]
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` by relative path: to show that nothing was lost or changed."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from repo_params import features_params
 
+from tests.repo_params import features_params
 from topometrics.features.checkpoint import (
     NoForwardPass,
     checkpoint_features,

@@ -30,7 +30,7 @@ nonzero keeps its norm exactly; one with two equal nonzeros keeps it exactly unl
 some block (probability ``1 - (1 - 1/m)^s``, 0.66 at k = 64), each sharing moving ``|x P|^2`` by
 ``+-|x|^2 / s``. (Li, Hastie and Church's "very sparse" projections, 2006, with a fraction ``1/sqrt(D)`` of
 the entries nonzero, send most single coordinates to 0: the reason for a fixed ``s`` per coordinate.) Tests:
-``tests/test_projection.py``.
+``tests/measures/test_projection.py``.
 
 **Cost.** Per coordinate ``w`` raw words and ``s`` additions per row of ``x`` (a 0/1 CSR product); at most
 :data:`CHUNK` coordinates' indices exist at a time (``chunk`` fewer), :func:`workspace_bytes` each.

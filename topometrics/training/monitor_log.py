@@ -19,7 +19,7 @@ measurements; a series (topometrics.series.checkpoint) reads the whole log.
 
 Nothing here computes or imports a measure: training imports this module (through run_dir), and a
 change to a measure must not retrain. The two facts of the features schema a reader needs are
-spelled here too (:data:`ROW_COLUMNS`, :data:`MODEL_LAYER`); ``tests/test_monitor.py`` checks that
+spelled here too (:data:`ROW_COLUMNS`, :data:`MODEL_LAYER`); ``tests/training/test_monitor_log.py`` checks that
 they equal ``topometrics.features.checkpoint.FEATURE_COLUMNS`` and ``topometrics.vocabulary.ALL``.
 """
 

@@ -1,0 +1,84 @@
+"""topometrics.execution.cost: per-family estimates linear in the parameter count, the families a memory cannot
+hold, and a series told (and skipped) before anything is allocated."""
+
+import tracemalloc
+from types import SimpleNamespace
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from tests.repo_params import features_params
+from topometrics.execution import cost
+from topometrics.landscape.trace import adaptive_trace
+from topometrics.series.source_shards import affordable
+
+
+def test_costs_are_linear_in_the_parameters_and_group_the_weight_families():
+    small = cost.checkpoint_costs(10_000_000, ["np", "vr", "spectral", "curvature", "representation"])
+    large = cost.checkpoint_costs(40_000_000, ["np", "vr", "spectral", "curvature", "representation"])
+    assert [c.family for c in small] == ["weights", "curvature"]  # no rate for representation: not listed
+    for a, b in zip(small, large, strict=True):
+        assert b.seconds == 4 * a.seconds
+        assert b.peak_bytes - cost.FIXED_BYTES == 4 * (a.peak_bytes - cost.FIXED_BYTES)
+    assert [c.family for c in cost.checkpoint_costs(10, ["landscape", "gradient"], surface=False)] == ["gradient"]
+
+
+def test_a_pythia_160m_curvature_is_told_it_does_not_fit_24_gb_less_what_others_use():
+    costs = cost.checkpoint_costs(162_322_944, ["np", "curvature"])
+    too_big = cost.unaffordable(costs, 12 * cost.GIB)  # curvature adds ~15.7 GB, gradient_topology ~3.6
+    assert list(too_big) == ["curvature"] and "GB available" in too_big["curvature"]
+    assert cost.skipped_families(["np", "vr", "curvature"], too_big) == ("curvature",)
+    line = cost.plan_line(162_322_944, costs, checkpoints=19)
+    assert line.startswith("estimate for 162.3M parameters") and "19 checkpoint(s)" in line
+    weights, curvature = costs
+    every_fifth = cost.plan_line(162_322_944, costs, checkpoints=19, surface_every=5)  # 4 of 19 get the surface
+    assert f"~{(19 * weights.seconds + 4 * curvature.seconds) / 3600:.2f} h" in every_fifth
+
+
+def test_the_curvature_peak_holds_the_trace_deflated_by_three_float32_ritz_vectors():
+    dim = 100_000
+    ritz = np.random.default_rng(0).standard_normal((3, dim)).astype(np.float32).T  # as the two-pass Lanczos gives
+
+    def product(v):  # a difference product's ~5 float64 temporaries, its result among them
+        temporaries = [v * 1.0 for _ in range(4)]
+        return temporaries[0] * 2.0
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        adaptive_trace(product, dim, 8, 0.05, 8, seed=0, basis=ritz)
+        trace_bytes = (tracemalloc.get_traced_memory()[1] - before) / dim
+    finally:
+        tracemalloc.stop()
+    held = 4 + 8 + 8 + 3 * 4  # the model, its float64 copy, the gradient at the weights, the Ritz vectors
+    assert 71 < trace_bytes <= cost.BYTES_PER_PARAMETER["curvature"] - held + 0.1  # + a few small arrays
+
+
+def checkpoints_of(tmp_path, rows, cols):
+    path = tmp_path / "model.safetensors"
+    save_file({"w": np.zeros((rows, cols), dtype=np.float32), "b": np.zeros(cols, dtype=np.float32)}, str(path))
+    return [{"revision": "bad", "status": "skipped"}, ("step-10", 10, SimpleNamespace(weights=(path,)))]
+
+
+def test_a_series_whose_largest_tensor_cannot_be_read_is_skipped_in_one_line(tmp_path):
+    lines = []
+    params = features_params()
+    kept, why = affordable("s", checkpoints_of(tmp_path, 64, 32), params, lines.append, available=12 * 64 * 32 - 1)
+    assert kept is params and why.startswith("its largest tensor needs ~0.0 GB to read")
+    assert lines == [f"s: skipped: {why}"]
+
+
+def test_families_that_do_not_fit_are_taken_out_with_the_gb_they_need(tmp_path):
+    lines = []
+    params = features_params()
+    checkpoints = checkpoints_of(tmp_path, 64, 32)
+    parameters = 64 * 32 + 32
+    # room for every family but curvature, the one with the most bytes per parameter
+    room = parameters * (cost.BYTES_PER_PARAMETER["curvature"] - 1)  # beyond what the process already holds
+    kept, why = affordable("s", checkpoints, params, lines.append, available=room)
+    assert why is None and "curvature" in params.families and "curvature" not in kept.families
+    assert set(kept.families) == set(params.families) - {"curvature"}
+    assert lines[0].startswith("s: estimate for 0.0M parameters") and "1 checkpoint(s)" in lines[0]
+    assert lines[1].startswith("s: curvature skipped on every checkpoint: needs ~")
+    plenty, _ = affordable("s", checkpoints, params, lines.append, available=64 * cost.GIB)
+    assert plenty is params

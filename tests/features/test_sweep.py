@@ -1,0 +1,38 @@
+"""topometrics.features.sweep: one sweep over several runs writes each run's shards as run_shards alone would."""
+
+import pytest
+
+from tests.features.helpers import PARAMS, STEPS, read_back, same_rows
+
+
+def test_one_sweep_over_several_runs_writes_each_runs_shards_as_alone_and_names_a_run_without_checkpoints(
+    tiny, tmp_path
+):
+    import json
+    import shutil
+
+    from topometrics.features.sweep import RunShards, sweep_shards
+    from topometrics.models.checkpoints import CheckpointError
+
+    root, features, diagrams = tiny
+    shutil.copytree(root / "run", tmp_path / "a")
+    shutil.copytree(root / "run", tmp_path / "b")
+    for sidecar in (tmp_path / "b").glob("step_*.json"):  # the same weights, recorded as another seed
+        sidecar.write_text(json.dumps(json.loads(sidecar.read_text()) | {"seed": 7}))
+    (tmp_path / "empty").mkdir()
+    runs = [RunShards(tmp_path / name, tmp_path / "out" / name) for name in ("a", "b", "empty")]
+    lines = []
+    with pytest.raises(CheckpointError, match=r"empty: no complete checkpoints"):
+        sweep_shards(runs, root / "corpus", PARAMS, progress=lines.append)
+    for name, seed in (("a", 42), ("b", 7)):  # written before the error, each as run_shards alone writes it
+        got_features, got_diagrams = read_back(tmp_path / "out" / name)
+        assert set(got_features["seed"]) == {seed}
+        same_rows(got_features.assign(seed=42), features, ["step", "layer", "feature"])
+        same_rows(got_diagrams.assign(seed=42), diagrams, ["step", "source", "layer", "dim", "birth", "death"])
+    assert "features@a: 4 checkpoints, 4 computed, 0 already current, 0 failed" in lines[0]
+    assert lines[-1].startswith("features: 3 runs, 8 checkpoints, 0 failed, 1 runs without checkpoints")
+
+    lines = []  # every shard current: nothing computed, no line per run, one summary
+    done = sweep_shards(runs[:2], root / "corpus", PARAMS, progress=lines.append)
+    assert all(not r.computed and {k.step for k in r.reused} == set(STEPS) for r in done.values())
+    assert len(lines) == 1 and lines[0].startswith("features: 2 runs, 8 checkpoints, 0 failed, 0 runs without")
