@@ -11,16 +11,9 @@ import pytest
 import torch
 from repo_params import features_params
 
-from topometrics.features.checkpoint import (
-    ALL,
-    DIAGRAM_COLUMNS,
-    FEATURE_COLUMNS,
-    checkpoint_features,
-    on_device,
-    surface_batch,
-    validation_batch,
-)
+from topometrics.features.checkpoint import ALL, DIAGRAM_COLUMNS, FEATURE_COLUMNS, checkpoint_features
 from topometrics.features.distances import distance_features
+from topometrics.features.forward import on_device, surface_batch, validation_batch
 from topometrics.features.gradient_cloud import gradient_batch
 from topometrics.features.run_shards import read_tables
 from topometrics.features.sweep import run_shards
