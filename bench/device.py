@@ -53,7 +53,8 @@ from bench.monitor import measure
 from bench.train import project, time_rung
 from topometrics.atomic import write_text
 from topometrics.execution.compute import one_thread
-from topometrics.features.checkpoint import checkpoint_features, surface_batch, validation_batch
+from topometrics.features.checkpoint import checkpoint_features
+from topometrics.features.forward import surface_batch, validation_batch
 from topometrics.features.gradient_cloud import gradient_batch
 from topometrics.features.sweep import RunShards, sweep_shards
 from topometrics.models.checkpoints import list_checkpoints, load_state

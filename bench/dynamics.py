@@ -8,7 +8,7 @@ smaller of two medians of 5, one before and one after the families (the method o
 
 ``gradient_topology``  :func:`topometrics.features.gradient_cloud.gradient_rows` (per-example gradients per
                        layer, the clouds' persistence, the whole network's projection, the baseline);
-``trajectory``         one checkpoint's iterate (:class:`topometrics.features.trajectory.CheckpointIterate`, done
+``trajectory``         one checkpoint's iterate (:class:`topometrics.dynamics.trajectory.CheckpointIterate`, done
                        once per checkpoint and kept with its shard) and its two trailing-window dimensions (a
                        window of ``phdim_window / sketch_every`` sketched iterates and one of 11 checkpoints);
 ``changepoints``       one run's changepoint rows (51 checkpoints, 10 series) over its 51 checkpoints.
@@ -52,10 +52,10 @@ import torch
 from bench import PARAMS_YAML
 from bench.train import bench_clock, median_seconds, synchronize
 from topometrics.dynamics.changepoints import run_changepoint_rows
+from topometrics.dynamics.trajectory import Iterates, checkpoint_iterates, trajectory_values
 from topometrics.execution.shards import Fingerprint, ShardKey, Task, write_shard
 from topometrics.features.gradient_cloud import gradient_batch, gradient_cloud, gradient_rows, weight_names
 from topometrics.features.run_shards import shard_iterates
-from topometrics.features.trajectory import Iterates, checkpoint_iterates, trajectory_values
 from topometrics.landscape.gradients import example_loss, gradient_topology
 from topometrics.models.checkpoints import list_checkpoints, load_state, save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights

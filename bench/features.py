@@ -58,7 +58,8 @@ from bench import PARAMS_YAML
 from bench.dynamics import dynamics_main
 from bench.train import bench_clock, median_seconds, synchronize
 from topometrics.execution.compute import map_jobs
-from topometrics.features.checkpoint import loss_surface, validation_batch, weight_features
+from topometrics.features.checkpoint import weight_features
+from topometrics.features.forward import loss_surface, validation_batch
 from topometrics.features.run_shards import read_tables
 from topometrics.features.sweep import run_shards
 from topometrics.landscape.curvature import hutchinson_trace, top_eigenpairs

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bench.power_calibrate import components, pooled_within_sd
 from topometrics.verdict import baselines, inference, verdict
 
 SHARES = (0.1, 0.3, 0.5)
@@ -274,13 +275,11 @@ def main(argv: list[str]) -> int:
 def calibrate_main(args) -> int:
     """``--calibrate``: the sweep's components, the simulation fitted to them (simulated vs real base MAE and
     within-cell SD), the between-cell power at the sweep's layout and the cells 80 % power at s = 0.3 needs."""
-    from bench import power_calibrate as cal  # reads DuckDB; the plain simulation does not
-
     t0 = time.perf_counter()
-    comp = cal.components(args.calibrate, args.fraction)
+    comp = components(args.calibrate, args.fraction)
     print(f"{args.calibrate}: {'x'.join(map(str, comp['shape']))} (rungs x recipes x seeds), {comp['cv']}, "
           f"fraction {comp['fraction']:g}, baseline {comp['baseline']}", flush=True)  # fmt: skip
-    model, sim = cal.calibrated_model(comp)
+    model, sim = calibrated_model(comp)
     for key, name in (("base_mae", "base MAE"), ("seed_sd", "within-cell SD")):
         off = 100 * (sim[key] / comp[key] - 1)
         flag = "" if abs(off) <= 15 else "  (more than 15 % off: the simulation does not fit this sweep)"
@@ -288,7 +287,7 @@ def calibrate_main(args) -> int:
     print(f"  residual: cell-level SD {comp['cell_sd']:.4f}, run-level SD {comp['run_sd']:.4f}; norm gain "
           f"{comp['norm_gain']:.4f} (loss-curve MAE {comp['loss_mae']:.4f})", flush=True)  # fmt: skip
     table = rates(comp["shape"], [comp["cv"]], 1, args.reps, args.perms, jobs=args.jobs, m=model, progress=print)
-    need = cal.cells_needed(comp, model, args.reps, args.perms)
+    need = cells_needed(comp, model, args.reps, args.perms)
     print(f"  80 % power at s = 0.3 needs {need['cells']} cells ({need['recipes']} recipes per rung; "
           f"{need['power']:.1f} %)" if need["cells"] else f"  80 % power not reached by {need['tried_recipes']} "
           f"recipes per rung ({need['power']:.1f} %)", flush=True)  # fmt: skip
@@ -296,6 +295,55 @@ def calibrate_main(args) -> int:
     result["seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(result, sort_keys=True, default=list))
     return 0
+
+
+def simulated(shape, m: Model, cv: str, reps: int = 10) -> dict:
+    """Base MAE (laws + norm + recipe basis, leave-one-``cv``-out), residual split and within-cell SD of the
+    final-loss target, averaged over ``reps`` simulated noise-family sweeps of ``shape`` under ``m``."""
+    maes, sds = [], []
+    for rep in range(reps):
+        runs = simulate(shape, 1, 0.0, "noise", np.random.default_rng([SEED, 11, rep]), m)
+        groups = {"seed": runs.seed, "variant": runs.recipe, "rung": runs.rung}[cv]
+        folds = inference.base_folds(runs.base, runs.y, groups)
+        maes.append(np.nanmean(np.abs(folds.without - runs.y)))
+        sds.append(pooled_within_sd(runs.y, runs.rung * 1000 + runs.recipe))
+    return {"base_mae": float(np.mean(maes)), "seed_sd": float(np.mean(sds))}
+
+
+def calibrated_model(comp: dict, rounds: int = 3, reps: int = 8) -> tuple[Model, dict]:
+    """A :class:`bench.Model` whose simulated base MAE and within-cell SD match ``comp``'s (a few rounds of
+    rescaling: the residual by the MAE ratio, the per-run part the curve sees by the within-cell SD), and the
+    last simulation's numbers."""
+    total = float(np.hypot(comp["cell_sd"], comp["run_sd"]))
+    share = comp["cell_sd"] ** 2 / total**2 if total > 0 else 0.5
+    m = dataclasses.replace(Model(), residual=total, cell_share=share)
+    if np.isfinite(comp["norm_gain"]) and comp["norm_gain"] > 0:  # the norm's part, as the default's gain ratio
+        m = dataclasses.replace(m, norm=Model().norm * comp["norm_gain"] / 0.05)
+    for _ in range(rounds):
+        sim = simulated(comp["shape"], m, comp["cv"], reps)
+        seen_var = m.seen**2 + comp["seed_sd"] ** 2 - sim["seed_sd"] ** 2
+        m = dataclasses.replace(m, residual=m.residual * comp["base_mae"] / sim["base_mae"])
+        m = dataclasses.replace(m, seen=float(np.sqrt(max(seen_var, 1e-8))))
+    return m, simulated(comp["shape"], m, comp["cv"], reps)
+
+
+def cells_needed(comp: dict, m: Model, reps: int, n_perm: int, target: float = 80.0, most: int = 64) -> dict:
+    """The fewest recipes per rung (rungs and seeds as the sweep's) at which the between-cell power at s = 0.3
+    reaches ``target`` %, by bisection (each probe a fresh simulation); cells = rungs x recipes."""
+    rungs, recipes, seeds = comp["shape"]
+    probe = lambda r: power_at((rungs, r, seeds), comp["cv"], 1, reps, n_perm, m=m)  # noqa: E731
+    low, high = recipes, most
+    got = {low: probe(low)}
+    if got[low] >= target:
+        return {"cells": rungs * low, "recipes": low, "power": got[low]}
+    got[high] = probe(high)
+    if got[high] < target:
+        return {"cells": None, "recipes": None, "power": got[high], "tried_recipes": high}
+    while high - low > 1:
+        mid = (low + high) // 2
+        got[mid] = probe(mid)
+        low, high = (low, mid) if got[mid] >= target else (mid, high)
+    return {"cells": rungs * high, "recipes": high, "power": got[high]}
 
 
 def _needs_line(got: dict, target: float) -> str:

@@ -10,26 +10,22 @@ fraction and scheme) and ``runs`` tables (:func:`components`):
 - the seed-to-seed SD (the pooled within-cell SD of the final loss) and the weight norm's gain (the loss-curve
   MAE less the loss curve + norm MAE, from the ``weight_norm`` row).
 
-:func:`calibrated_model` sets the simulation's residual, its cell share, the per-run part the loss curve sees and
-the norm's part from them, then corrects the residual so that the simulated base MAE matches; :func:`check`
-reports the simulated against the real base MAE and within-cell SD. Read-only on the warehouse.
+:func:`bench.power.calibrated_model` sets the simulation's residual, its cell share, the per-run part the loss
+curve sees and the norm's part from them, then corrects the residual so that the simulated base MAE matches.
+Read-only on the warehouse; it imports nothing of :mod:`bench.power`, which imports it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-import duckdb
 import numpy as np
 import pandas as pd
-
-from bench import power
-from topometrics.verdict import inference
 
 
 def components(path: str, fraction: float | None = None) -> dict:
     """The variance components of the sweep in the warehouse at ``path`` (see the module docstring), nats or the
     warehouse's loss unit. ``fraction`` default: the smallest with a between-cell verdict row."""
+    import duckdb  # only here: the plain power simulation (bench.power) needs no DuckDB
+
     with duckdb.connect(str(path), read_only=True) as con:
         errors = con.execute("SELECT * FROM incremental_errors").df()
         runs = con.execute("SELECT rung, variant, seed FROM runs WHERE kind = 'ladder'").df()
@@ -76,52 +72,3 @@ def split_residual(residual: np.ndarray, cells: np.ndarray) -> tuple[float, floa
     size = len(residual) / len(means)
     cell_var = max(float(means.var(ddof=1)) - run_sd**2 / size, 0.0)
     return float(np.sqrt(cell_var)), run_sd
-
-
-def simulated(shape, m: power.Model, cv: str, reps: int = 10) -> dict:
-    """Base MAE (laws + norm + recipe basis, leave-one-``cv``-out), residual split and within-cell SD of the
-    final-loss target, averaged over ``reps`` simulated noise-family sweeps of ``shape`` under ``m``."""
-    maes, sds = [], []
-    for rep in range(reps):
-        runs = power.simulate(shape, 1, 0.0, "noise", np.random.default_rng([power.SEED, 11, rep]), m)
-        groups = {"seed": runs.seed, "variant": runs.recipe, "rung": runs.rung}[cv]
-        folds = inference.base_folds(runs.base, runs.y, groups)
-        maes.append(np.nanmean(np.abs(folds.without - runs.y)))
-        sds.append(pooled_within_sd(runs.y, runs.rung * 1000 + runs.recipe))
-    return {"base_mae": float(np.mean(maes)), "seed_sd": float(np.mean(sds))}
-
-
-def calibrated_model(comp: dict, rounds: int = 3, reps: int = 8) -> tuple[power.Model, dict]:
-    """A :class:`bench.power.Model` whose simulated base MAE and within-cell SD match ``comp``'s (a few rounds of
-    rescaling: the residual by the MAE ratio, the per-run part the curve sees by the within-cell SD), and the
-    last simulation's numbers."""
-    total = float(np.hypot(comp["cell_sd"], comp["run_sd"]))
-    share = comp["cell_sd"] ** 2 / total**2 if total > 0 else 0.5
-    m = dataclasses.replace(power.Model(), residual=total, cell_share=share)
-    if np.isfinite(comp["norm_gain"]) and comp["norm_gain"] > 0:  # the norm's part, as the default's gain ratio
-        m = dataclasses.replace(m, norm=power.Model().norm * comp["norm_gain"] / 0.05)
-    for _ in range(rounds):
-        sim = simulated(comp["shape"], m, comp["cv"], reps)
-        seen_var = m.seen**2 + comp["seed_sd"] ** 2 - sim["seed_sd"] ** 2
-        m = dataclasses.replace(m, residual=m.residual * comp["base_mae"] / sim["base_mae"])
-        m = dataclasses.replace(m, seen=float(np.sqrt(max(seen_var, 1e-8))))
-    return m, simulated(comp["shape"], m, comp["cv"], reps)
-
-
-def cells_needed(comp: dict, m: power.Model, reps: int, n_perm: int, target: float = 80.0, most: int = 64) -> dict:
-    """The fewest recipes per rung (rungs and seeds as the sweep's) at which the between-cell power at s = 0.3
-    reaches ``target`` %, by bisection (each probe a fresh simulation); cells = rungs x recipes."""
-    rungs, recipes, seeds = comp["shape"]
-    probe = lambda r: power.power_at((rungs, r, seeds), comp["cv"], 1, reps, n_perm, m=m)  # noqa: E731
-    low, high = recipes, most
-    got = {low: probe(low)}
-    if got[low] >= target:
-        return {"cells": rungs * low, "recipes": low, "power": got[low]}
-    got[high] = probe(high)
-    if got[high] < target:
-        return {"cells": None, "recipes": None, "power": got[high], "tried_recipes": high}
-    while high - low > 1:
-        mid = (low + high) // 2
-        got[mid] = probe(mid)
-        low, high = (low, mid) if got[mid] >= target else (mid, high)
-    return {"cells": rungs * high, "recipes": high, "power": got[high]}

@@ -44,7 +44,8 @@ from topometrics.execution.shards import (
     stored_fingerprint,
     write_shard,
 )
-from topometrics.features.checkpoint import checkpoint_features, diagrams_frame, features_frame, validation_batch
+from topometrics.features.checkpoint import checkpoint_features, diagrams_frame, features_frame
+from topometrics.features.forward import validation_batch
 from topometrics.models.checkpoints import checkpoint_path, safetensors_problem, save_checkpoint, verify_checkpoint
 from topometrics.models.model import GPT, GPTConfig
 from topometrics.models.tokens import load_tokens, tokens_sha256

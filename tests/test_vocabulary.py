@@ -9,16 +9,15 @@ import pytest
 import torch
 
 from tests.repo_params import features_params
+from topometrics.dynamics.trajectory import trajectory_values
 from topometrics.features.checkpoint import (
-    NoForwardPass,
     checkpoint_features,
     forward_features,
     representation_features,
-    validation_batch,
     weight_features,
 )
 from topometrics.features.distances import distance_features
-from topometrics.features.trajectory import trajectory_values
+from topometrics.features.forward import NoForwardPass, validation_batch
 from topometrics.measures.layer_features import aggregate_layers
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_weights
 from topometrics.vocabulary import (

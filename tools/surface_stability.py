@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from topometrics.features.checkpoint import loss_surface, validation_batch
+from topometrics.features.forward import loss_surface, validation_batch
 from topometrics.landscape.curvature import hutchinson_trace, top_eigenpairs
 from topometrics.landscape.slice import difference_hvp, random_direction
 from topometrics.landscape.surface import LANCZOS_TOL, SurfaceSettings, curvature_values, slice_values

@@ -11,16 +11,9 @@ import pytest
 import torch
 
 from tests.features.helpers import CONFIG, PARAMS, run_tables, stage_project, tiny_model, write_run
-from topometrics.features.checkpoint import (
-    ALL,
-    DIAGRAM_COLUMNS,
-    FEATURE_COLUMNS,
-    checkpoint_features,
-    on_device,
-    surface_batch,
-    validation_batch,
-)
+from topometrics.features.checkpoint import ALL, DIAGRAM_COLUMNS, FEATURE_COLUMNS, checkpoint_features
 from topometrics.features.distances import distance_features
+from topometrics.features.forward import on_device, surface_batch, validation_batch
 from topometrics.features.gradient_cloud import gradient_batch
 from topometrics.models.model import linear_layer_names
 from topometrics.params import ParamsError
@@ -37,15 +30,6 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("features")
     write_run(root, (0, 100, 200))
     return run_tables(root / "run", root / "corpus", root / "shards")
-
-
-def test_validation_batch_windows_and_shifted_targets():
-    tokens = np.arange(100, dtype=np.uint8)
-    x, y = validation_batch(tokens, 8, 3)
-    assert x.shape == y.shape == (3, 8)
-    assert x[1].tolist() == list(range(8, 16)) and y[1].tolist() == list(range(9, 17))
-    with pytest.raises(ValueError, match="lower features.rep_batch"):
-        validation_batch(tokens, 50, 2)
 
 
 def test_run_tables_have_the_public_columns_and_every_step(run):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests.repo_params import features_params
-from topometrics.features.checkpoint import checkpoint_features, validation_batch
+from topometrics.features.checkpoint import checkpoint_features
+from topometrics.features.forward import validation_batch
 from topometrics.features.gradient_cloud import gradient_batch
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names
 from topometrics.params import FeaturesParams

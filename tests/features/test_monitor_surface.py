@@ -14,7 +14,7 @@ from threadpoolctl import threadpool_limits
 
 from tests.features.helpers import OneThread, train_steps
 from tests.repo_params import features_params, train_params
-from topometrics.features import checkpoint
+from topometrics.features import checkpoint, forward
 from topometrics.features.monitor import RunMonitors, TopologyCallback, TopologyMonitor
 from topometrics.features.monitor_surface import SurfaceSource, model_snapshot, state_bytes, surface_rows
 from topometrics.models.model import GPT, GPTConfig, linear_weights
@@ -56,8 +56,9 @@ def checkpoint_surface(path: Path, tokens: np.ndarray, params: FeaturesParams, i
     try:
         with threadpool_limits(1):
             torch.set_num_threads(1)
-            batch = checkpoint.validation_batch(tokens, CONFIG.context, params.rep_batch)
-            surface = checkpoint.surface_batch(tokens, CONFIG.context, params, index)
+
+            batch = forward.validation_batch(tokens, CONFIG.context, params.rep_batch)
+            surface = forward.surface_batch(tokens, CONFIG.context, params, index)
             result = checkpoint.checkpoint_features(load_file(path), CONFIG, batch, params, surface)
     finally:
         torch.set_num_threads(threads)
@@ -127,11 +128,12 @@ def test_a_diverged_snapshot_or_a_short_split_gives_null_surface_rows_with_the_r
     model = tiny_gpt()
     with torch.no_grad():
         model.blocks[0].mlp.up.weight[0, 0] = float("nan")
-    batch = checkpoint.surface_batch(validation_tokens(), CONFIG.context, PARAMS, 0)
+
+    batch = forward.surface_batch(validation_tokens(), CONFIG.context, PARAMS, 0)
     rows = surface_rows(model_snapshot(model, batch), PARAMS).rows
     assert {r[1] for r in rows} == SURFACE and all(np.isnan(r[2]) for r in rows)
     assert {r[3] for r in rows} == {"diverged: non-finite weights in 1 tensors (1 entries)"}
-    short = checkpoint.surface_batch(validation_tokens(20), CONFIG.context, PARAMS, 0)
+    short = forward.surface_batch(validation_tokens(20), CONFIG.context, PARAMS, 0)
     assert {r[3] for r in surface_rows(model_snapshot(model, short), PARAMS).rows} == {short}
     off = surface_rows(model_snapshot(tiny_gpt(), batch), dataclasses.replace(PARAMS, families=("vr",))).rows
     assert {r[3] for r in off} == {"family switched off (features.families)"}
@@ -180,9 +182,7 @@ def test_through_the_trainer_callback_a_transformers_model_gets_the_series_check
         folder = tmp_path / "run" / "checkpoint-2"
         saved = load_causal_lm(SeriesCheckpoint(2, "checkpoint-2", (folder / "model.safetensors",), folder, None))
         with threadpool_limits(1):  # the series' forward pass, on one thread as in its worker
-            surface = checkpoint.loss_surface(
-                saved, checkpoint.surface_batch(tokens, 16, params, 1), lambda out: out.logits
-            )
+            surface = forward.loss_surface(saved, forward.surface_batch(tokens, 16, params, 1), lambda out: out.logits)
             want = surface_of(checkpoint.features_frame(checkpoint.surface_features(surface, params), "r", 0, 2))
     finally:
         torch.set_num_threads(threads)
@@ -215,8 +215,9 @@ def test_the_train_stages_runs_get_the_surface_of_their_checkpoints_with_train_m
         try:
             with threadpool_limits(1):
                 torch.set_num_threads(1)
-                batch = checkpoint.validation_batch(tokens, context, PARAMS.rep_batch)
-                surface = checkpoint.surface_batch(tokens, context, PARAMS, index)
+
+                batch = forward.validation_batch(tokens, context, PARAMS.rep_batch)
+                surface = forward.surface_batch(tokens, context, PARAMS, index)
                 result = checkpoint.checkpoint_features(load_file(path), run.config.model, batch, PARAMS, surface)
         finally:
             torch.set_num_threads(threads)

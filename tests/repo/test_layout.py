@@ -36,7 +36,7 @@ MAY_IMPORT = {  # folder -> the folders it may import (besides SHARED); lower fl
     "dynamics": {"measures"},  # the trajectory's dimension: H0 persistence of its iterates
     "training": {"models", "measures", "execution"},  # measures: the sketch's projection
     "features": {"models", "measures", "landscape", "execution", "training", "dynamics"},  # training: log, sketch
-    "series": {"models", "measures", "landscape", "execution", "training", "features"},
+    "series": {"models", "measures", "landscape", "execution", "training", "features", "dynamics"},
     "verdict": set(),  # pure statistics over tables of runs
     "analysis": {"models", "execution", "dynamics", "verdict"},  # dynamics: the changepoints of a run's series
     "report": {"analysis", "verdict"},
@@ -139,3 +139,16 @@ def test_no_test_file_imports_another_test_file():
         # and the scripts a test runs in a subprocess (strings), which import by name
         found += [f"{path.relative_to(TESTS.parent)}: {m}" for m in re.findall(SCRIPT_IMPORT, path.read_text())]
     assert not found, found
+
+
+# A module is one idea in ≲ 400 lines (docs/developing.md); a longer one says in its docstring why it stays one.
+LONG = 400
+
+
+def test_a_module_over_400_lines_says_why_in_its_docstring():
+    unexplained = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        if source.count("\n") > LONG and "Why over 400 lines:" not in (ast.get_docstring(ast.parse(source)) or ""):
+            unexplained.append(f"{path.relative_to(PACKAGE)} ({source.count(chr(10))} lines)")
+    assert not unexplained, f"over {LONG} lines without 'Why over 400 lines:' in the docstring: {unexplained}"

@@ -22,7 +22,7 @@ from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM, PreTr
 
 from tests.repo_params import features_params, series_params
 from topometrics import vocabulary
-from topometrics.features import checkpoint
+from topometrics.features import checkpoint, forward
 from topometrics.features.run_shards import read_tables
 from topometrics.models.tokens import encode
 from topometrics.params import parse_params, project_params
@@ -136,7 +136,8 @@ def test_streamed_weight_features_equal_weight_features_on_the_in_memory_weights
 def test_representation_features_equal_the_in_memory_model_on_the_same_tokens(local_series, local_result):
     root, models_by_step = local_series
     ids = AutoTokenizer.from_pretrained(root)(TEXT, add_special_tokens=False)["input_ids"]
-    x, y = checkpoint.validation_batch(np.asarray(ids), SEQ_LEN, PARAMS.rep_batch)
+
+    x, y = forward.validation_batch(np.asarray(ids), SEQ_LEN, PARAMS.rep_batch)
     for step, model in models_by_step.items():
         states, grads, loss = causal_lm_on_batch(model, x, y)[:3]
         assert list(grads) == list(in_memory_weights(model))
@@ -160,7 +161,8 @@ def test_a_series_batch_bpb_is_its_summed_cross_entropy_over_the_bytes_of_its_ow
     root, models_by_step = local_series
     tokenizer = AutoTokenizer.from_pretrained(root)
     ids = np.asarray(tokenizer(TEXT, add_special_tokens=False)["input_ids"])
-    x, y = checkpoint.validation_batch(ids, SEQ_LEN, PARAMS.rep_batch)
+
+    x, y = forward.validation_batch(ids, SEQ_LEN, PARAMS.rep_batch)
     symbols = gpt2_byte_symbols()  # the byte-level tokens' bytes, independently of the tokenizer's decoder
     n_bytes = sum(len(bytes(symbols[c] for c in tokenizer.convert_ids_to_tokens(int(i)))) for i in y.ravel())
     for step, model in models_by_step.items():
@@ -369,8 +371,8 @@ def test_every_family_streams_to_the_in_memory_features_with_its_forward_pass(lo
     got = values(result.features, 7)
     for layer, name, value, _ in checkpoint.weight_features(module_weights(model), PARAMS).rows:
         assert got[(layer, name)] == value or np.isnan(value) and np.isnan(got[(layer, name)]), (layer, name)
-    forward = {k: v for k, v in got.items() if k[1] in ("grad_norm", "batch_loss", "rep_tp0")}
-    assert len(forward) == len(module_weights(model)) + 3 and all(np.isfinite(list(forward.values())))
+    forward_rows = {k: v for k, v in got.items() if k[1] in ("grad_norm", "batch_loss", "rep_tp0")}
+    assert len(forward_rows) == len(module_weights(model)) + 3 and all(np.isfinite(list(forward_rows.values())))
     losses = result.losses  # a Trainer folder without trainer_state.json: NULL with the reason
     assert losses["val_loss"].isna().all() and losses["reason"].iloc[0].startswith("no trainer_state.json")
 
@@ -530,7 +532,7 @@ def test_one_hostile_source_never_stops_the_others_and_each_bad_file_is_a_skip_w
 
 def test_a_series_trajectory_dimension_is_from_its_checkpoints_through_the_per_checkpoint_path(local_series, tmp_path):
     from topometrics.dynamics.phdim import trailing_dimension
-    from topometrics.features.trajectory import SERIES_SKETCH, checkpoint_iterates
+    from topometrics.dynamics.trajectory import SERIES_SKETCH, checkpoint_iterates
 
     root, _ = local_series
     start, end = tiny_neox(100), tiny_neox(101)

@@ -16,6 +16,9 @@ are written under a temporary name and renamed, so a shard is either whole or ab
 
 Readers select shards by feature params (:func:`scan`, DuckDB ``parquet_kv_metadata`` over the
 folder, local or ``s3://``): the matching ones are read, the others are counted and reported.
+
+Why over 400 lines: a shard's write, its fingerprint, its integrity check, the resume decision and the read
+back are one format; apart, a change to how a shard is hashed could reach the writer and not the checker.
 """
 
 from __future__ import annotations

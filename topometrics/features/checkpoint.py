@@ -24,15 +24,14 @@ import math
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 import torch
 
-from topometrics.features.gradient_cloud import GradientCloud, gradient_cloud, gradient_rows, weight_names
-from topometrics.features.trajectory import CheckpointIterate
-from topometrics.landscape.slice import LossOfParams, Params, functional_loss
+from topometrics.dynamics.trajectory import CheckpointIterate
+from topometrics.features.forward import ForwardPass, LossSurface, NoForwardPass, model_on_batch, on_device
+from topometrics.features.gradient_cloud import gradient_rows
 from topometrics.landscape.surface import SurfaceSettings, surface_values
 from topometrics.measures.heavy_tail import covariance_alpha
 from topometrics.measures.layer_features import aggregate_layers, layer_features
@@ -41,8 +40,7 @@ from topometrics.measures.persistence import (
 )
 from topometrics.measures.representation import representation_topology
 from topometrics.measures.spectral import covariance_spectrum
-from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_modules, linear_weights, pick_device
-from topometrics.models.tokens import bits_per_byte
+from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_weights, pick_device
 from topometrics.params import FeaturesParams
 from topometrics.vocabulary import (
     ALL,
@@ -70,7 +68,7 @@ class CheckpointFeatures:
 
     rows: list[tuple[str, str, float, str | None]] = field(default_factory=list)  # layer, feature, value, reason
     diagrams: dict[tuple[str, str], list[np.ndarray]] = field(default_factory=dict)  # (source, layer) -> [H0, H1]
-    iterate: np.ndarray | None = None  # (64,) the checkpoint as a trajectory iterate (features.trajectory); None: off
+    iterate: np.ndarray | None = None  # (64,) the checkpoint as a trajectory iterate (dynamics.trajectory); None: off
 
     def add(self, layer: str, values: dict[str, float], reason: str | None = None) -> None:
         for name, value in values.items():
@@ -83,28 +81,6 @@ class CheckpointFeatures:
     def extend(self, other: CheckpointFeatures) -> None:
         self.rows.extend(other.rows)
         self.diagrams.update(other.diagrams)
-
-
-class LossSurface(NamedTuple):
-    """The loss on the fixed loss-surface batch as a function of the parameters, and the weights."""
-
-    loss: LossOfParams
-    params: Params
-
-
-class ForwardPass(NamedTuple):
-    """One forward/backward pass on the fixed batch."""
-
-    states: np.ndarray  # (windows * context, hidden) float64: the residual stream after the last block
-    grad_norms: dict[str, float]  # layer name -> Frobenius norm of d loss / d W (biases excluded)
-    loss: float  # mean next-token cross-entropy on the batch (nats)
-    surface: LossSurface | str = "no loss-surface batch"  # or why this checkpoint has none
-    bpb: float = math.nan  # the same loss in bits per UTF-8 byte of the targets' text (NaN: bytes unknown)
-    gradients: GradientCloud | str = "no gradient batch"  # per-example gradients' batch, or why there is none
-
-
-class NoForwardPass(Exception):
-    """The checkpoint's model cannot run; the message is the reason its forward features are NULL."""
 
 
 # ---------------------------------------------------------------------------
@@ -288,82 +264,6 @@ def null_rows(layers: list[str], rows: Rows, reason: str) -> CheckpointFeatures:
 # ---------------------------------------------------------------------------
 
 
-def validation_batch(tokens: np.ndarray, context: int, windows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fixed batch: window i is ``tokens[i*context : (i+1)*context]``, targets shifted by one.
-
-    Returns
-    -------
-    x, y : (windows, context) int64 tensors
-    """
-    needed = windows * context + 1
-    if tokens.size < needed:
-        raise ValueError(
-            f"validation corpus has {tokens.size} tokens, the fixed batch needs {needed} "
-            f"({windows} windows of {context} + 1); lower features.rep_batch"
-        )
-    flat = torch.from_numpy(np.asarray(tokens[:needed], dtype=np.int64))
-    return flat[:-1].view(windows, context), flat[1:].view(windows, context)
-
-
-def surface_batch(
-    tokens: np.ndarray, context: int, params: FeaturesParams, index: int
-) -> tuple[torch.Tensor, torch.Tensor] | str:
-    """The fixed loss-surface batch of a run's ``index``-th checkpoint (the first ``features.landscape_batch``
-    validation windows, the same for every checkpoint), or why that checkpoint has none."""
-    if index % params.landscape_every:
-        return f"not a loss-surface checkpoint (features.landscape_every = {params.landscape_every})"
-    needed = params.landscape_batch * context + 1
-    if np.asarray(tokens).size < needed:
-        return (
-            f"features.landscape_batch = {params.landscape_batch} windows of {context} need {needed} validation "
-            f"tokens, the split has {np.asarray(tokens).size}"
-        )
-    return validation_batch(tokens, context, params.landscape_batch)
-
-
-def loss_surface(
-    model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor] | str, logits=None
-) -> LossSurface | str:
-    """The mean next-token cross-entropy on ``batch`` as a function of ``model``'s parameters (or the reason
-    ``batch`` is). ``logits``: model output -> logits (default: the output itself)."""
-    if isinstance(batch, str):
-        return batch
-    x, y = batch
-    as_logits = logits or (lambda out: out)
-
-    def cross_entropy(call) -> torch.Tensor:
-        out = as_logits(call(x))
-        return torch.nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
-
-    params = {name: p.detach() for name, p in model.named_parameters()}
-    return LossSurface(functional_loss(model, cross_entropy), params)
-
-
-def model_on_batch(
-    model: GPT,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    surface: tuple[torch.Tensor, torch.Tensor] | str = "no batch",
-    n_bytes: float | None = None,
-    gradients: tuple[torch.Tensor, torch.Tensor] | str = "no gradient batch",
-) -> ForwardPass:
-    """Hidden states after the last block, per-layer weight-gradient norms and the batch loss (also in bits per
-    byte when ``n_bytes``, the UTF-8 bytes the targets ``y`` stand for, is given); the loss of the
-    parameters on the loss-surface batch ``surface`` and the per-example gradients' batch ``gradients``
-    (:func:`topometrics.features.gradient_cloud.gradient_batch`), or the reasons they are ones."""
-    model.zero_grad(set_to_none=True)
-    loss = model.loss(x, y)
-    loss.backward()
-    grads = {name: float(module.weight.grad.norm()) for name, module in linear_modules(model).items()}
-    with torch.no_grad():
-        states = model.hidden_states(x)
-    model.zero_grad(set_to_none=True)
-    flat = states.reshape(-1, states.shape[-1]).double().cpu().numpy()
-    bpb = bits_per_byte(loss.item(), y.numel(), n_bytes)
-    cloud = gradient_cloud(model, weight_names(model, linear_modules(model)), gradients)
-    return ForwardPass(flat, grads, loss.item(), surface=loss_surface(model, surface), bpb=bpb, gradients=cloud)
-
-
 def checkpoint_features(
     state: dict[str, torch.Tensor],
     config: GPTConfig,
@@ -394,11 +294,6 @@ def checkpoint_features(
     return linear_and_forward_features(
         loaders, global_max, lambda: model_on_batch(model, *batches[0], batches[1], n_bytes, batches[2]), params
     )
-
-
-def on_device(batch: tuple[torch.Tensor, ...] | str, device: torch.device) -> tuple[torch.Tensor, ...] | str:
-    """A batch's tensors on ``device`` (the model's: ``features.device``); a reason (str) passes through."""
-    return batch if isinstance(batch, str) else tuple(t.to(device) for t in batch)
 
 
 def diverged_reason(non_finite: list[int]) -> str:

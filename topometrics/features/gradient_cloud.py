@@ -4,7 +4,7 @@ The computation is :func:`topometrics.landscape.gradients.gradient_topology` (on
 weight gradients at a time, the whole network through a seeded JL projection); this module fixes its
 batch (the first ``features.grad_batch`` validation windows, the same for every checkpoint of a run or
 series), names its values in the vocabulary's ``gt_`` names and turns every way it cannot run into NULL
-rows with the reason. Both forward passes (``topometrics.features.checkpoint.model_on_batch`` and
+rows with the reason. Both forward passes (``topometrics.features.forward.model_on_batch`` and
 ``topometrics.series.checkpoint.causal_lm_on_batch``) hand it a :class:`GradientCloud`.
 
 Rows: per linear layer ``gt_<summary>`` and ``gt_unit_<summary>`` (their ``layer='all'`` rows by the

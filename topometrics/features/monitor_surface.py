@@ -5,12 +5,12 @@ Opt-in (``TopologyMonitor(..., surface=SurfaceSource(tokens, context))``; the tr
 ``features.landscape_every``-th measured step, counted from step 0, as the features stage counts a run's
 checkpoints) the training process copies the whole model to CPU (:func:`model_snapshot`: its config and
 every tensor of its state dict, as float32 arrays) with the fixed batch of validation windows
-(:func:`topometrics.features.checkpoint.surface_batch`: the first ``features.landscape_batch`` windows of
+(:func:`topometrics.features.forward.surface_batch`: the first ``features.landscape_batch`` windows of
 ``context`` tokens, the same at every step). The monitor's worker process rebuilds the model
 (:func:`rebuilt_model`: our GPT from its config; a Hugging Face causal LM with
 ``AutoModelForCausalLM.from_config``, never remote code, in eval mode, as a series checkpoint is loaded)
 and computes the rows with the very functions a checkpoint's forward pass uses
-(:func:`topometrics.features.checkpoint.loss_surface` and
+(:func:`topometrics.features.forward.loss_surface` and
 :func:`~topometrics.features.checkpoint.surface_features`), so at a checkpoint's step they equal the
 features stage's rows of that checkpoint. A step that is not due, a batch larger than the validation
 tokens, a model that cannot be rebuilt and a snapshot with non-finite tensors give the rows NULL with
@@ -28,14 +28,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from topometrics.features.checkpoint import (
-    CheckpointFeatures,
-    diverged_reason,
-    loss_surface,
-    surface_batch,
-    surface_features,
-    switched_off,
-)
+from topometrics.features.checkpoint import CheckpointFeatures, diverged_reason, surface_features, switched_off
+from topometrics.features.forward import loss_surface, surface_batch
 from topometrics.models.model import GPT, GPTConfig
 from topometrics.params import FeaturesParams
 
@@ -66,7 +60,7 @@ def due_batch(source: SurfaceSource, params: FeaturesParams, step: int, every: i
     """The fixed loss-surface batch if measured step ``step`` is due for the loss surface, else why not.
 
     Measurement ``step // every`` (counted from step 0) is the ``index`` of
-    :func:`topometrics.features.checkpoint.surface_batch`: every ``features.landscape_every``-th one is
+    :func:`topometrics.features.forward.surface_batch`: every ``features.landscape_every``-th one is
     due, so with ``every`` equal to the run's ``ckpt_every`` the same steps as the features stage's."""
     return surface_batch(source.tokens, source.context, params, step // every)
 

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from topometrics.atomic import file_sha256
+from topometrics.dynamics.trajectory import NO_SKETCH, Iterates, trajectory_values, window
 from topometrics.execution.compute import each_result
 from topometrics.execution.shards import (
     Fingerprint,
@@ -43,13 +44,11 @@ from topometrics.features.checkpoint import (
     checkpoint_features,
     diagrams_frame,
     features_frame,
-    surface_batch,
     switched_off,
-    validation_batch,
 )
 from topometrics.features.distances import distance_features
+from topometrics.features.forward import surface_batch, validation_batch
 from topometrics.features.gradient_cloud import gradient_batch
-from topometrics.features.trajectory import NO_SKETCH, Iterates, trajectory_values, window
 from topometrics.models.checkpoints import (
     Checkpoint,
     content_problem,
@@ -119,7 +118,7 @@ def verified_weights(
 def run_iterates(
     run_dir: Path, root: Path, tasks: list[Task], params: FeaturesParams
 ) -> tuple[Iterates | str, Iterates | str]:
-    """A run's two trajectories (``topometrics.features.trajectory``): its sketch and its checkpoints as
+    """A run's two trajectories (``topometrics.dynamics.trajectory``): its sketch and its checkpoints as
     iterates (:func:`shard_iterates` of ``tasks``' shards under ``root``), read only when the ``trajectory``
     family is on; or the reasons there are none."""
     if "trajectory" not in params.families:

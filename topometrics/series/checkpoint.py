@@ -44,13 +44,11 @@ from safetensors import safe_open
 from torch.nn import functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from topometrics.features.checkpoint import (
-    CheckpointFeatures,
+from topometrics.features.checkpoint import CheckpointFeatures, linear_and_forward_features, null_features
+from topometrics.features.forward import (
     ForwardPass,
     NoForwardPass,
-    linear_and_forward_features,
     loss_surface,
-    null_features,
     on_device,
     surface_batch,
     validation_batch,
@@ -215,7 +213,7 @@ def causal_lm_on_batch(
     surface: tuple[torch.Tensor, torch.Tensor] | str = "none",
     gradients: tuple[torch.Tensor, torch.Tensor] | str = "no gradient batch",
 ) -> ForwardPass:
-    """As :func:`topometrics.features.checkpoint.model_on_batch`, for a ``transformers`` causal LM of any family.
+    """As :func:`topometrics.features.forward.model_on_batch`, for a ``transformers`` causal LM of any family.
 
     States are the residual stream after the last block, before the final layer norm (a forward
     hook on the last block: ``output_hidden_states`` differs across transformers versions on
@@ -249,10 +247,10 @@ def causal_lm_forward(
     """The forward/backward pass of a series checkpoint on its fixed validation batch.
 
     The batch is ``features.rep_batch`` windows of ``seq_len`` tokens of the model's own
-    tokenizer over the start of the validation text (:func:`topometrics.features.checkpoint.validation_batch`);
+    tokenizer over the start of the validation text (:func:`topometrics.features.forward.validation_batch`);
     the loss-surface batch the first ``features.landscape_batch`` windows of it, for the ``index``-th
-    checkpoint of the series (:func:`topometrics.features.checkpoint.surface_batch`).
-    Raises :class:`topometrics.features.checkpoint.NoForwardPass` with the reason when the model or the
+    checkpoint of the series (:func:`topometrics.features.forward.surface_batch`).
+    Raises :class:`topometrics.features.forward.NoForwardPass` with the reason when the model or the
     tokenizer cannot be loaded.
     """
     try:

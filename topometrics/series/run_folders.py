@@ -23,6 +23,10 @@ forever), every JSON file is bounded in size (:data:`MAX_JSON_BYTES`) and depth,
 integer below 2**31 (:data:`MAX_STEP`) and every loss a finite number, and a safetensors file's tensors are bounded
 before anything is read (:meth:`topometrics.series.safetensors_reader.SafetensorsFile.size_problem`).
 Whatever fails is a skip with its reason, never an exception that stops the other checkpoints.
+
+Why over 400 lines: most of it is the defensive reading above (a stranger's folder: bounded JSON, regular
+files only, pickles refused with the conversion, one architecture), each check a few lines; one idea, a folder
+read as checkpoints.
 """
 
 from __future__ import annotations

@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 
 from topometrics.atomic import file_sha256
+from topometrics.dynamics.trajectory import SERIES_SKETCH
 from topometrics.execution import cost, shards
 from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table, shard_iterates
-from topometrics.features.trajectory import SERIES_SKETCH
 from topometrics.models.architectures import LAYERS_FIX
 from topometrics.models.checkpoints import CheckpointError
 from topometrics.params import BASE_VARIANT, FeaturesParams

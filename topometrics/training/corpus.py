@@ -14,6 +14,10 @@ Resolution order for ``data.corpus``:
 Tokenisation (``data.tokenizer``: characters, 128 symbols, by default; or a byte-level BPE trained here on
 the training split only, saved as ``tokenizer.json``: ``topometrics.models.bpe``) and the one reader of the
 prepared token files are ``topometrics.models.tokens``.
+
+Why over 400 lines: the download, its checksums, the fallback and the split checks are one promise (the
+corpus stage's output is exactly the named text, or says loudly what it is instead) and write one
+``source.json``; each function is short.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ nothing of what they compute. What it does read is a live monitor's log in a run
 (``monitor``) at the end, and with a ``live`` folder every run's checkpoint losses and monitor
 measurements are relayed into it through dvclive while the runs train
 (:class:`topometrics.training.live_relay.LiveRelay`), so ``dvc exp show`` and ``dvc plots show`` show them live.
+
+Why over 400 lines: the queue's plan (pool, order), its resume test and its reports are one promise (every
+declared run ends complete, whatever killed it), and they share the run's files (:class:`RunFiles`).
 """
 
 from __future__ import annotations

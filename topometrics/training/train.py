@@ -14,6 +14,9 @@ itself by topometrics.training.run_dir (whose run it is, whether its checkpoints
 
 Observers (:class:`Observer`, e.g. a live monitor) watch a run train: they see the weights after
 every update and the validation loss of every checkpoint, and nothing they do reaches the run.
+
+Why over 400 lines: one run's whole life (config, fingerprint, setup, resume, loop, checkpoints, summary) in
+the order it happens, so that what makes a resumed run bit-identical is checked in one place.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ import torch
 
 from tests.repo_params import features_params
 from topometrics.dynamics.phdim import trailing_dimension
+from topometrics.dynamics.trajectory import NO_SKETCH, Iterates, checkpoint_iterates, trajectory_values, window
 from topometrics.features.run_shards import read_tables
 from topometrics.features.sweep import run_shards
-from topometrics.features.trajectory import NO_SKETCH, Iterates, checkpoint_iterates, trajectory_values, window
 from topometrics.models.checkpoints import save_checkpoint
 from topometrics.models.model import GPT, GPTConfig
 from topometrics.params_schema import ParamsError
