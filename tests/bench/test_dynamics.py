@@ -1,5 +1,7 @@
 """The dynamics bench's memory machinery: the high-water mark resets, and the per-layer report's rows and bounds."""
 
+import time
+
 import numpy as np
 import torch
 
@@ -14,8 +16,14 @@ def test_the_high_water_mark_is_lowered_to_the_resident_size_and_sees_a_block_al
     block = np.ones(8 << 20)  # 64 MiB written: resident
     del block
     assert rss_kb()[1] - entry >= 60 * 1024  # kB: the block was seen though it is gone
-    reset_peak()
-    now, peak = rss_kb()
+    for _ in range(
+        40
+    ):  # the kernel folds per-CPU RSS counts in lazily: on a loaded machine a reset can read a stale size
+        reset_peak()
+        now, peak = rss_kb()
+        if peak - entry < 32 * 1024:
+            break
+        time.sleep(0.05)
     assert peak - entry < 32 * 1024 and abs(peak - now) < 8 * 1024  # lowered: the block is no longer in it
 
 
