@@ -65,7 +65,7 @@ from topometrics.features.sweep import run_shards
 from topometrics.landscape.curvature import hutchinson_trace, top_eigenpairs
 from topometrics.landscape.slice import difference_hvp, random_direction
 from topometrics.landscape.surface import LANCZOS_TOL, SurfaceSettings, curvature_values, global_range, slice_values
-from topometrics.landscape.trace import hessian_trace
+from topometrics.landscape.trace import Probes, hessian_trace
 from topometrics.models.checkpoints import list_checkpoints, load_model, load_state, save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_weights
 from topometrics.models.tokens import load_tokens
@@ -219,10 +219,8 @@ def trace_costs(surface, settings: SurfaceSettings, device: str, reference: floa
     old = hutchinson_trace(hvp, dim, 8, settings.seed)
     old_s = bench_clock(device) - start
     start = bench_clock(device)
-    new = hessian_trace(
-        hvp, dim, settings.exact_max, settings.probes, settings.trace_rse, settings.probes_max, settings.seed,
-        eig.vectors,
-    )  # fmt: skip
+    probes = Probes(settings.probes, settings.trace_rse, settings.probes_max)
+    new = hessian_trace(hvp, dim, settings.exact_max, probes, settings.seed, eig.vectors)
     new_s = bench_clock(device) - start
     _progress(f"trace {new.trace:.4g}+-{new.stderr:.2g}, {new.products} products {new_s:.1f} s; 8 probes {old_s:.1f} s")
     return {

@@ -129,9 +129,10 @@ def one_verdict(runs: RunSet, cv: str, n_perm: int, seed: int, margin: float, mi
     """The primary endpoint's verdict on one run set under leave-one-``cv``-out (the product's code)."""
     groups = {"seed": runs.seed, "variant": runs.recipe, "rung": runs.rung}[cv]
     cells = runs.rung * 1000 + runs.recipe
-    test = inference.family_test(
-        runs.base, runs.extra, runs.y, groups, runs.rung, cells, runs.seed, n_perm, seed, stop=10
-    )  # the primary endpoint's test, as the verdict runs it
+    labels = inference.RunLabels(groups, runs.rung, cells, runs.seed)
+    test = inference.family_test(  # the primary endpoint's test, as the verdict runs it
+        runs.base, runs.extra, runs.y, labels, inference.Refits(n_perm, seed, stop=10)
+    )
     row = verdict.summarise(runs.y, test, cells)
     word = verdict.word(row, test.p_value, 0.05, margin, min_effect)
     return {"p": test.p_value, "word": word, "gain_share": row["gain_share"], "mae_without": row["mae_without"]}

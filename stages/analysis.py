@@ -16,6 +16,7 @@ from pathlib import Path
 import checkout  # noqa: F401 (first: this checkout's topometrics, not the environment's)
 
 from topometrics.analysis.metrics_file import write_analysis
+from topometrics.analysis.warehouse import Sources
 from topometrics.errors import run_stage, stage_parser
 from topometrics.params import load_params
 
@@ -30,7 +31,8 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--metrics", type=Path, required=True, help="reports/metrics.json")
     args = ap.parse_args(argv)
     params = load_params(args.params)
-    summary = write_analysis(params, args.configs, args.runs, args.corpus, args.features, args.out, args.metrics)
+    sources = Sources(args.configs, args.runs, args.corpus, args.features)
+    summary = write_analysis(params, sources, args.out, args.metrics)
     print(f"analysis: {summary}, -> {args.out}, {args.metrics}")
 
 

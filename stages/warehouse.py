@@ -26,9 +26,8 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", type=Path, required=True, help="the warehouse file")
     args = ap.parse_args(argv)
     params = load_params(args.params)
-    inputs = warehouse.build_declared(
-        params, args.configs, args.runs, args.corpus, args.features, args.analysis, args.out
-    )
+    sources = warehouse.Sources(args.configs, args.runs, args.corpus, args.features)
+    inputs = warehouse.build_declared(params, sources, args.analysis, args.out)
     print(f"warehouse: {len(inputs.configs)} runs, {len(inputs.feature_files)} feature tables -> {args.out}")
 
 

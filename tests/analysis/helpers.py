@@ -61,7 +61,7 @@ def write_inputs(root: Path, rungs=RUNGS, seeds=(42,), steps=2000, ckpt_every=50
     src = {"requested": "wikitext-2-raw-v1", "used": "python-docs", "sha256": "ab" * 32}
     _write(root / "corpus" / "source.json", json.dumps(src | {"reason": "offline", "fallback": True}))
     return warehouse.discover_inputs(
-        root / "config", root / "runs", root / "corpus" / "source.json", [root / "features"]
+        warehouse.Sources(root / "config", root / "runs", root / "corpus" / "source.json", [root / "features"])
     )
 
 

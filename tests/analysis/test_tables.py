@@ -151,7 +151,7 @@ def test_a_diverged_run_is_data_left_out_of_fits_and_predictions_with_its_reason
     (data / "runs" / "large-42" / "run.json").write_text(json.dumps({"status": "diverged", "reason": reason}))
     (data / "runs" / "tiny-42" / "run.json").write_text(json.dumps({"status": "complete", "reason": ""}))
     source = data / "corpus" / "source.json"
-    inputs = warehouse.discover_inputs(data / "config", data / "runs", source, [data / "features"])
+    inputs = warehouse.discover_inputs(warehouse.Sources(data / "config", data / "runs", source, [data / "features"]))
     con = duckdb.connect()
     warehouse.populate(con, inputs, analysis_params().settings(), {})
     runs = con.execute("SELECT rung, status, status_reason FROM runs ORDER BY rung").fetchall()

@@ -217,7 +217,7 @@ def test_only_declared_runs_are_loaded(tmp_path):
     """DVC keeps the outputs of a rung or seed removed from params.yaml; the warehouse must not load them."""
     write_inputs(tmp_path, rungs={"tiny": 2936, "small": 7408}, seeds=(42, 7))
     _write_parquet(tmp_path / "features" / "features.parquet", pd.DataFrame())  # a root-level table is always kept
-    args = (tmp_path / "config", tmp_path / "runs", None, [tmp_path / "features"])
+    args = (warehouse.Sources(tmp_path / "config", tmp_path / "runs", None, [tmp_path / "features"]),)
     inputs = warehouse.discover_inputs(*args, runs=["tiny-42", "small-7"])
     assert [p.stem for p in inputs.configs] == ["small-7", "tiny-42"]
     assert sorted(str(p.relative_to(tmp_path / "features")) for p in inputs.feature_files) == [
@@ -410,7 +410,7 @@ def test_feature_shards_of_other_params_are_reported_not_read(tmp_path):
     for step, part in flat.groupby("step"):  # the same rows as per-checkpoint shards; every 4th from other params
         params = "other" if step % 200 == 0 else "mine"
         write_shard(shards, ShardKey("tiny", "base", 42, int(step)), Fingerprint("w", params, "c"), {"features": part})
-    args = (root / "config", root / "runs", root / "corpus" / "source.json", [root / "features"])
+    args = (warehouse.Sources(root / "config", root / "runs", root / "corpus" / "source.json", [root / "features"]),)
     inputs = warehouse.discover_inputs(*args, feature_params="mine")
     assert inputs.not_read == [
         f"{root / 'features'}: 11 features shards computed with other feature params are not read "
@@ -434,7 +434,9 @@ def test_series_losses_reach_the_checkpoints_table_and_the_views(tmp_path):
     losses = pd.DataFrame({"rung": "my-run", "seed": 0, "step": steps, "val_loss": val, "train_loss": 1.0,
                            "reason": [None] * 4 + ["trainer_state.json logs no eval_loss at step 400"]})  # fmt: skip
     _write_parquet(tmp_path / "series" / "checkpoints.parquet", losses)
-    found = warehouse.discover_inputs(tmp_path / "config", tmp_path / "runs", None, [tmp_path / "series"])
+    found = warehouse.discover_inputs(
+        warehouse.Sources(tmp_path / "config", tmp_path / "runs", None, [tmp_path / "series"])
+    )
     assert found.checkpoint_files == [tmp_path / "series" / "checkpoints.parquet"]
     files = {"feature_files": [*inputs.feature_files, tmp_path / "series" / "features.parquet"]}
     inputs = Inputs(**(inputs.__dict__ | files | {"checkpoint_files": found.checkpoint_files}))

@@ -9,7 +9,7 @@ from safetensors.numpy import save_file
 
 from tests.repo_params import features_params
 from topometrics.execution import cost
-from topometrics.landscape.trace import adaptive_trace
+from topometrics.landscape.trace import Probes, adaptive_trace
 from topometrics.series.source_shards import affordable
 
 
@@ -46,7 +46,7 @@ def test_the_curvature_peak_holds_the_trace_deflated_by_three_float32_ritz_vecto
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        adaptive_trace(product, dim, 8, 0.05, 8, seed=0, basis=ritz)
+        adaptive_trace(product, dim, Probes(8, 0.05, 8), seed=0, basis=ritz)
         trace_bytes = (tracemalloc.get_traced_memory()[1] - before) / dim
     finally:
         tracemalloc.stop()

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from topometrics.landscape.slice import difference_hvp, functional_loss
-from topometrics.landscape.trace import adaptive_trace, exact_trace, hessian_trace
+from topometrics.landscape.trace import Probes, adaptive_trace, exact_trace, hessian_trace
 
 
 def spiked(n=60, seed=0):
@@ -45,7 +45,7 @@ def test_the_exact_trace_of_a_networks_float64_difference_hessian_is_the_dense_h
 def test_probes_are_added_until_the_standard_error_is_within_the_target_and_the_realised_error_is_too():
     h, _ = spiked()
     exact = np.trace(h)
-    found = [adaptive_trace(lambda v: h @ v, 60, 8, 0.05, 10_000, seed=s) for s in range(100)]
+    found = [adaptive_trace(lambda v: h @ v, 60, Probes(8, 0.05, 10_000), seed=s) for s in range(100)]
     assert all(f.stderr <= 0.05 * abs(f.trace) for f in found)  # none reached the cap
     assert min(f.products for f in found) > 8  # 8 probes are far from enough on this spectrum
     errors = np.array([f.trace for f in found]) / exact - 1
@@ -56,31 +56,32 @@ def test_probes_are_added_until_the_standard_error_is_within_the_target_and_the_
 
 def test_the_cap_stops_the_probes_and_the_standard_error_says_the_target_was_missed():
     h, _ = spiked()
-    found = adaptive_trace(lambda v: h @ v, 60, 4, 0.01, 12, seed=1)
+    found = adaptive_trace(lambda v: h @ v, 60, Probes(4, 0.01, 12), seed=1)
     assert found.products == 12 and found.stderr > 0.01 * abs(found.trace)
 
 
 def test_deflating_by_the_top_eigenvectors_stays_unbiased_and_needs_far_fewer_probes():
     h, top = spiked()
     exact = np.trace(h)
-    plain = [adaptive_trace(lambda v: h @ v, 60, 8, 0.05, 10_000, seed=s) for s in range(60)]
-    deflated = [adaptive_trace(lambda v: h @ v, 60, 8, 0.05, 10_000, seed=s, basis=top) for s in range(60)]
+    probes = Probes(8, 0.05, 10_000)
+    plain = [adaptive_trace(lambda v: h @ v, 60, probes, seed=s) for s in range(60)]
+    deflated = [adaptive_trace(lambda v: h @ v, 60, probes, seed=s, basis=top) for s in range(60)]
     estimates = np.array([f.trace for f in deflated])
     assert abs(estimates.mean() - exact) < 3 * estimates.std() / np.sqrt(60)  # unbiased (60 seeds)
     assert np.mean([f.products for f in deflated]) < np.mean([f.products for f in plain]) / 5
     skewed = np.linalg.qr(top + 0.3 * np.random.default_rng(5).standard_normal(top.shape))[0]  # any basis: unbiased
-    other = [adaptive_trace(lambda v: h @ v, 60, 8, 0.05, 10_000, seed=s, basis=skewed).trace for s in range(60)]
+    other = [adaptive_trace(lambda v: h @ v, 60, probes, seed=s, basis=skewed).trace for s in range(60)]
     assert abs(np.mean(other) - exact) < 3 * np.std(other) / np.sqrt(60)
 
 
 def test_the_trace_is_exact_up_to_exact_max_parameters_and_estimated_above():
     h, _ = spiked()
-    assert hessian_trace(lambda v: h @ v, 60, 60, 8, 0.05, 100).stderr == 0.0
-    above = hessian_trace(lambda v: h @ v, 60, 59, 8, 0.05, 100)
+    assert hessian_trace(lambda v: h @ v, 60, 60, Probes(8, 0.05, 100)).stderr == 0.0
+    above = hessian_trace(lambda v: h @ v, 60, 59, Probes(8, 0.05, 100))
     assert above.stderr > 0 and above.products != 60
 
 
 @pytest.mark.parametrize(("probes", "rse", "message"), [(1, 0.05, "2 <= min_probes"), (8, 0.0, "must be positive")])
 def test_a_trace_setting_out_of_range_says_which(probes, rse, message):
     with pytest.raises(ValueError, match=message):
-        adaptive_trace(lambda v: v, 5, probes, rse, 100)
+        adaptive_trace(lambda v: v, 5, Probes(probes, rse, 100))

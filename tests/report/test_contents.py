@@ -85,13 +85,14 @@ def build_tiny_warehouse(root: Path, with_analysis=True, with_features=True) -> 
     else:
         shutil.rmtree(root / "features")
     source = root / "corpus" / "source.json"
-    inputs = warehouse.discover_inputs(root / "config", root / "runs", source, [root / "features"])
+    sources = warehouse.Sources(root / "config", root / "runs", source, [root / "features"])
+    inputs = warehouse.discover_inputs(sources)
     if with_analysis:
         with duckdb.connect() as con:
             warehouse.populate(con, inputs, analysis_params().settings(), {"code_version": "test"})
             for name, frame in tables.run_analysis(con, analysis_params(bootstrap=200)).items():
                 frame.to_parquet(root / f"{name}.parquet", index=False)
-        inputs = warehouse.discover_inputs(root / "config", root / "runs", source, [root / "features"], root)
+        inputs = warehouse.discover_inputs(sources, root)
     meta = {"code_version": "test", "params": json.dumps({"train": {"steps": 600}})}
     return warehouse.build_warehouse(root / "warehouse.duckdb", inputs, analysis_params().settings(), meta)
 

@@ -12,7 +12,8 @@ from topometrics.verdict import stopping
 
 
 def test_the_curve_shows_the_best_baseline_and_the_best_family_through_the_kill_shares():
-    table = pd.concat([stopping.decision_table(_sweep(0), KINDS, f, "seed", 0.05, n_boot=20) for f in (0.2, 0.5)])
+    resampling = stopping.Resampling(0.05, n_boot=20)
+    table = pd.concat([stopping.decision_table(_sweep(0), KINDS, f, "seed", resampling) for f in (0.2, 0.5)])
     spec = decision.stopping_curve(table).to_dict()
     rows = pd.DataFrame(spec["data"]["values"])
     assert set(rows["predictor"]) == {"current loss", "norm+oracle"}  # the oracle family beats the noise
@@ -23,7 +24,7 @@ def test_the_curve_shows_the_best_baseline_and_the_best_family_through_the_kill_
 
 
 def test_a_sweep_too_small_shows_why_instead_of_a_curve():
-    table = stopping.decision_table(_sweep(1).iloc[:3], KINDS, 0.2, "seed", 0.05, n_boot=5)
+    table = stopping.decision_table(_sweep(1).iloc[:3], KINDS, 0.2, "seed", stopping.Resampling(0.05, n_boot=5))
     found = decision.stopping_curve(table)
     assert isinstance(found, Missing) and "needs at least 4 runs" in found.reason
 

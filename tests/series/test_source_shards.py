@@ -717,7 +717,7 @@ def test_a_series_shape_is_its_config_and_the_tensors_its_files_hold_and_reaches
     assert all("shape" not in c for c in result.status["series"][0]["checkpoints"])  # the rungs table's, not status
     write_parquet(out / "rungs.parquet", result.shapes)
     (tmp_path / "config").mkdir()
-    inputs = warehouse.discover_inputs(tmp_path / "config", tmp_path / "runs", None, [out])
+    inputs = warehouse.discover_inputs(warehouse.Sources(tmp_path / "config", tmp_path / "runs", None, [out]))
     settings = parse_params(yaml.safe_load((REPO / "params.yaml").read_text())).analysis.settings()
     target = warehouse.build_warehouse(tmp_path / "w.duckdb", inputs, settings, {})
     import duckdb

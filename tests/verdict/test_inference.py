@@ -94,7 +94,8 @@ def _null_rejections(family: str, reps: int, n_perm: int = 19) -> np.ndarray:
         if family == "cell marker":  # constant within each rung x recipe cell, unrelated to the loss
             extra = np.random.default_rng([12, rep]).normal(size=(8, 2))[runs.rung * 4 + runs.recipe]
         cells = runs.rung * 4 + runs.recipe
-        test = inference.family_test(runs.base, extra, runs.y, runs.seed, runs.rung, cells, runs.seed, n_perm, rep)
+        labels = inference.RunLabels(runs.seed, runs.rung, cells, runs.seed)
+        test = inference.family_test(runs.base, extra, runs.y, labels, inference.Refits(n_perm, rep))
         ps.append(test.p_value)
     return np.array(ps)
 

@@ -40,7 +40,7 @@ def test_outcome_within_rungs_averages_the_rungs_and_skips_a_rung_too_small():
 
 
 def test_a_family_that_knows_the_final_loss_helps_decide_and_noise_does_not():
-    table = stopping.decision_table(_sweep(0), KINDS, 0.2, "seed", alpha=0.05, n_boot=40)
+    table = stopping.decision_table(_sweep(0), KINDS, 0.2, "seed", stopping.Resampling(alpha=0.05, n_boot=40))
     sweep = table[(table["scope"] == "sweep") & (table["kill_share"] == 0.5)].set_index("predictor")
     assert sweep.loc["norm+oracle", "decision"] == "helps decide"
     assert sweep.loc["norm+oracle", "versus"] == CURRENT
@@ -54,12 +54,12 @@ def test_a_family_that_knows_the_final_loss_helps_decide_and_noise_does_not():
 
 def test_a_sweep_too_small_gets_a_row_that_says_how_many_runs_it_needs():
     small = _sweep(1).iloc[:3]
-    table = stopping.decision_table(small, KINDS, 0.2, "seed", alpha=0.05, n_boot=10)
+    table = stopping.decision_table(small, KINDS, 0.2, "seed", stopping.Resampling(alpha=0.05, n_boot=10))
     row = table[(table["scope"] == "sweep") & (table["predictor"] == CURRENT)].iloc[0]
     assert row["status"] == "skipped"
     assert row["reason"] == "3 runs; a 25% kill share needs at least 4 runs (train 1 more)"
     one_cell = _sweep(2).query("cell == 'r0|v0'")
-    table = stopping.decision_table(one_cell, KINDS, 0.2, "seed", 0.05, n_boot=10)
+    table = stopping.decision_table(one_cell, KINDS, 0.2, "seed", stopping.Resampling(0.05, n_boot=10))
     assert table["status"].eq("skipped").all()  # 4 runs, one cell: neither scope can resample cells
     assert table["reason"].str.endswith("need 2 rung x recipe cells").all()
 
@@ -68,7 +68,7 @@ def test_the_stopping_decisions_view_reads_the_table():
     con = duckdb.connect()
     schema, *views = warehouse.sql_files()
     con.execute(schema.read_text())
-    table = stopping.decision_table(_sweep(3), KINDS, 0.3, "seed", alpha=0.05, n_boot=10)
+    table = stopping.decision_table(_sweep(3), KINDS, 0.3, "seed", stopping.Resampling(alpha=0.05, n_boot=10))
     con.register("frame", table)
     con.execute("INSERT INTO stopping SELECT * FROM frame")
     for view in views:

@@ -25,9 +25,8 @@ def decision_tables(con, inputs: pd.DataFrame, validity: pd.DataFrame, errors: p
            FROM runs r JOIN final_checkpoints f USING (rung, variant, seed)
            WHERE r.kind = 'ladder' ORDER BY ALL"""
     ).df()
-    table = stopping.stopping_table(
-        predicted, inputs, steps, params.fractions, params.alpha, params.bootstrap, params.seed
-    )
+    resampling = stopping.Resampling(params.alpha, params.bootstrap, params.seed)
+    table = stopping.stopping_table(predicted, inputs, steps, params.fractions, resampling)
     sizes = dict(con.execute("SELECT rung, n_params FROM rungs WHERE n_params IS NOT NULL").fetchall())
     return {
         "prediction_intervals": intervals.interval_table(predicted),

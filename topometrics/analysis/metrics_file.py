@@ -19,7 +19,7 @@ from topometrics.params import AnalysisParams, Params
 from topometrics.verdict import live, verdict
 
 
-def write_analysis(params: Params, configs, runs, corpus, features, out: Path, metrics: Path, log=print) -> str:
+def write_analysis(params: Params, sources: warehouse.Sources, out: Path, metrics: Path, log=print) -> str:
     """The analysis stage: the runs of ``analysis.variant`` (the between-run verdict: every declared run) loaded
     as the warehouse loads them, from the feature shards of the feature params only (a ``log`` line per folder of
     others; diagrams are not read), analysed; ``<out>/<table>.parquet`` and ``metrics`` written. Returns a summary.
@@ -28,7 +28,7 @@ def write_analysis(params: Params, configs, runs, corpus, features, out: Path, m
     """
     digest, cons = params_digest(params.features), {}
     for scope, names in (("all", params.run_names()), ("variant", params.run_names(params.analysis.variant))):
-        inputs = warehouse.discover_inputs(configs, runs, corpus, features, runs=names, feature_params=digest)
+        inputs = warehouse.discover_inputs(sources, runs=names, feature_params=digest)
         for line in inputs.not_read if scope == "variant" else []:
             log(f"analysis: {line}")
         cons[scope] = duckdb.connect()
@@ -37,7 +37,8 @@ def write_analysis(params: Params, configs, runs, corpus, features, out: Path, m
     tables = analysis.run_analysis(con, params.analysis) | analysis.between_run_tables(cons["all"], params.analysis)
     Path(out).mkdir(parents=True, exist_ok=True)
     inputs = tables.pop("verdict_inputs")  # the live forecaster's runs: one JSON file, no pickle
-    source = json.loads(Path(corpus).read_text()) if Path(corpus).exists() else {}
+    corpus = sources.corpus_source
+    source = json.loads(Path(corpus).read_text()) if corpus is not None and Path(corpus).exists() else {}
     forecaster = live.forecaster_file(inputs, source, params.analysis.loss_unit)
     write_text(Path(out) / "live_forecast.json", json.dumps(forecaster, indent=1, sort_keys=True) + "\n")
     for name, frame in tables.items():

@@ -18,9 +18,10 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import duckdb
 import pandas as pd
@@ -64,14 +65,17 @@ class Inputs:
     rung_files: list[Path] = field(default_factory=list)  # rungs.parquet likewise: the series' model shapes
 
 
+class Sources(NamedTuple):
+    """Where a stage reads the runs from: its ``--configs``, ``--runs``, ``--corpus`` and ``--features``."""
+
+    config_dir: Path  # data/config: one <run>.json per run
+    runs_dir: Path  # data/runs: <run>/steps.csv and <run>/checkpoints.csv
+    corpus_source: Path | None  # data/corpus/source.json (None, or a missing file: no corpus row)
+    feature_dirs: Sequence[Path]  # feature folders: per-run folders, rung=... shards, series tables
+
+
 def discover_inputs(
-    config_dir: Path,
-    runs_dir: Path,
-    corpus_source: Path | None,
-    feature_dirs: Iterable[Path],
-    analysis_dir=None,
-    runs: Iterable[str] | None = None,
-    feature_params: str | None = None,
+    sources: Sources, analysis_dir=None, runs: Iterable[str] | None = None, feature_params: str | None = None
 ) -> Inputs:
     """Collect the input files under the stage's directories (missing directories hold nothing).
 
@@ -86,6 +90,7 @@ def discover_inputs(
     listed, one line per folder, in ``not_read``. Files outside shard folders are always read. None
     reads every file.
     """
+    config_dir, runs_dir, corpus_source, feature_dirs = sources
     declared = None if runs is None else set(runs)
     found: dict[str, list[Path]] = {"features": [], "distances": [], "diagrams": []}
     not_read = []
@@ -160,11 +165,12 @@ def populate(con: duckdb.DuckDBPyConnection, inputs: Inputs, settings: ViewSetti
     _insert(con, "meta", pd.DataFrame({"key": list(rows), "value": [str(v) for v in rows.values()]}))
 
 
-def build_declared(params: Params, configs, runs, corpus, features, analysis, out: Path, log=print) -> Inputs:
+def build_declared(params: Params, sources: Sources, analysis: Path, out: Path, log=print) -> Inputs:
     """The warehouse stage: :func:`build_warehouse` of the runs ``params`` declares from the feature shards of its
-    feature params (a ``log`` line per folder of others); ``meta`` holds the git version and the params."""
+    feature params (a ``log`` line per folder of others) and the analysis stage's tables in ``analysis``;
+    ``meta`` holds the git version and the params."""
     digest = params_digest(params.features)
-    inputs = discover_inputs(configs, runs, corpus, features, analysis, params.run_names(), digest)
+    inputs = discover_inputs(sources, analysis, params.run_names(), digest)
     for line in inputs.not_read:
         log(f"warehouse: {line}")
     declared = {k: v for k, v in as_dict(params).items() if k != "compute"}  # where it ran is not a result

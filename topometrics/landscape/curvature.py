@@ -45,6 +45,17 @@ class TraceEstimate(NamedTuple):
     products: int
 
 
+class Lanczos(NamedTuple):
+    """What one Lanczos run is asked for: the top ``k`` eigenpairs from at most ``steps`` Hessian-vector steps,
+    each converged when its residual bound is within ``tol`` (relative, see :func:`_ritz`); ``stop_early``
+    ends the run as soon as all ``k`` have converged."""
+
+    k: int
+    steps: int
+    tol: float
+    stop_early: bool
+
+
 # The largest Lanczos basis kept in memory, in bytes (float64): every ladder model's 20-step basis (tens of
 # MB) stays on the one-pass path; a Pythia-70M-shaped one (20 x 70M x 8 bytes = 11 GB) goes to two passes.
 BASIS_BYTES = 1 << 30
@@ -72,14 +83,15 @@ def top_eigenpairs(
     rng = np.random.default_rng(seed)
     q = rng.standard_normal(dim)
     q /= np.linalg.norm(q)
-    steps = min(iters, dim)
-    if steps * dim * 8 <= basis_bytes:
-        return _kept_basis(hvp, q, k, steps, tol, stop_early)
-    return _two_pass(hvp, q, k, steps, tol, stop_early)
+    run = Lanczos(k, min(iters, dim), tol, stop_early)
+    if run.steps * dim * 8 <= basis_bytes:
+        return _kept_basis(hvp, q, run)
+    return _two_pass(hvp, q, run)
 
 
-def _kept_basis(hvp: Operator, q: np.ndarray, k: int, steps: int, tol: float, stop_early: bool) -> Eigenpairs:
+def _kept_basis(hvp: Operator, q: np.ndarray, run: Lanczos) -> Eigenpairs:
     """Lanczos with full re-orthogonalisation against the kept ``(steps, dim)`` basis."""
+    k, steps, tol, _ = run
     basis = np.empty((steps, len(q)))  # row j: the j-th Lanczos vector, filled in place (no copy per step)
     basis[0] = q
     alphas, betas = [], []
@@ -91,7 +103,7 @@ def _kept_basis(hvp: Operator, q: np.ndarray, k: int, steps: int, tol: float, st
         w = w - (stacked @ w) @ stacked
         beta = float(np.linalg.norm(w))
         betas.append(beta)
-        if _stop(alphas, betas, k, j + 1 == steps, tol, stop_early):
+        if _stop(alphas, betas, run, j + 1 == steps):
             break
         basis[j + 1] = w / beta
     theta, s, converged = _checked_ritz(alphas, betas, k, tol)
@@ -99,8 +111,9 @@ def _kept_basis(hvp: Operator, q: np.ndarray, k: int, steps: int, tol: float, st
     return Eigenpairs(theta, vectors / np.linalg.norm(vectors, axis=0), converged, len(alphas))
 
 
-def _two_pass(hvp: Operator, q: np.ndarray, k: int, steps: int, tol: float, stop_early: bool) -> Eigenpairs:
+def _two_pass(hvp: Operator, q: np.ndarray, run: Lanczos) -> Eigenpairs:
     """Lanczos keeping three vectors: the recurrence for the tridiagonal matrix, then again for the Ritz vectors."""
+    k, steps, tol, _ = run
     alphas, betas = [], []
     previous, current = None, q
     most = min(2 * steps, len(q))
@@ -110,7 +123,7 @@ def _two_pass(hvp: Operator, q: np.ndarray, k: int, steps: int, tol: float, stop
         betas.append(float(np.linalg.norm(w)))
         # a step spent on a spurious copy adds no dimension to the Krylov space: it does not count
         last = len(alphas) - _spurious(alphas, betas, tol) >= steps or len(alphas) == most
-        if _stop(alphas, betas, k, last, tol, stop_early, genuine=True):
+        if _stop(alphas, betas, run, last, genuine=True):
             break
         w /= betas[-1]
         previous, current = current, w
@@ -150,16 +163,14 @@ def _recurrence_step(
     return alpha, w
 
 
-def _stop(
-    alphas: list[float], betas: list[float], k: int, last: bool, tol: float, stop_early: bool, genuine=False
-) -> bool:
+def _stop(alphas: list[float], betas: list[float], run: Lanczos, last: bool, genuine=False) -> bool:
     """Whether the run ends after this step: an invariant subspace, the ``last`` step, or (``stop_early``) converged."""
     if betas[-1] <= 1e-12 * max(1.0, abs(alphas[-1])) or last:
         return True
-    if not stop_early or len(alphas) < k:
+    if not run.stop_early or len(alphas) < run.k:
         return False
-    converged = _ritz(alphas, betas, k, tol, genuine)[2]
-    return len(converged) == k and bool(converged.all())
+    converged = _ritz(alphas, betas, run.k, run.tol, genuine)[2]
+    return len(converged) == run.k and bool(converged.all())
 
 
 def _spurious(alphas: list[float], betas: list[float], tol: float) -> int:

@@ -43,7 +43,7 @@ from topometrics.landscape.slice import (
     unflatten,
 )
 from topometrics.landscape.sublevel import SUMMARY_KEYS, slice_summary
-from topometrics.landscape.trace import hessian_trace
+from topometrics.landscape.trace import Probes, hessian_trace
 
 # Relative Lanczos residual bound under which a Ritz value counts as converged: 1e-3 of the eigenvalue
 # is far below the spread between checkpoints, and tens of steps reach it on our models' top eigenvalues.
@@ -165,10 +165,8 @@ def _curvature_values(hvp, dim: int, params: Params, settings: SurfaceSettings, 
     try:
         k = max(settings.top, 2)
         eig = top_eigenpairs(hvp, dim, k, settings.iters, settings.seed, LANCZOS_TOL, stop_early)
-        found = hessian_trace(
-            hvp, dim, settings.exact_max, settings.probes, settings.trace_rse, settings.probes_max, settings.seed,
-            basis=eig.vectors,
-        )  # fmt: skip
+        probes = Probes(settings.probes, settings.trace_rse, settings.probes_max)
+        found = hessian_trace(hvp, dim, settings.exact_max, probes, settings.seed, basis=eig.vectors)
         trace = found.trace
     except FloatingPointError as err:
         reason = str(err)

@@ -21,12 +21,22 @@ underestimate near the threshold; tests check that the realised error over many 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 from topometrics.landscape.curvature import TraceEstimate
 
 Operator = Callable[[np.ndarray], np.ndarray]
+
+
+class Probes(NamedTuple):
+    """Hutchinson's probe budget: probes are drawn until the standard error is at most ``rse`` of the trace's
+    magnitude, checked from ``min_probes`` (>= 2) on, and never beyond ``max_probes``."""
+
+    min_probes: int
+    rse: float  # the target relative standard error (> 0)
+    max_probes: int  # the cap: a trace that reaches it may miss the target, and its stderr says so
 
 
 def exact_trace(hvp: Operator, dim: int) -> TraceEstimate:
@@ -40,19 +50,14 @@ def exact_trace(hvp: Operator, dim: int) -> TraceEstimate:
 
 
 def adaptive_trace(
-    hvp: Operator,
-    dim: int,
-    min_probes: int,
-    rse: float,
-    max_probes: int,
-    seed: int = 0,
-    basis: np.ndarray | None = None,
+    hvp: Operator, dim: int, probes: Probes, seed: int = 0, basis: np.ndarray | None = None
 ) -> TraceEstimate:
     """Hutchinson's trace, probes added until ``stderr <= rse * |trace|`` (from ``min_probes`` on) or ``max_probes``.
 
     ``basis``: ``(dim, k)`` vectors to deflate with (orthonormalised here); ``products`` counts the ``k``
     exact ones too. ``stderr`` is the probes' standard error of the mean (ddof 1).
     """
+    min_probes, rse, max_probes = probes
     if not 2 <= min_probes <= max_probes:
         raise ValueError(f"probes need 2 <= min_probes <= max_probes, got {min_probes} and {max_probes}")
     if rse <= 0:
@@ -82,16 +87,9 @@ def adaptive_trace(
 
 
 def hessian_trace(
-    hvp: Operator,
-    dim: int,
-    exact_max: int,
-    min_probes: int,
-    rse: float,
-    max_probes: int,
-    seed: int = 0,
-    basis: np.ndarray | None = None,
+    hvp: Operator, dim: int, exact_max: int, probes: Probes, seed: int = 0, basis: np.ndarray | None = None
 ) -> TraceEstimate:
     """:func:`exact_trace` when ``dim <= exact_max``, else :func:`adaptive_trace`."""
     if dim <= exact_max:
         return exact_trace(hvp, dim)
-    return adaptive_trace(hvp, dim, min_probes, rse, max_probes, seed, basis)
+    return adaptive_trace(hvp, dim, probes, seed, basis)

@@ -236,22 +236,28 @@ class OutlierTest:
     min_p: float  # max(1 / (1 + n_perm), :func:`shuffle_floor`)
 
 
-def outlier_test(base, extra, target, anchor, outlier, groups, cells, n_perm: int = 99, seed: int = 0,
-                 candidates=None, stop: int = 0, n_boot: int = 1000) -> OutlierTest:  # fmt: skip
+def outlier_test(
+    base, extra, target, anchor, outlier, labels: inference.RunLabels, refits: inference.Refits | None = None,
+    candidates=None, n_boot: int = 1000,
+) -> OutlierTest:  # fmt: skip
     """Does ``extra`` make the out-of-fold predicted final loss rank the outlier runs above their cell-mates?
 
     The models are the verdict's (:func:`topometrics.verdict.inference.base_folds` and ``with_family``:
     leave-one-group-out, the family orthogonalised on the base inside each training fold); a run's score is
     ``anchor`` + its predicted drop (``target`` = final - anchor). Statistic: AUROC(with) - AUROC(without)
     (:func:`within_cell_auroc`); p from refits with the family's rows permuted among the seeds of each cell
-    (:func:`within_cell_permutation`; sequential with ``stop`` as in ``family_test``). ``groups``: the
-    cross-validation groups (seeds); ``cells``: rung x recipe labels. Rows must be complete (no NaN).
+    (:func:`within_cell_permutation`; sequential with ``refits.stop`` as in ``family_test``; ``refits.seed`` also
+    seeds the ``n_boot`` bootstrap of the bounds). Of ``labels`` it uses the cross-validation groups (seeds)
+    and the rung x recipe cells. ``base`` (n_runs, n_base), ``extra`` (n_runs, n_extra); ``target``,
+    ``anchor`` (n_runs,) in nats; ``outlier`` (n_runs,) bool. Rows must be complete (no NaN).
 
     Why within cells and not the verdict's cell blocks: the AUROC counts only pairs within a cell, so a
     family that merely marks a cell cannot move it, and what the null must break is the family's order
     *within* each cell. Moving whole cells leaves an outlier's cell marked whenever the permutation fixes
     that cell (one in four with four cells per rung), which would cap the p-value near that share.
     """
+    refits = inference.Refits() if refits is None else refits
+    groups, cells, n_perm, seed, stop = labels.groups, labels.cells, refits.n_perm, refits.seed, refits.stop
     base, extra, target, anchor = (np.asarray(a, float) for a in (base, extra, target, anchor))
     folds = inference.base_folds(base, target, groups, candidates)
     with_ = inference.with_family(folds, extra, groups)
@@ -338,10 +344,11 @@ def _outlier_row(g, flagged, base, extra, params: AnalysisParams, n_perm: int) -
     why = _label_problem(sub, flagged, params.outlier_sd)
     if why is not None:
         return out | {"status": "skipped", "reason": why}
+    labels = inference.RunLabels(sub[OUTLIER_SCHEME].to_numpy(), sub["rung"].to_numpy(), cells, sub["seed"].to_numpy())
     test = outlier_test(
         sub[base_cols].to_numpy(float), sub[extra_cols].to_numpy(float), target[usable], sub["anchor"].to_numpy(),
-        flagged, sub[OUTLIER_SCHEME].to_numpy(), cells, n_perm, params.seed, verdict.base_candidates(base_cols),
-        stop=10, n_boot=params.bootstrap,
+        flagged, labels, inference.Refits(n_perm, params.seed, stop=10), verdict.base_candidates(base_cols),
+        n_boot=params.bootstrap,
     )  # fmt: skip
     out |= {"auroc_without": test.auroc_without, "auroc_with": test.auroc_with, "auroc_low": test.low}
     out |= {"auroc_high": test.high, "statistic": test.auroc_with - test.auroc_without, "p_value": test.p_value}

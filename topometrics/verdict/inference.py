@@ -203,38 +203,53 @@ class FamilyTest:
     # whose contribution points *away* from the base's error more than a permuted one's does
 
 
+@dataclass(frozen=True)
+class RunLabels:
+    """The per-run labels of a sweep, each an array of shape (n_runs,): who may vouch for whom in a fold, and
+    what a permutation refit may move where."""
+
+    groups: np.ndarray  # cross-validation groups: a fold leaves one out (seed, recipe or rung)
+    rungs: np.ndarray  # size rung: cell blocks are permuted within it
+    cells: np.ndarray  # rung x recipe label: the runs that differ only by seed
+    seeds: np.ndarray  # seed: pairs a run with its same-seed run of another cell
+
+
+@dataclass(frozen=True)
+class Refits:
+    """The permutation refits behind a p-value: at most ``n_perm`` of them, drawn from ``seed``; ``stop`` > 0
+    ends them early (Besag & Clifford 1991) once ``stop`` reach the observed statistic (and, in a two-tailed
+    count, ``stop`` fall at or below it); 0 runs them all."""
+
+    n_perm: int = 99
+    seed: int = 0
+    stop: int = 0
+
+
 def family_test(
-    base,
-    extra,
-    y,
-    groups,
-    rungs,
-    cells,
-    seeds,
-    n_perm: int = 99,
-    seed: int = 0,
-    candidates=None,
-    stop: int = 0,
-    within: bool = False,
+    base, extra, y, labels: RunLabels, refits: Refits = Refits(), candidates=None, within: bool = False
 ) -> FamilyTest:
-    """The Clark-West statistic of ``extra`` over ``base`` and its p from up to ``n_perm`` cell-block refits.
+    """The Clark-West statistic of ``extra`` over ``base`` and its p from up to ``refits.n_perm`` cell-block
+    refits. ``base`` (n_runs, n_base), ``extra`` (n_runs, n_extra), ``y`` (n_runs,) in nats; ``labels``: the
+    runs' cross-validation groups, rungs, cells and seeds.
 
     ``within``: the refits shuffle the family among the runs of each cell (:func:`within_cell_permutation`,
     the within-cell question) instead of permuting cells as blocks within their rung (the between-cell one).
 
-    ``stop`` > 0: sequential (Besag & Clifford 1991): the refits end once ``stop`` of them reach the observed
-    statistic *and* ``stop`` fall at or below it, with p = hits / refits done, so a family far from
+    ``refits.stop`` > 0: sequential (Besag & Clifford 1991): the refits end once ``stop`` of them reach the
+    observed statistic *and* ``stop`` fall at or below it, with p = hits / refits done, so a family far from
     significance in both directions costs few refits while one near either tail gets all ``n_perm`` (the
     smallest p stays 1 / (1 + n_perm)). The reverse p (``p_reverse``) is the lower tail of the same refits.
 
     The base fits (the candidate chosen per fold, see :func:`base_folds`) are shared by every refit (only
     the family moves). Rows must be complete (no NaN).
     """
+    groups, rungs, cells, seeds = labels.groups, labels.rungs, labels.cells, labels.seeds
+    n_perm, stop = refits.n_perm, refits.stop
     base, extra, y = (np.asarray(a, float) for a in (base, extra, y))
     folds = base_folds(base, y, groups, candidates)
     with_ = with_family(folds, extra, groups)
     observed = clark_west(y, folds.without, with_)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(refits.seed)
     distinct = distinct_within(cells) if within else distinct_permutations(rungs, cells)
     min_p = max(1 / (1 + max(n_perm, 0)), 1 / distinct)
     if n_perm < 1 or not np.isfinite(observed) or min_p >= 1.0:  # nothing to permute: no p

@@ -30,6 +30,8 @@ Pure functions of arrays and DataFrames.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -46,6 +48,24 @@ STOPPING_COLUMNS = [
     "saved_high", "best_killed", "p_best_killed", "gap", "gap_low", "gap_high", "wrong_kills", "versus",
     "delta_wrong", "delta_low", "delta_high", "decision", "status", "reason",
 ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Resampling:
+    """How the stopping rows are bounded: ``n_boot`` cell bootstraps drawn from ``seed`` for the intervals, and
+    the family level ``alpha`` that the test's Bonferroni bounds split over a scope's family rows."""
+
+    alpha: float
+    n_boot: int = 1000
+    seed: int = 0
+
+
+class Rule(NamedTuple):
+    """One stopping rule: at ``fraction`` of training, stop the worst ``share`` of each ``scope``'s runs."""
+
+    scope: str  # 'sweep' (every run) or 'rung' (each rung's runs)
+    share: float  # the share of a scope's runs stopped, floor(share x n)
+    fraction: float  # the fraction of its steps a run trained before the decision
 
 
 def outcome(predicted, actual, steps, groups, share: float, fraction: float) -> dict:
@@ -101,8 +121,9 @@ def cell_draws(cells, n_boot: int, seed: int) -> list[np.ndarray]:
     return [np.concatenate([members[j] for j in rng.integers(0, len(labels), len(labels))]) for _ in range(n_boot)]
 
 
-def decision_table(ranked: pd.DataFrame, kinds: dict[str, str], fraction: float, cv: str, alpha: float,
-                   n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:  # fmt: skip
+def decision_table(
+    ranked: pd.DataFrame, kinds: dict[str, str], fraction: float, cv: str, resampling: Resampling
+) -> pd.DataFrame:
     """The ``stopping`` rows of one cv x fraction: :data:`STOPPING_COLUMNS`.
 
     ``ranked``: one row per run with ``rung``, ``cell``, ``actual``, ``steps`` and one column per predictor
@@ -110,21 +131,22 @@ def decision_table(ranked: pd.DataFrame, kinds: dict[str, str], fraction: float,
     predictor -> 'baseline' or 'family'.
     """
     rows = []
-    draws = cell_draws(ranked["cell"].to_numpy(), n_boot, seed)
+    draws = cell_draws(ranked["cell"].to_numpy(), resampling.n_boot, resampling.seed)
     for scope in SCOPES:
         for share in KILL_SHARES:
-            here = [_row(ranked, name, kinds[name], scope, share, fraction, draws) for name in kinds]
-            rows += _tested(ranked, here, scope, share, fraction)
+            rule = Rule(scope, share, fraction)
+            rows += _tested(ranked, [_row(ranked, name, kinds[name], rule, draws) for name in kinds], rule)
     out = pd.DataFrame(rows).assign(cv=cv, fraction=fraction)
-    return _judged(out, alpha).reindex(columns=STOPPING_COLUMNS)
+    return _judged(out, resampling.alpha).reindex(columns=STOPPING_COLUMNS)
 
 
 def _groups(frame: pd.DataFrame, scope: str) -> np.ndarray:
     return frame["rung"].astype(str).to_numpy() if scope == "rung" else np.zeros(len(frame), int)
 
 
-def _row(ranked, name, kind, scope, share, fraction, draws) -> dict:
-    """One predictor's numbers at a scope and share, or a skipped row that says how many runs it needs."""
+def _row(ranked: pd.DataFrame, name: str, kind: str, rule: Rule, draws: list[np.ndarray]) -> dict:
+    """One predictor's numbers under a rule, or a skipped row that says how many runs it needs."""
+    scope, share, fraction = rule
     base = {"scope": scope, "kill_share": share, "predictor": name, "kind": kind}
     ok = np.isfinite(ranked[name].to_numpy(float)) & np.isfinite(ranked["actual"].to_numpy(float))
     sub = ranked[ok]
@@ -170,8 +192,9 @@ def too_small(runs: pd.DataFrame, scope: str) -> str | None:
     return None
 
 
-def _tested(ranked: pd.DataFrame, rows: list[dict], scope: str, share: float, fraction: float) -> list[dict]:
+def _tested(ranked: pd.DataFrame, rows: list[dict], rule: Rule) -> list[dict]:
     """Each family row's paired difference in wrong kills against the best baseline (cell-unit bounds later)."""
+    scope, share, fraction = rule
     done = [r for r in rows if r["status"] == "ok"]
     bases = [r for r in done if r["kind"] == "baseline"]
     if not bases:
@@ -208,8 +231,8 @@ def _judged(out: pd.DataFrame, alpha: float) -> pd.DataFrame:
     return out.drop(columns=[c for c in ("_difference", "_cells") if c in out])
 
 
-def stopping_table(predicted: pd.DataFrame, inputs: pd.DataFrame, steps: pd.DataFrame, fractions, alpha: float,
-                   n_boot: int = 1000, seed: int = 0, min_seen: int = 4) -> pd.DataFrame:  # fmt: skip
+def stopping_table(predicted: pd.DataFrame, inputs: pd.DataFrame, steps: pd.DataFrame, fractions,
+                   resampling: Resampling, min_seen: int = 4) -> pd.DataFrame:  # fmt: skip
     """The ``stopping`` table: :func:`decision_table` for every cv of the verdict's between-run predictions
     (``predicted``: :func:`topometrics.verdict.intervals.predictors`) and every one of ``fractions``.
 
@@ -237,7 +260,7 @@ def stopping_table(predicted: pd.DataFrame, inputs: pd.DataFrame, steps: pd.Data
                 )
                 ranked = ranked.merge(wide, on=keys, how="left")
                 kinds[name] = str(p["kind"].iloc[0])
-            frames.append(decision_table(ranked, kinds, float(fraction), cv, alpha, n_boot, seed))
+            frames.append(decision_table(ranked, kinds, float(fraction), cv, resampling))
     if not frames:
         return pd.DataFrame(columns=STOPPING_COLUMNS)
     return pd.concat(frames, ignore_index=True)

@@ -362,10 +362,9 @@ def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams, l
         why = f"{len(sub)} runs with every input span {n_groups} {scheme}s; need {2 if within else MIN_GROUPS}"
         return {"n": len(sub), "n_groups": n_groups, "status": "skipped", "reason": why + note}, []
     cells = _cells(sub).to_numpy()
-    test = inference.family_test(
-        base_x, extra_x, y, groups, sub["rung"].astype(str).to_numpy(), cells, sub["seed"].to_numpy(),
-        spec["permutations"], params.seed, base_candidates(base_cols), stop=10, within=within,
-    )  # fmt: skip
+    labels = inference.RunLabels(groups, sub["rung"].astype(str).to_numpy(), cells, sub["seed"].to_numpy())
+    refits = inference.Refits(spec["permutations"], params.seed, stop=10)
+    test = inference.family_test(base_x, extra_x, y, labels, refits, base_candidates(base_cols), within=within)
     actual = sub["actual"].to_numpy(float)
     result = summarise(y, test, cells, actual, sub["anchor"].to_numpy(float), within)
     result |= {"n_groups": n_groups, "seed_sd": seed_sd(sub), "inputs": ",".join(both)}
