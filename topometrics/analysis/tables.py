@@ -5,6 +5,9 @@ the analysis stage fills with :func:`topometrics.analysis.warehouse.populate`), 
 ``predictions``, ``fits`` and ``tests`` tables as DataFrames
 (:func:`topometrics.analysis.metrics_file.build_metrics` turns them into ``reports/metrics.json``).
 No file is read or written here.
+
+Why over 400 lines: the three tables share one reading of the warehouse's views (the checkpoint rows, each
+run's curve and its cut at every fraction); apart, the fits and the tests could read two different cuts.
 """
 
 from __future__ import annotations

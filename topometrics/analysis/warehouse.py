@@ -8,6 +8,10 @@ queries from the ``duckdb`` CLI need no project code. See ``docs/warehouse.md``.
 
 The same :func:`populate` also fills an in-memory connection, which is how the analysis stage
 runs the views before the file exists (one writer per artifact: analysis -> warehouse).
+
+Why over 400 lines: discovering the inputs, validating them and loading them are one promise (every
+declared run's files are in the warehouse or named as missing, before any table is replaced); the SQL
+itself lives in ``sql/``.
 """
 
 from __future__ import annotations

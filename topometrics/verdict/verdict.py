@@ -29,6 +29,8 @@ loss, beside ranking by the current loss.
 
 Anything that cannot be compared is a row with ``status = 'skipped'`` and its reason. Pure functions
 over DataFrames.
+
+Why over 400 lines: the comparisons and the words they earn are one definition (tests: ``inference``).
 """
 
 from __future__ import annotations
