@@ -13,7 +13,8 @@ sha256 of every file under ``data/runs`` to ``OUT/runs.json``.
 Spearman columns DuckDB computes with parallel aggregates within 1e-12, as they move between two runs
 of the same code), every checkpoint file is byte-identical, and every resume state holds the same
 tensors and metadata (its header's key order varies run to run). ``meta`` (code version, SQL hashes,
-params paths) and ``runs.code_version`` (the temporary project's own commit) are reported, not compared.
+params paths), ``runs.code_version`` (the temporary project's own commit) and ``runs.tokens_per_s`` (training
+throughput: a timing) are not compared.
 """
 
 from __future__ import annotations
@@ -144,8 +145,8 @@ def compare_table(a: Path, b: Path, name: str, kind: str) -> bool:
         differ = sorted(set(map(tuple, fa.values.tolist())) ^ set(map(tuple, fb.values.tolist())))
         print(f"meta: {len({row[0] for row in differ})} keys differ (not compared): {sorted({r[0] for r in differ})}")
         return True
-    if name == "runs":  # the temporary project's own commit, not the package's
-        fa, fb = fa.drop(columns=["code_version"]), fb.drop(columns=["code_version"])
+    if name == "runs":  # the temporary project's own commit, and a throughput (wall-clock): not results
+        fa, fb = fa.drop(columns=["code_version", "tokens_per_s"]), fb.drop(columns=["code_version", "tokens_per_s"])
     fa, fb = (f.sort_values(list(f.columns), na_position="first").reset_index(drop=True) for f in (fa, fb))
     exact = name not in PARALLEL_AGGREGATES
     try:
