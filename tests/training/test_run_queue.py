@@ -122,7 +122,7 @@ KILLED = """
 import sys
 sys.path.insert(0, {repo!r})  # the repository, for tests.<folder>.helpers
 from pathlib import Path
-from topometrics.params import FeaturesParams
+from tests.repo_params import features_params
 from topometrics.training.run_queue import Pool, train_runs
 from topometrics.features.monitor import RunMonitors
 from tests.run_helpers import config, files
