@@ -149,6 +149,7 @@ def test_a_module_over_400_lines_says_why_in_its_docstring():
     unexplained = []
     for path in sorted(PACKAGE.rglob("*.py")):
         source = path.read_text()
-        if source.count("\n") > LONG and "Why over 400 lines:" not in (ast.get_docstring(ast.parse(source)) or ""):
-            unexplained.append(f"{path.relative_to(PACKAGE)} ({source.count(chr(10))} lines)")
+        lines = len(source.splitlines())  # counted as the 450-line tests above count
+        if lines > LONG and "Why over 400 lines:" not in (ast.get_docstring(ast.parse(source)) or ""):
+            unexplained.append(f"{path.relative_to(PACKAGE)} ({lines} lines)")
     assert not unexplained, f"over {LONG} lines without 'Why over 400 lines:' in the docstring: {unexplained}"
