@@ -17,8 +17,8 @@ Each run set goes through the product's own code: :func:`topometrics.verdict.inf
 Printed: % of run sets called ``adds`` per layout x CV scheme x family, then the whole result as one JSON line.
 Options: ``--layouts 3x4x8,2x4x4`` ``--reps 100`` ``--perms 99`` ``--k 3`` ``--jobs 1`` ``--cvs seed,variant,rung``
 ``--out FILE`` ``--calibrate WAREHOUSE`` (the components of a finished sweep, read by :mod:`bench.power_calibrate`;
-the simulation fitted to them, :func:`calibrated_model`; its power and the cells 80 % power needs)
-``--need 0.8`` (also the fewest seeds per cell, rungs and recipes fixed, that reach this power at s = 0.3: the n to record as
+the simulation fitted to them, :func:`calibrated_model`; its power and the cells 80 % power needs) ``--need 0.8``
+(also the fewest seeds per cell, rungs and recipes fixed, that reach this power at s = 0.3: the n to record as
 ``analysis.primary.needed_runs`` when a sweep falls short). The base here is one ridge over the three laws, the norm
 and the recipe's log LR, with the verdict's monotone basis of the norm level and log LR
 (:func:`topometrics.verdict.baselines.flexible_basis`; its choice among loss-curve candidates is not simulated). The
