@@ -62,9 +62,17 @@ from topometrics.features.checkpoint import weight_features
 from topometrics.features.forward import loss_surface, validation_batch
 from topometrics.features.run_shards import read_tables
 from topometrics.features.sweep import run_shards
-from topometrics.landscape.curvature import hutchinson_trace, top_eigenpairs
-from topometrics.landscape.slice import difference_hvp, random_direction
-from topometrics.landscape.surface import LANCZOS_TOL, SurfaceSettings, curvature_values, global_range, slice_values
+from topometrics.landscape.curvature import BASIS_BYTES, hutchinson_trace, top_eigenpairs
+from topometrics.landscape.slice import random_direction
+from topometrics.landscape.surface import (
+    LANCZOS_TOL,
+    SurfaceSettings,
+    curvature_products,
+    curvature_values,
+    global_range,
+    large_model,
+    slice_values,
+)
 from topometrics.landscape.trace import Probes, hessian_trace
 from topometrics.models.checkpoints import list_checkpoints, load_model, load_state, save_checkpoint
 from topometrics.models.model import GPT, GPTConfig, linear_weights
@@ -157,14 +165,20 @@ def surface_costs(
         params.hessian_iters, params.seed, exact_max=params.hessian_exact_max, trace_rse=params.hessian_trace_rse,
         probes_max=params.hessian_probes_max,
     )  # fmt: skip
-    gradients = []  # one entry a float64 gradient: the one at the weights, then one per Hessian product
+    # one entry a gradient: float64, the one at the weights, then one per Hessian product; a large model's exact
+    # float32 products (surface.large_model): one per window of the batch and product (each a double backward)
+    gradients = []
 
-    def counted(p):
-        gradients.append(1)
-        return surface.loss(p)
+    def counted(loss):
+        def loss_counted(p):
+            gradients.append(1)
+            return loss(p)
 
+        return loss_counted
+
+    windows = [counted(window) for window in surface.windows]
     start = bench_clock(device)
-    curvature, directions = curvature_values(counted, surface.params, settings)
+    curvature, directions = curvature_values(counted(surface.loss), surface.params, settings, windows=windows)
     synchronize(torch.device(device))
     curvature_s = bench_clock(device) - start
     _progress(f"curvature {curvature_s:.1f} s ({curvature_s / reference_before:.0f} forward+backward)")
@@ -196,6 +210,7 @@ def surface_costs(
         "landscape_s": round(landscape_s, 2),
         "curvature_s": round(curvature_s, 2),
         "float64_gradients": len(gradients),
+        "products": "float32 exact, per window" if large_model(_size(surface), settings) else "float64 one-sided",
         "landscape_fb": round(landscape_s / reference, 1),
         "curvature_fb": round(curvature_s / reference, 1),
         "total_fb": round(total, 1),
@@ -213,14 +228,16 @@ def trace_costs(surface, settings: SurfaceSettings, device: str, reference: floa
     products, deflated by the Lanczos eigenvectors of the same checkpoint (computed here, not timed).
     ``trace_rse``: the reported standard error over the trace (0 when exact); ``trace_old8_rse``: the 8 probes'
     own standard error over their estimate; ``trace_cost_ratio``: new seconds over old."""
-    hvp, dim = difference_hvp(surface.loss, surface.params, one_sided=True)
-    eig = top_eigenpairs(hvp, dim, max(settings.top, 2), settings.iters, settings.seed, LANCZOS_TOL, True)
+    hvp, dim, dtype = curvature_products(surface.loss, surface.params, settings, surface.windows)
+    large = dtype == np.float32  # the large-model path (surface.large_model): float32, two passes (in memory here)
+    k, steps = max(settings.top, 2), settings.iters
+    eig = top_eigenpairs(hvp, dim, k, steps, settings.seed, LANCZOS_TOL, True, 0 if large else BASIS_BYTES, dtype)
     start = bench_clock(device)
     old = hutchinson_trace(hvp, dim, 8, settings.seed)
     old_s = bench_clock(device) - start
     start = bench_clock(device)
     probes = Probes(settings.probes, settings.trace_rse, settings.probes_max)
-    new = hessian_trace(hvp, dim, settings.exact_max, probes, settings.seed, eig.vectors)
+    new = hessian_trace(hvp, dim, settings.exact_max, probes, settings.seed, eig.vectors, dtype)
     new_s = bench_clock(device) - start
     _progress(f"trace {new.trace:.4g}+-{new.stderr:.2g}, {new.products} products {new_s:.1f} s; 8 probes {old_s:.1f} s")
     return {
@@ -247,6 +264,10 @@ def _central_curvature_s(surface, settings: SurfaceSettings, device: str) -> flo
     curvature_values(surface.loss, surface.params, settings, one_sided=False, stop_early=False)
     synchronize(torch.device(device))
     return bench_clock(device) - start
+
+
+def _size(surface) -> int:
+    return sum(p.numel() for p in surface.params.values())
 
 
 def surface_checkpoints(every: int) -> int:

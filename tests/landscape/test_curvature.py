@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from topometrics.landscape.curvature import hutchinson_trace, top_eigenpairs
+from topometrics.landscape.vectors import FileRows
 
 
 def symmetric(n, seed=0):
@@ -196,3 +197,46 @@ def test_two_passes_on_a_gpts_difference_products_equal_the_kept_basis_at_the_su
     np.testing.assert_allclose(two.values, kept.values, rtol=1e-5)  # two orders below LANCZOS_TOL
     cosines = np.abs(np.sum(two.vectors.astype(np.float64) * kept.vectors, axis=0))
     np.testing.assert_allclose(cosines, 1.0, atol=1e-5)  # the hess slice's directions, up to sign
+
+
+# --- float32 vectors, Ritz vectors in a file: a model too large for float64 copies ---------------------------------
+
+
+def test_float32_two_passes_with_ritz_vectors_in_a_file_find_the_dense_top_eigenpairs(tmp_path):
+    d = outliers_and_bulk()
+    found = top_eigenpairs(
+        lambda v: d * v, len(d), k=3, iters=60, tol=1e-5, basis_bytes=0, dtype=np.float32, spill=str(tmp_path)
+    )
+    np.testing.assert_allclose(found.values, [100.0, 50.0, 20.0], rtol=1e-6)
+    assert found.converged.all() and isinstance(found.vectors, FileRows)
+    for i in range(3):  # the unit eigenvectors e_0, e_1, e_2, to float32 rounding
+        vector = found.vector(i)
+        assert vector.dtype == np.float32 and abs(vector[i]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_ritz_vectors_summed_in_a_file_equal_those_summed_in_memory(tmp_path):
+    h = np.diag(np.concatenate([[10.0, 7.0, 5.0], np.linspace(0.0, 1.0, 3000)]))
+    d = np.diag(h)
+    run = dict(k=3, iters=40, tol=1e-5, stop_early=True, basis_bytes=0, dtype=np.float32)
+    in_memory = top_eigenpairs(lambda v: d * v, len(d), **run)
+    in_file = top_eigenpairs(lambda v: d * v, len(d), **run, spill=str(tmp_path))
+    assert np.array_equal(in_memory.values, in_file.values) and in_memory.products == in_file.products
+    for i in range(3):
+        np.testing.assert_allclose(in_file.vector(i), in_memory.vector(i), atol=1e-6)
+    kept = top_eigenpairs(lambda v: h @ v, len(d), k=3, iters=40, tol=1e-5, stop_early=True)
+    np.testing.assert_allclose(in_file.values, kept.values, rtol=1e-6)  # float32 vectors: float64's values
+
+
+def test_float32_memory_is_two_vectors_and_a_product_when_the_previous_one_waits_in_a_file(tmp_path):
+    import tracemalloc
+
+    d = outliers_and_bulk(1 << 24).astype(np.float32)  # 64 MB a vector
+    vector = d.nbytes
+    tracemalloc.start()
+    top_eigenpairs(lambda v: d * v, len(d), k=3, iters=12, tol=1e-9, basis_bytes=0, dtype=np.float32,
+                   spill=str(tmp_path))  # fmt: skip
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    # the current vector, the product and the previous one read back (the Ritz vectors in the file), and a
+    # chunk or two: under 3.5 float32 vectors, where the float64 path holds three float64 ones and the sums
+    assert peak < 3.5 * vector

@@ -14,12 +14,14 @@ from topometrics.landscape.curvature import top_eigenpairs
 from topometrics.landscape.slice import (
     difference_hvp,
     difference_step,
+    exact_hvp,
     filter_normalised,
     flat_hvp,
     functional_loss,
     loss_grid,
     random_direction,
 )
+from topometrics.models.model import GPT, GPTConfig
 
 
 def test_filter_normalisation_gives_each_row_its_weights_row_norm_and_vectors_nothing():
@@ -165,3 +167,50 @@ def test_the_difference_step_is_the_cube_root_of_eps_scaled_by_the_weights_norm(
     assert difference_step({"w": torch.zeros(3)}) == pytest.approx(np.cbrt(eps))
     assert difference_step({"w": torch.full((4,), 5.0), "b": torch.zeros(2)}) == pytest.approx(10 * np.cbrt(eps))
     assert difference_step({"w": torch.full((4,), 5.0)}, one_sided=True) == pytest.approx(10 * np.sqrt(eps))
+
+
+def float32_gpt():
+    """A tiny float32 GPT's loss on a 4-window batch: whole, per window, its params, and a float64 copy's exact
+    product (forward-over-reverse) as the reference."""
+    torch.manual_seed(3)
+    model = GPT(GPTConfig(vocab_size=16, context=8, hidden=8, layers=2, heads=2))
+    x = torch.randint(0, 16, (4, 8))
+    y = torch.roll(x, -1, dims=1)
+
+    def loss_on(model, xs, ys):
+        cross_entropy = nn.functional.cross_entropy
+        return functional_loss(model, lambda call: cross_entropy(call(xs).reshape(-1, 16), ys.reshape(-1)))
+
+    windows = [loss_on(model, x[i : i + 1], y[i : i + 1]) for i in range(4)]
+    double = GPT(model.cfg).double()
+    double.load_state_dict(model.state_dict())
+    reference, _ = flat_hvp(loss_on(double, x, y), params_of(double))
+    return model, windows, loss_on(model, x, y), reference
+
+
+def test_exact_float32_products_of_the_windows_equal_the_float64_exact_product_of_the_batch():
+    model, windows, whole, reference = float32_gpt()
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    by_window, dim = exact_hvp(windows, params)
+    in_one, _ = exact_hvp([whole], params)
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        v = rng.standard_normal(dim)
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            expected = reference(v)
+        for hvp in (by_window, in_one):
+            got = hvp(v.astype(np.float32))
+            assert got.dtype == np.float32
+            assert np.linalg.norm(got - expected) <= 1e-5 * np.linalg.norm(expected)  # float32 rounding, ~3e-7 here
+    assert all(p.grad is None for p in model.parameters())  # the hooks leave no gradient behind
+
+
+def test_an_exact_float32_product_reads_the_vector_in_place_and_is_linear():
+    model, windows, _, _ = float32_gpt()
+    hvp, dim = exact_hvp(windows, {k: p.detach() for k, p in model.named_parameters()})
+    v = np.random.default_rng(5).standard_normal(dim).astype(np.float32)
+    before = v.copy()
+    product = hvp(v)
+    assert np.array_equal(v, before)
+    np.testing.assert_allclose(hvp(3 * v), 3 * product, rtol=1e-4, atol=1e-6 * np.abs(product).max())
+    assert np.array_equal(hvp(np.zeros(dim, dtype=np.float32)), np.zeros(dim))

@@ -2,6 +2,8 @@
 (hidden-unit permutations, a constant added to the loss) and NULL with the reason where they cannot be
 computed (a non-finite slice, an unconverged Lanczos run, fewer eigenvalues kept)."""
 
+import tempfile
+
 import numpy as np
 import pytest
 import torch
@@ -199,3 +201,37 @@ def test_above_exact_max_the_trace_is_estimated_within_its_standard_error_of_the
     se = curvature.values["trace_se"]
     assert 0 < se <= SETTINGS.trace_rse * abs(curvature.values["trace"])
     assert abs(curvature.values["trace"] - exact) < 4 * se
+
+
+def test_a_large_models_float32_path_gives_the_float64_paths_curvature_and_hess_slice(monkeypatch, tmp_path):
+    from tests.landscape.helpers import gpt_loss, params_of
+    from topometrics.landscape import surface
+    from topometrics.models.model import GPT
+
+    model, x, y, loss = gpt_loss()  # float64: the products by differences, the kept basis
+    # the trace estimated (exact: one product per parameter) from at most 8 probes, to keep this test short
+    settings = SurfaceSettings(grid=5, radius=0.5, top=3, probes=4, iters=20, seed=0, exact_max=0, probes_max=8)
+    reference, reference_directions = curvature_values(loss, params_of(model), settings)
+    single = GPT(model.cfg)
+    single.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    params = params_of(single)
+
+    def window(i):
+        return functional_loss(single, lambda call: nn.functional.cross_entropy(call(x[i : i + 1])[0], y[i]))
+
+    whole = functional_loss(single, lambda call: nn.functional.cross_entropy(call(x).reshape(-1, 16), y.reshape(-1)))
+    monkeypatch.setattr(surface, "BASIS_BYTES", 0)  # this model is then "large": float32, two passes, a file
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    found, directions = curvature_values(whole, params, settings, windows=[window(i) for i in range(len(x))])
+    assert not any(found.reasons) and not any(reference.reasons)
+    for key in CURVATURE_KEYS[:3]:  # the eigenvalues: float32 products, an order below the tolerance
+        assert found.values[key] == pytest.approx(reference.values[key], rel=1e-4), key
+    difference = abs(found.values["trace"] - reference.values["trace"])  # other probes: within their errors
+    assert difference < 3 * np.hypot(found.values["trace_se"], reference.values["trace_se"])
+    for ours, theirs in zip(directions, reference_directions, strict=True):
+        a = torch.cat([t.reshape(-1) for t in ours.values()]).double()
+        b = torch.cat([t.reshape(-1) for t in theirs.values()])
+        assert abs(float(a @ b) / float(a.norm() * b.norm())) == pytest.approx(1.0, abs=1e-4)  # up to sign
+    landscape, curvature = surface_values(whole, params, settings, [window(i) for i in range(len(x))])
+    assert np.isfinite(list(landscape.values.values())).all() and not landscape.reasons
+    assert list(tmp_path.iterdir()) == []  # the Ritz vectors' folder is gone

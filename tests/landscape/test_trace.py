@@ -85,3 +85,35 @@ def test_the_trace_is_exact_up_to_exact_max_parameters_and_estimated_above():
 def test_a_trace_setting_out_of_range_says_which(probes, rse, message):
     with pytest.raises(ValueError, match=message):
         adaptive_trace(lambda v: v, 5, Probes(probes, rse, 100))
+
+
+def test_float32_probes_deflated_by_rows_in_a_file_estimate_what_float64_ones_in_memory_do(tmp_path):
+    from topometrics.landscape.vectors import add_rows, file_rows
+
+    h, top = spiked()
+    exact = np.trace(h)
+    probes = Probes(8, 0.05, 10_000)
+    skewed = top + 0.1 * np.random.default_rng(6).standard_normal(top.shape)  # orthonormalised in the file
+
+    def in_file(seed):
+        rows = file_rows(str(tmp_path), f"basis{seed}.f32", 3, 60)
+        for i in range(3):
+            add_rows(rows, np.eye(3)[i], skewed[:, i].astype(np.float32))
+        hvp32 = lambda v: (h @ v).astype(np.float32)  # noqa: E731
+        return adaptive_trace(hvp32, 60, probes, seed=seed, basis=rows, dtype=np.float32)
+
+    found = [in_file(s) for s in range(200)]
+    in_memory = [adaptive_trace(lambda v: h @ v, 60, probes, seed=s, basis=skewed) for s in range(200)]
+    ours, theirs = np.array([f.trace for f in found]), np.array([f.trace for f in in_memory])
+    # the same estimator on other probes: the same mean (both a little below the trace, ~1.5 %: the stopping
+    # rule reads the probes it stops on, module docstring), within the target relative error
+    assert abs(ours.mean() - theirs.mean()) < 3 * np.sqrt((ours.var() + theirs.var()) / 200)
+    assert abs(ours.mean() - exact) < 0.05 * exact
+    assert np.mean([f.products for f in found]) < 1.5 * np.mean([f.products for f in in_memory])
+    assert all(f.products >= 3 + 8 for f in found)  # the three exact products, then at least the least probes
+
+
+def test_float32_probes_on_a_diagonal_hessian_are_exact_whatever_the_probes():
+    d = np.random.default_rng(7).standard_normal(500)
+    found = adaptive_trace(lambda v: (d * v).astype(np.float32), 500, Probes(2, 0.05, 2), seed=1, dtype=np.float32)
+    assert found.trace == pytest.approx(d.sum(), rel=1e-5) and found.stderr == pytest.approx(0.0, abs=1e-3)

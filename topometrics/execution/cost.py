@@ -8,14 +8,15 @@ cannot hold (each with the GB it needs), :func:`plan_line` is the one line a sta
 
 Provenance. Seconds: one-thread CPU seconds measured on this project's 2-core machine on a
 Pythia-160M-shaped checkpoint (random weights, vocabulary 50,304; 162.3M parameters) with the per-checkpoint
-functions, divided by 162.3; the curvature's Lanczos products doubled where its basis is not kept
-(``landscape/curvature.py``: 20 of its ~29 products) and the trace's 3 deflation products added
-(``landscape/trace.py``, since), so x 52 / 29 — at the least probes: the adaptive trace may take up to
+functions, divided by 162.3; the curvature's from its exact float32 products on the 410M shape (below), counted
+at the most Lanczos products (two passes) and the trace's 3 deflation products — at the least probes: the
+adaptive trace may take up to
 ``features.hessian_probes_max``, and the exact trace (at most ``features.hessian_exact_max`` parameters) one
 product per parameter, which is not linear in ``n``. Memory: bytes held per parameter, counted
 from the buffers each family keeps (float32 weights 4 B, a float64 copy 8 B), checked against the measured
-peak of the old curvature (16 GB at 70M, 36-38 GB at 160M = a 160 B/parameter Lanczos basis on top of
-~70 B/parameter) — the others are upper estimates, not yet measured (``python -m bench features``).
+peak of the curvature on the 410M shape (6.7 GB: 18.6 B per parameter with the model; it was 16 GB at 70M and
+36-38 GB at 160M with a kept float64 Lanczos basis and float64 products) — the others are upper estimates, not
+yet measured (``python -m bench features``).
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ SECONDS_PER_MILLION = {
     "gradient": 18.0 / 162.3,  # one forward+backward of 16 x 128 tokens
     "gradient_topology": 117.5 / 162.3,
     "landscape": 757.0 / 162.3,  # 338 loss evaluations
-    # gradient + <= 20 Lanczos steps (two passes) + 3 deflation products + 8 probes, float64: 52 products where
-    # the measured run spent 29; at the least probes (features.hessian_probes): each more adds 538 / 29 s at 160M
-    "curvature": (29 + 20 + 3) / 29 * 538.0 / 162.3,
+    # <= 20 Lanczos steps (two passes: <= 39 products) + 3 deflation products + 8 probes: 50 exact float32 products
+    # one window at a time (landscape/slice.py's exact_hvp, the path of every model this estimate serves), 60 s
+    # each on the 410M shape (302.6M parameters, one thread, a quiet machine; ~1.8x the float64 difference
+    # product it replaced); at the least probes (features.hessian_probes): each more adds one product
+    "curvature": 50 * 60.0 / 302.6,
 }
 # Peak bytes per parameter: the model and what each family keeps besides it (counted; see the docstring).
 BYTES_PER_PARAMETER = {
@@ -43,11 +46,11 @@ BYTES_PER_PARAMETER = {
     "gradient": 4 + 4 + 8,  # the model, its gradients, activations (16 x 128 tokens: under 8 B/parameter)
     "gradient_topology": 4 + 4 + 8 + 8,  # as gradient, and the whole-network sketch's float64 flattening
     "landscape": 4 + 3 * 4 + 8,  # the model, two directions and a moved copy, activations
-    # the model, its float64 copy, the float64 gradient at the weights and three float32 Ritz vectors, and at
-    # most 72 B more: three float64 Lanczos vectors and a product's ~5 float64 temporaries (64), the trace's
-    # QR of the Ritz vectors (their float64 copy, LAPACK's, the basis: 72), or its probes (the basis, a probe,
-    # a product's temporaries: 72; landscape/trace.py, measured with tracemalloc)
-    "curvature": 4 + 8 + 8 + 3 * 4 + max(3 * 8 + 5 * 8, 3 * 3 * 8, 3 * 8 + 8 + 5 * 8),
+    # the model, two float32 vectors through a product (the Lanczos vector and the product, or a probe and its
+    # product; the previous Lanczos vector and the Ritz vectors wait in files: landscape/curvature.py), and the
+    # exact float32 product's own working set, one window's activations and a layer's gradients: 8 B counted
+    # from the measured peak, 6.7 GB on the 410M shape (18.6 B per parameter in all, docs/performance.md)
+    "curvature": 4 + 2 * 4 + 8,
 }
 FIXED_BYTES = 1 * GIB  # the interpreter, torch, transformers, the tokenizer
 GROUP = {name: "weights" for name in ("np", "vr", "spectral", "scale_free", "heavy_tail")}

@@ -211,7 +211,7 @@ def surface_features(surface: LossSurface | str, params: FeaturesParams) -> Chec
         probes_max=params.hessian_probes_max,
     )
     try:
-        found = surface_values(surface.loss, surface.params, settings)
+        found = surface_values(surface.loss, surface.params, settings, surface.windows)
     except RuntimeError as err:
         reason = f"loss surface not computable on this model: {err}".splitlines()[0]
         out.add(ALL, dict.fromkeys(landscape + curvature, np.nan), reason)

@@ -28,6 +28,8 @@ class LossSurface(NamedTuple):
 
     loss: LossOfParams
     params: Params
+    # the same loss as the mean of one per window of the batch: products that hold one window's activations
+    windows: tuple[LossOfParams, ...] = ()
 
 
 class ForwardPass(NamedTuple):
@@ -88,12 +90,17 @@ def loss_surface(
     x, y = batch
     as_logits = logits or (lambda out: out)
 
-    def cross_entropy(call) -> torch.Tensor:
-        out = as_logits(call(x))
-        return torch.nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+    def cross_entropy(inputs: torch.Tensor, targets: torch.Tensor):
+        def of(call) -> torch.Tensor:
+            out = as_logits(call(inputs))
+            return torch.nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), targets.reshape(-1))
+
+        return of
 
     params = {name: p.detach() for name, p in model.named_parameters()}
-    return LossSurface(functional_loss(model, cross_entropy), params)
+    # every window has the same number of targets, so the batch's mean is the mean of the windows' means
+    windows = tuple(functional_loss(model, cross_entropy(x[i : i + 1], y[i : i + 1])) for i in range(len(x)))
+    return LossSurface(functional_loss(model, cross_entropy(x, y)), params, windows)
 
 
 def model_on_batch(

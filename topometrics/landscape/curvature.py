@@ -1,6 +1,7 @@
 """Curvature from Hessian-vector products: the top eigenvalues (Lanczos) and the trace (Hutchinson).
 
-Both take the Hessian only as an operator ``hvp(v) -> H v`` on float64 vectors of length ``dim``, so
+Both take the Hessian only as an operator ``hvp(v) -> H v`` on float64 vectors of length ``dim`` (or float32, a
+large model's: ``top_eigenpairs``' ``dtype``), so
 they serve any loss whose Hessian-vector products can be computed (double backward, ``torch.func``)
 and are tested against explicit matrices. Randomness comes only from ``seed``.
 
@@ -14,8 +15,14 @@ and are tested against explicit matrices. Randomness comes only from ``seed``.
   three-term recurrence (locally re-orthogonalised) for the tridiagonal matrix, a second pass regenerates
   the same Lanczos vectors to sum the Ritz vectors (float32: the slice they span is taken in the weights'
   float32), so memory is three float64 vectors and ``k`` float32 ones whatever the steps, for about twice the
-  products. Without full re-orthogonalisation a converged Ritz value can reappear as a spurious copy (Paige);
-  a vector whose cosine with a higher one exceeds ``sqrt(tol)`` is reported as not converged.
+  products. With ``dtype`` float32 (the products of a model too large for float64 copies,
+  :func:`topometrics.landscape.slice.exact_hvp`) the three vectors are float32 (dots accumulated in float64,
+  :mod:`topometrics.landscape.vectors`), and with ``spill`` a folder the ``k`` Ritz vectors are summed in a file
+  there (:class:`~topometrics.landscape.vectors.FileRows`) instead of memory, and the previous Lanczos vector
+  waits in a file while each product runs (a large model's product is the run's peak), and the start vector is
+  drawn again for the second pass instead of kept: two float32 vectors of the model's size through a product,
+  three between products. Without full re-orthogonalisation a converged Ritz value can reappear as a spurious
+  copy (Paige); a vector whose cosine with a higher one exceeds ``sqrt(tol)`` is reported as not converged.
 - :func:`hutchinson_trace`: the mean of ``z^T H z`` over ``probes`` seeded Rademacher vectors
   (``E[z z^T] = I``, so the mean is unbiased; exact on a diagonal Hessian, whatever the probes),
   with its standard error.
@@ -27,16 +34,35 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from scipy.linalg.blas import daxpy
+
+from topometrics.landscape.vectors import (
+    FileRows,
+    add_rows,
+    axpy,
+    dot,
+    file_rows,
+    gram,
+    norm,
+    read_row,
+    scale_rows,
+    write_row,
+)
 
 Operator = Callable[[np.ndarray], np.ndarray]
 
 
 class Eigenpairs(NamedTuple):
     values: np.ndarray  # (k,) largest eigenvalues, descending
-    vectors: np.ndarray  # (dim, k) unit eigenvectors, column i for values[i] (float32 on the two-pass path)
+    # (dim, k) unit eigenvectors, column i for values[i] (float32 on the two-pass path), or their k rows in a file
+    vectors: np.ndarray | FileRows
     converged: np.ndarray  # (k,) bool: the residual bound is within tolerance
     products: int  # Hessian-vector products spent
+
+    def vector(self, i: int) -> np.ndarray:
+        """Eigenvector ``i`` as a ``(dim,)`` array, wherever the vectors are kept."""
+        if isinstance(self.vectors, FileRows):
+            return read_row(self.vectors, i)
+        return self.vectors[:, i]
 
 
 class TraceEstimate(NamedTuple):
@@ -70,23 +96,33 @@ def top_eigenpairs(
     tol: float = 1e-6,
     stop_early: bool = False,
     basis_bytes: int = BASIS_BYTES,
+    dtype: type = np.float64,
+    spill: str | None = None,
 ) -> Eigenpairs:
     """The ``k`` largest eigenvalues of the symmetric operator ``hvp`` on R^dim, by ``iters`` Lanczos steps.
 
     Stops early when the Krylov space is exhausted (an invariant subspace: every Ritz value is then
     exact) and, with ``stop_early``, as soon as the top ``k`` Ritz values have converged to ``tol``
     (checked from step ``k`` on; one ``(m, m)`` tridiagonal eigendecomposition a step, no product).
-    ``k`` must not exceed ``min(iters, dim)``. A basis over ``basis_bytes`` is not kept (module docstring).
+    ``k`` must not exceed ``min(iters, dim)``. A basis over ``basis_bytes`` is not kept (module docstring);
+    ``dtype`` (the Lanczos vectors', float32 or float64) and ``spill`` (a folder for the Ritz vectors) serve that
+    two-pass path only.
     """
     if not 1 <= k <= min(iters, dim):
         raise ValueError(f"k = {k} eigenvalues need 1 <= k <= min(iters, dim) = {min(iters, dim)}")
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal(dim)
-    q /= np.linalg.norm(q)
     run = Lanczos(k, min(iters, dim), tol, stop_early)
     if run.steps * dim * 8 <= basis_bytes:
-        return _kept_basis(hvp, q, run)
-    return _two_pass(hvp, q, run)
+        q = np.random.default_rng(seed).standard_normal(dim)
+        return _kept_basis(hvp, q / np.linalg.norm(q), run)
+
+    def start() -> np.ndarray:  # the same vector each call: the second pass draws it again instead of keeping it
+        rng, q = np.random.default_rng(seed), np.empty(dim, dtype=dtype)
+        for at in range(0, dim, 1 << 22):  # a chunk at a time: no float64 vector of a float32 run
+            q[at : at + (1 << 22)] = rng.standard_normal(min(1 << 22, dim - at))
+        q /= norm(q)
+        return q
+
+    return _two_pass(hvp, dim, start, run, spill)
 
 
 def _kept_basis(hvp: Operator, q: np.ndarray, run: Lanczos) -> Eigenpairs:
@@ -111,16 +147,23 @@ def _kept_basis(hvp: Operator, q: np.ndarray, run: Lanczos) -> Eigenpairs:
     return Eigenpairs(theta, vectors / np.linalg.norm(vectors, axis=0), converged, len(alphas))
 
 
-def _two_pass(hvp: Operator, q: np.ndarray, run: Lanczos) -> Eigenpairs:
-    """Lanczos keeping three vectors: the recurrence for the tridiagonal matrix, then again for the Ritz vectors."""
+def _two_pass(
+    hvp: Operator, dim: int, start: Callable[[], np.ndarray], run: Lanczos, spill: str | None = None
+) -> Eigenpairs:
+    """Lanczos keeping three vectors (the dtype of ``start()``, the unit start vector): the recurrence for the
+    tridiagonal matrix, then again for the Ritz vectors (summed in a file in ``spill`` when given)."""
     k, steps, tol, _ = run
     alphas, betas = [], []
-    previous, current = None, q
-    most = min(2 * steps, len(q))
+    # with a spill folder the previous vector waits in a file while the product runs (the product's own
+    # working set is the run's peak): two vectors in memory through the product instead of three
+    parked = file_rows(spill, "previous.f32", 1, dim) if spill else None
+    previous, current = None, start()
+    most = min(2 * steps, dim)
     for _ in range(most):  # first pass: the coefficients only
+        previous = _park(previous, parked)
         alpha, w = _recurrence_step(hvp, previous, current, betas[-1] if betas else 0.0)
         alphas.append(alpha)
-        betas.append(float(np.linalg.norm(w)))
+        betas.append(norm(w))
         # a step spent on a spurious copy adds no dimension to the Krylov space: it does not count
         last = len(alphas) - _spurious(alphas, betas, tol) >= steps or len(alphas) == most
         if _stop(alphas, betas, run, last, genuine=True):
@@ -130,36 +173,61 @@ def _two_pass(hvp: Operator, q: np.ndarray, run: Lanczos) -> Eigenpairs:
     del previous, current, w
     theta, s, converged = _checked_ritz(alphas, betas, k, tol, genuine=True)
     m = len(alphas)
-    sums = np.zeros((k, len(q)), dtype=np.float32)  # row i: Ritz vector i, summed as the vectors come back
-    previous, current = None, q
+    # row i: Ritz vector i, summed as the vectors come back
+    sums = file_rows(spill, "ritz.f32", k, dim) if spill else np.zeros((k, dim), dtype=np.float32)
+    previous, current = None, start()
     for j in range(m):  # second pass: the same vectors (the same products), summed with the Ritz coordinates
-        for i in range(k):
-            sums[i] += np.float32(s[j, i]) * current.astype(np.float32)
+        if spill:
+            add_rows(sums, s[j], current)
+        else:
+            for i in range(k):
+                sums[i] += np.float32(s[j, i]) * current.astype(np.float32)
         if j + 1 < m:
+            previous = _park(previous, parked)
             _, w = _recurrence_step(hvp, previous, current, betas[j - 1] if j else 0.0)
             w /= betas[j]
             previous, current = current, w
-    sums /= np.linalg.norm(sums, axis=1, keepdims=True)  # in place: no second copy of k parameter vectors
-    cosines = np.abs(np.triu(sums @ sums.T, 1)).astype(np.float64)
+    del previous, current
+    if spill:
+        products = gram(sums)
+        lengths = np.sqrt(np.diag(products))
+        scale_rows(sums, np.diag(1.0 / lengths))
+        cosines = np.abs(np.triu(products / np.outer(lengths, lengths), 1))
+        vectors = sums
+    else:
+        sums /= np.linalg.norm(sums, axis=1, keepdims=True)  # in place: no second copy of k parameter vectors
+        cosines = np.abs(np.triu(sums @ sums.T, 1)).astype(np.float64)
+        vectors = sums.T
     converged &= cosines.max(axis=0, initial=0.0) <= np.sqrt(tol)  # a spurious copy of a higher Ritz vector
-    return Eigenpairs(theta, sums.T, converged, 2 * m - 1)
+    return Eigenpairs(theta, vectors, converged, 2 * m - 1)
+
+
+def _park(previous: np.ndarray | None, parked: FileRows | None) -> np.ndarray | FileRows | None:
+    """``previous`` written to the file ``parked`` (returned in its stead), or ``previous`` itself without one."""
+    if parked is None or previous is None:
+        return previous
+    write_row(parked, 0, previous)
+    return parked
 
 
 def _recurrence_step(
-    hvp: Operator, previous: np.ndarray | None, current: np.ndarray, beta: float
+    hvp: Operator, previous: np.ndarray | FileRows | None, current: np.ndarray, beta: float
 ) -> tuple[float, np.ndarray]:
     """``(alpha_j, w)``: ``w = H q_j - alpha_j q_j - beta_{j-1} q_{j-1}``, once more orthogonalised against both
     (local re-orthogonalisation keeps the two-pass vectors as orthogonal as floating point lets them be).
-    In place (BLAS axpy): no temporary vector beyond the product itself."""
-    w = np.asarray(hvp(current), dtype=np.float64)
+    In place (BLAS axpy) in ``current``'s dtype: no temporary vector beyond the product itself. A ``previous``
+    parked in a file (:func:`_park`) is read back after the product."""
+    w = np.asarray(hvp(current), dtype=current.dtype)
+    if isinstance(previous, FileRows):
+        previous = read_row(previous, 0)
     if not w.flags.c_contiguous or w.flags.writeable is False or np.may_share_memory(w, current):
-        w = np.array(w, dtype=np.float64)  # never update the caller's (or our own) vector in place
-    alpha = float(current @ w)
-    w = daxpy(current, w, a=-alpha)
+        w = np.array(w, dtype=current.dtype)  # never update the caller's (or our own) vector in place
+    alpha = dot(current, w)
+    w = axpy(current, w, -alpha)
     if previous is not None:
-        w = daxpy(previous, w, a=-beta)
-        w = daxpy(previous, w, a=-float(previous @ w))
-    w = daxpy(current, w, a=-float(current @ w))
+        w = axpy(previous, w, -beta)
+        w = axpy(previous, w, -dot(previous, w))
+    w = axpy(current, w, -dot(current, w))
     return alpha, w
 
 

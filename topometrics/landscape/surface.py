@@ -4,7 +4,10 @@
 at the checkpoint's weights:
 
 1. Lanczos on Hessian-vector products (one-sided differences of float64 gradients, ``slice.difference_hvp``;
-   at most ``hessian_iters`` steps, stopping as soon as the kept Ritz values have converged, seed ``seed``)
+   a model whose Lanczos basis would exceed ``curvature.BASIS_BYTES`` — a Pythia-70M shape and up — takes exact
+   float32 products instead, one window of the batch at a time, ``slice.exact_hvp``, with float32 Lanczos vectors
+   and its Ritz vectors in a temporary file: :func:`large_model`; at most ``hessian_iters`` steps, stopping as
+   soon as the kept Ritz values have converged, seed ``seed``)
    for the top ``max(hessian_top, 2)`` eigenpairs, and the trace (:func:`topometrics.landscape.trace.hessian_trace`:
    exact up to ``hessian_exact_max`` parameters, above that Hutchinson's with the top eigenvectors deflated and
    Rademacher probes added from ``hessian_probes`` until the standard error ``trace_se`` is ``hessian_trace_rse``
@@ -27,16 +30,19 @@ Keys are the vocabulary's, less the family prefix (``rand_minima``, ``eig1``).
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from topometrics.landscape.curvature import top_eigenpairs
+from topometrics.landscape.curvature import BASIS_BYTES, top_eigenpairs
 from topometrics.landscape.slice import (
     LossOfParams,
     Params,
     difference_hvp,
+    exact_hvp,
     filter_normalised,
     loss_grid,
     random_direction,
@@ -44,6 +50,7 @@ from topometrics.landscape.slice import (
 )
 from topometrics.landscape.sublevel import SUMMARY_KEYS, slice_summary
 from topometrics.landscape.trace import Probes, hessian_trace
+from topometrics.landscape.vectors import all_finite, dot
 
 # Relative Lanczos residual bound under which a Ritz value counts as converged: 1e-3 of the eigenvalue
 # is far below the spread between checkpoints, and tens of steps reach it on our models' top eigenvalues.
@@ -85,31 +92,75 @@ class Values(NamedTuple):
     reasons: dict[str, str]  # key -> why its value is NULL (absent: computed)
 
 
-def surface_values(loss: LossOfParams, params: Params, settings: SurfaceSettings) -> tuple[Values, Values]:
-    """``(landscape, curvature)`` of ``loss`` at ``params``; see the module docstring."""
-    hvp, dim = difference_hvp(loss, params, one_sided=True)  # curvature_values' default products, shared
+def surface_values(
+    loss: LossOfParams, params: Params, settings: SurfaceSettings, windows: Sequence[LossOfParams] = ()
+) -> tuple[Values, Values]:
+    """``(landscape, curvature)`` of ``loss`` at ``params``; see the module docstring. ``windows``: the same loss
+    as the mean of one per window of its batch (``features.forward.LossSurface.windows``), which a large model's
+    products take one at a time (default: ``loss`` whole)."""
+    hvp, dim, dtype = curvature_products(loss, params, settings, windows)  # curvature_values' defaults, shared
     hvp = _finite(hvp)
-    curvature, eig = _curvature_values(hvp, dim, params, settings)
+    curvature, eig = _curvature_values(hvp, dim, params, settings, dtype=dtype)
+    # one pair of directions at a time, each twice the model's size: the Hessian's (already there), then the random
+    found = {"hess": _pair(loss, params, eig, settings, hvp, dtype)}
+    del eig
     gen = torch.Generator().manual_seed(settings.seed)
     rand = (random_direction(params, gen), random_direction(params, gen))
-    landscape, slice_reasons = Values({}, {}), {}
-    for pair, directions in (("rand", rand), ("hess", eig)):
-        if isinstance(directions, str):
-            summary, reason = dict.fromkeys(SUMMARY_KEYS, np.nan), directions
-        else:
-            summary, reason = slice_values(loss, params, directions, settings)
+    found["rand"] = _pair(loss, params, rand, settings, hvp, dtype)
+    global_value, global_reason = global_range(loss, params, rand, settings)
+    del rand
+    landscape = Values({}, {})
+    for pair in ("rand", "hess"):  # the keys in the vocabulary's order
+        summary, reason, _, _ = found[pair]
         landscape.values.update({f"{pair}_{k}": v for k, v in summary.items()})
-        slice_reasons[pair] = reason
         if reason:
             landscape.reasons.update({f"{pair}_{k}": reason for k in summary})
-    landscape.values["rand_range_global"], reason = global_range(loss, params, rand, settings)
-    if reason:
-        landscape.reasons["rand_range_global"] = reason
-    for pair, directions in (("rand", rand), ("hess", eig)):  # a NULL slice has no curvature either
-        landscape.values[f"{pair}_curv"], reason = slice_curvature(hvp, slice_reasons[pair] or directions)
+    landscape.values["rand_range_global"] = global_value
+    if global_reason:
+        landscape.reasons["rand_range_global"] = global_reason
+    for pair in ("rand", "hess"):
+        _, _, curv, reason = found[pair]
+        landscape.values[f"{pair}_curv"] = curv
         if reason:
             landscape.reasons[f"{pair}_curv"] = reason
     return landscape, curvature
+
+
+def _pair(loss, params: Params, directions: tuple[Params, Params] | str, settings: SurfaceSettings, hvp, dtype):
+    """``(summary, reason, curvature, its reason)`` of the slice along ``directions`` (or the reason there are none);
+    a NULL slice has no curvature either."""
+    if isinstance(directions, str):
+        summary, reason = dict.fromkeys(SUMMARY_KEYS, np.nan), directions
+    else:
+        summary, reason = slice_values(loss, params, directions, settings)
+    return (summary, reason, *slice_curvature(hvp, reason or directions, dtype))
+
+
+def large_model(dim: int, settings: SurfaceSettings) -> bool:
+    """Whether the curvature takes the large-model path: its Lanczos basis would not be kept in memory
+    (``hessian_iters`` float64 vectors over ``curvature.BASIS_BYTES``). Every ladder rung stays below (its values
+    are those of the float64 products); a Pythia-70M shape and up do not."""
+    return settings.iters * dim * 8 > BASIS_BYTES
+
+
+def curvature_products(
+    loss: LossOfParams,
+    params: Params,
+    settings: SurfaceSettings,
+    windows: Sequence[LossOfParams] = (),
+    one_sided: bool = True,
+):
+    """``(hvp, dim, dtype)``: the Hessian-vector products the curvature runs on, and their vectors' dtype.
+
+    One-sided (or central) differences of float64 gradients, one ordinary backward pass per product on the fused
+    attention kernels, accurate to about 1e-7 relative, four orders below LANCZOS_TOL; on a large model
+    (:func:`large_model`) exact float32 products of ``windows`` one at a time (``slice.exact_hvp``: no float64
+    copy of the weights, one window's activations), about 3e-7 relative to the float64 ones."""
+    if large_model(sum(p.numel() for p in params.values()), settings):
+        hvp, dim = exact_hvp(tuple(windows) or (loss,), params)
+        return hvp, dim, np.float32
+    hvp, dim = difference_hvp(loss, params, one_sided)
+    return hvp, dim, np.float64
 
 
 def global_range(
@@ -126,54 +177,70 @@ def global_range(
     return float(grid.max() - grid.min()), None
 
 
-def slice_curvature(hvp, directions: tuple[Params, Params] | str) -> tuple[float, str | None]:
+def slice_curvature(hvp, directions: tuple[Params, Params] | str, dtype: type = np.float64) -> tuple[float, str | None]:
     """``(d1^T H d1 + d2^T H d2) / 2`` (nats per squared filter-normalised unit): the slice's mean second
     derivative along its two axes at the centre, or NaN and why (``directions`` is the reason: no directions, a
     NULL slice; a non-finite product).
 
     The directions are the slice's own, unscaled, so this is the curvature the slice's grid shows at the
     weights (its second differences tend to it, tests); ``d^T H d / ||d||^2`` would be a Rayleigh quotient
-    instead, comparable with the eigenvalues but not with the slice."""
+    instead, comparable with the eigenvalues but not with the slice. ``dtype``: the products' vectors'."""
     if isinstance(directions, str):
         return np.nan, directions
     try:
         values = []
         for d in directions:
-            flat = torch.cat([t.detach().reshape(-1) for t in d.values()]).double().cpu().numpy()
-            values.append(float(flat @ hvp(flat)))
+            flat = torch.cat([t.detach().reshape(-1) for t in d.values()]).cpu().numpy().astype(dtype, copy=False)
+            values.append(dot(flat, np.asarray(hvp(flat), dtype=dtype)))
     except FloatingPointError as err:
         return np.nan, str(err)
     return float(np.mean(values)), None
 
 
 def curvature_values(
-    loss: LossOfParams, params: Params, settings: SurfaceSettings, one_sided: bool = True, stop_early: bool = True
+    loss: LossOfParams,
+    params: Params,
+    settings: SurfaceSettings,
+    one_sided: bool = True,
+    stop_early: bool = True,
+    windows: Sequence[LossOfParams] = (),
 ) -> tuple[Values, tuple[Params, Params] | str]:
     """Curvature :data:`CURVATURE_KEYS`, and the filter-normalised top-2 eigenvectors (or why there are none).
 
     ``one_sided`` / ``stop_early`` False: central differences and all ``hessian_iters`` steps (the reference
-    ``python tools/surface_stability.py`` compares the defaults with)."""
-    # One-sided differences of float64 gradients: one ordinary backward pass per product on the fused
-    # attention kernels (central: two; the exact forward-over-reverse product: 15-30, slice.py), accurate
-    # to about 1e-7 relative, four orders below LANCZOS_TOL.
-    hvp, dim = difference_hvp(loss, params, one_sided)
-    return _curvature_values(_finite(hvp), dim, params, settings, stop_early)
+    ``python tools/surface_stability.py`` compares the defaults with; a large model's products are exact either
+    way). ``windows``: as in :func:`surface_values`."""
+    hvp, dim, dtype = curvature_products(loss, params, settings, windows, one_sided)
+    return _curvature_values(_finite(hvp), dim, params, settings, stop_early, dtype)
 
 
-def _curvature_values(hvp, dim: int, params: Params, settings: SurfaceSettings, stop_early: bool = True):
-    """``hvp`` raises FloatingPointError on a non-finite product (:func:`_finite`)."""
-    try:
-        k = max(settings.top, 2)
-        eig = top_eigenpairs(hvp, dim, k, settings.iters, settings.seed, LANCZOS_TOL, stop_early)
-        probes = Probes(settings.probes, settings.trace_rse, settings.probes_max)
-        found = hessian_trace(hvp, dim, settings.exact_max, probes, settings.seed, basis=eig.vectors)
-        trace = found.trace
-    except FloatingPointError as err:
-        reason = str(err)
-        return Values(dict.fromkeys(CURVATURE_KEYS, np.nan), dict.fromkeys(CURVATURE_KEYS, reason)), reason
+def _curvature_values(
+    hvp, dim: int, params: Params, settings: SurfaceSettings, stop_early: bool = True, dtype: type = np.float64
+):
+    """``hvp`` raises FloatingPointError on a non-finite product (:func:`_finite`). Float32 vectors (a large
+    model): the Ritz vectors are summed in a temporary folder, removed before this returns."""
+    with tempfile.TemporaryDirectory(prefix="topometrics-ritz-") as spill:
+        try:
+            k = max(settings.top, 2)
+            large = dtype == np.float32
+            eig = top_eigenpairs(
+                hvp, dim, k, settings.iters, settings.seed, LANCZOS_TOL, stop_early,
+                basis_bytes=0 if large else BASIS_BYTES, dtype=dtype, spill=spill if large else None,
+            )  # fmt: skip
+            probes = Probes(settings.probes, settings.trace_rse, settings.probes_max)
+            found = hessian_trace(hvp, dim, settings.exact_max, probes, settings.seed, eig.vectors, dtype)
+            trace = found.trace
+        except FloatingPointError as err:
+            reason = str(err)
+            return Values(dict.fromkeys(CURVATURE_KEYS, np.nan), dict.fromkeys(CURVATURE_KEYS, reason)), reason
+        return _eigen_values(eig, trace, found.stderr, params, settings)
+
+
+def _eigen_values(eig, trace: float, stderr: float, params: Params, settings: SurfaceSettings):
+    """The curvature's values and reasons, and the top-2 filter-normalised eigenvectors (or why there are none)."""
     values = {key: float(eig.values[i]) if i < settings.top else np.nan for i, key in enumerate(EIGEN_KEYS)}
     values |= {"trace": trace, "eig1_over_trace": float(eig.values[0]) / trace if trace != 0 else np.nan}
-    values["trace_se"] = found.stderr
+    values["trace_se"] = stderr
     reasons = {}
     for i, key in enumerate(EIGEN_KEYS):
         if i >= settings.top:
@@ -187,7 +254,7 @@ def _curvature_values(hvp, dim: int, params: Params, settings: SurfaceSettings, 
     if not eig.converged[:2].all():
         why = f"Lanczos did not converge in {settings.iters} steps (features.hessian_iters): no top-2 eigenvectors"
         return Values(values, reasons), why
-    vectors = tuple(filter_normalised(unflatten(eig.vectors[:, i], params), params) for i in range(2))
+    vectors = tuple(filter_normalised(unflatten(eig.vector(i), params), params) for i in range(2))
     return Values(values, reasons), vectors
 
 
@@ -213,7 +280,7 @@ def grid_chunk(params: Params, grid: int) -> int:
 def _finite(hvp):
     def checked(v: np.ndarray) -> np.ndarray:
         out = hvp(v)
-        if not np.isfinite(out).all():
+        if not all_finite(out):
             raise FloatingPointError("non-finite Hessian-vector product")
         return out
 

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from topometrics.landscape.curvature import TraceEstimate
+from topometrics.landscape.vectors import FileRows, dot, orthonormalise, project_out, read_row
 
 Operator = Callable[[np.ndarray], np.ndarray]
 
@@ -50,12 +51,19 @@ def exact_trace(hvp: Operator, dim: int) -> TraceEstimate:
 
 
 def adaptive_trace(
-    hvp: Operator, dim: int, probes: Probes, seed: int = 0, basis: np.ndarray | None = None
+    hvp: Operator,
+    dim: int,
+    probes: Probes,
+    seed: int = 0,
+    basis: np.ndarray | FileRows | None = None,
+    dtype: type = np.float64,
 ) -> TraceEstimate:
     """Hutchinson's trace, probes added until ``stderr <= rse * |trace|`` (from ``min_probes`` on) or ``max_probes``.
 
     ``basis``: ``(dim, k)`` vectors to deflate with (orthonormalised here); ``products`` counts the ``k``
-    exact ones too. ``stderr`` is the probes' standard error of the mean (ddof 1).
+    exact ones too; rows in a file (the curvature's float32 path) are orthonormalised there, in place, and applied a
+    chunk at a time. ``dtype`` float32: the probes are float32 (a model too large for float64 copies; dots are
+    still accumulated in float64). ``stderr`` is the probes' standard error of the mean (ddof 1).
     """
     min_probes, rse, max_probes = probes
     if not 2 <= min_probes <= max_probes:
@@ -63,7 +71,15 @@ def adaptive_trace(
     if rse <= 0:
         raise ValueError(f"the target relative standard error must be positive, got {rse}")
     exact_part, project, spent = 0.0, (lambda v: v), 0
-    if basis is not None and basis.shape[1]:
+    if isinstance(basis, FileRows):
+        orthonormalise(basis)
+        exact_part = sum(dot(q, hvp(q)) for q in (read_row(basis, j) for j in range(basis.rows)))
+        spent = basis.rows
+
+        def project(v: np.ndarray) -> np.ndarray:
+            return project_out(basis, v)
+
+    elif basis is not None and basis.shape[1]:
         q, _ = np.linalg.qr(np.asarray(basis, dtype=np.float64))
         exact_part = sum(float(q[:, j] @ np.asarray(hvp(q[:, j]), dtype=np.float64)) for j in range(q.shape[1]))
         spent = q.shape[1]
@@ -74,8 +90,15 @@ def adaptive_trace(
     rng = np.random.default_rng(seed)
     n, mean, m2 = 0, 0.0, 0.0  # Welford's running mean and sum of squared deviations of the probes
     while n < max_probes:
-        z = project(rng.integers(0, 2, dim).astype(np.float64) * 2.0 - 1.0)
-        sample = float(z @ np.asarray(hvp(z), dtype=np.float64))  # z = P z: z^T H z = z^T P H P z
+        if dtype == np.float64:
+            z = project(rng.integers(0, 2, dim).astype(np.float64) * 2.0 - 1.0)
+            sample = float(z @ np.asarray(hvp(z), dtype=np.float64))  # z = P z: z^T H z = z^T P H P z
+        else:  # in place: one float32 vector (and the int8 draw) besides the product
+            z = rng.integers(0, 2, dim, dtype=np.int8).astype(dtype)
+            z *= 2
+            z -= 1
+            z = project(z)
+            sample = dot(z, np.asarray(hvp(z), dtype=dtype))
         n += 1
         delta = sample - mean
         mean += delta / n
@@ -87,9 +110,15 @@ def adaptive_trace(
 
 
 def hessian_trace(
-    hvp: Operator, dim: int, exact_max: int, probes: Probes, seed: int = 0, basis: np.ndarray | None = None
+    hvp: Operator,
+    dim: int,
+    exact_max: int,
+    probes: Probes,
+    seed: int = 0,
+    basis: np.ndarray | FileRows | None = None,
+    dtype: type = np.float64,
 ) -> TraceEstimate:
     """:func:`exact_trace` when ``dim <= exact_max``, else :func:`adaptive_trace`."""
     if dim <= exact_max:
         return exact_trace(hvp, dim)
-    return adaptive_trace(hvp, dim, probes, seed, basis)
+    return adaptive_trace(hvp, dim, probes, seed, basis, dtype)

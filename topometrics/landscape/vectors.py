@@ -1,0 +1,143 @@
+"""Parameter-sized vectors of a model too large for float64 copies: float32 arithmetic and rows kept in a file.
+
+A Pythia-410M-shaped model's parameter vector is 1.2 GB in float32 and 2.4 GB in float64; the curvature's
+Lanczos run needs three such vectors and its ``k`` Ritz vectors besides the model. These helpers let it keep
+only float32 vectors and no temporary of a vector's size:
+
+- :func:`dot` accumulates in float64 over chunks of :data:`CHUNK` values (one float32 BLAS dot a chunk: its
+  rounding stays that of a short sum, ~1e-7 relative, where one float32 dot of 3e8 values would lose ~1e-4);
+  :func:`axpy` is BLAS's in-place ``y += a x`` in the vectors' precision. Float64 vectors take one BLAS call
+  (the curvature's float64 path is unchanged by these helpers).
+- :class:`FileRows`: ``rows`` float32 vectors of length ``dim`` in one file (row-major), read and written
+  :data:`CHUNK` values at a time, so the process holds a chunk, not the rows (the page cache holds the rest,
+  and the kernel may write it out instead of killing the process). :func:`add_rows` sums vectors into them,
+  :func:`orthonormalise` makes them orthonormal in place (Cholesky QR: ``G = R R^T``, ``Q = L^-1 R`` with
+  ``G = L L^T``, two passes; exact in exact arithmetic and accurate to ``cond(R)^2 eps`` otherwise, 1 for the
+  nearly orthonormal Ritz vectors it serves), :func:`project_out` applies ``I - Q^T Q`` to a vector.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+from scipy.linalg.blas import daxpy, saxpy
+
+CHUNK = 1 << 22  # values per chunk: 16 MB of float32
+
+
+def dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``a . b`` of two vectors, float64-accumulated over chunks when they are float32."""
+    if a.dtype == np.float64 and b.dtype == np.float64:
+        return float(a @ b)
+    return float(sum(float(np.dot(a[i : i + CHUNK], b[i : i + CHUNK])) for i in range(0, len(a), CHUNK)))
+
+
+def norm(a: np.ndarray) -> float:
+    return float(np.sqrt(dot(a, a)))
+
+
+def axpy(x: np.ndarray, y: np.ndarray, a: float) -> np.ndarray:
+    """``y + a x``, in place in ``y`` (both float32 or both float64, contiguous); returns ``y``."""
+    return (saxpy if y.dtype == np.float32 else daxpy)(x, y, a=a)
+
+
+class FileRows(NamedTuple):
+    """``rows`` float32 vectors of length ``dim``, row-major in the file ``path``."""
+
+    path: str
+    rows: int
+    dim: int
+
+
+def file_rows(folder: str, name: str, rows: int, dim: int) -> FileRows:
+    """Zeroed rows in a new file ``folder/name`` (sparse: the zeros take no disk until written)."""
+    path = os.path.join(folder, name)
+    with open(path, "wb") as f:
+        f.truncate(rows * dim * 4)
+    return FileRows(path, rows, dim)
+
+
+def _chunks(rows: FileRows, share: int = 1):
+    """``(start, stop)`` of each chunk of a row: :data:`CHUNK` values, or ``1/share`` of that when ``share`` rows'
+    chunks are held at once in float64."""
+    size = max(1, CHUNK // share)
+    for start in range(0, rows.dim, size):
+        yield start, min(start + size, rows.dim)
+
+
+def _read(f, rows: FileRows, i: int, start: int, stop: int) -> np.ndarray:
+    f.seek((i * rows.dim + start) * 4)
+    return np.fromfile(f, dtype=np.float32, count=stop - start)
+
+
+def _write(f, rows: FileRows, i: int, start: int, values: np.ndarray) -> None:
+    f.seek((i * rows.dim + start) * 4)
+    np.ascontiguousarray(values, dtype=np.float32).tofile(f)
+
+
+def add_rows(rows: FileRows, coefficients: np.ndarray, vector: np.ndarray) -> None:
+    """Row ``i`` += ``coefficients[i] * vector`` (float32 arithmetic, as an in-memory float32 sum would do)."""
+    with open(rows.path, "r+b") as f:
+        for start, stop in _chunks(rows):
+            part = vector[start:stop].astype(np.float32, copy=False)
+            for i in range(rows.rows):
+                _write(f, rows, i, start, _read(f, rows, i, start, stop) + np.float32(coefficients[i]) * part)
+
+
+def write_row(rows: FileRows, i: int, vector: np.ndarray) -> None:
+    """Row ``i`` := ``vector`` (float32)."""
+    with open(rows.path, "r+b") as f:
+        for start, stop in _chunks(rows):
+            _write(f, rows, i, start, vector[start:stop])
+
+
+def all_finite(vector: np.ndarray) -> bool:
+    """Whether every value is finite, checked a chunk at a time (no boolean array of the vector's size)."""
+    return all(bool(np.isfinite(vector[i : i + CHUNK]).all()) for i in range(0, len(vector), CHUNK))
+
+
+def read_row(rows: FileRows, i: int) -> np.ndarray:
+    """Row ``i`` as a float32 ``(dim,)`` array (one vector in memory)."""
+    with open(rows.path, "rb") as f:
+        f.seek(i * rows.dim * 4)
+        return np.fromfile(f, dtype=np.float32, count=rows.dim)
+
+
+def gram(rows: FileRows) -> np.ndarray:
+    """``R R^T`` ``(rows, rows)`` float64, accumulated over chunks."""
+    out = np.zeros((rows.rows, rows.rows))
+    with open(rows.path, "rb") as f:
+        for start, stop in _chunks(rows, 2 * rows.rows):
+            block = np.stack([_read(f, rows, i, start, stop) for i in range(rows.rows)]).astype(np.float64)
+            out += block @ block.T
+    return out
+
+
+def scale_rows(rows: FileRows, transform: np.ndarray) -> None:
+    """Rows replaced by ``transform @ rows`` (``(rows, rows)``), a chunk at a time."""
+    with open(rows.path, "r+b") as f:
+        for start, stop in _chunks(rows, 4 * rows.rows):
+            block = np.stack([_read(f, rows, i, start, stop) for i in range(rows.rows)]).astype(np.float64)
+            for i, values in enumerate(transform @ block):
+                _write(f, rows, i, start, values)
+
+
+def orthonormalise(rows: FileRows) -> None:
+    """The rows made orthonormal in place, spanning the same space (Cholesky QR; see the module docstring)."""
+    lower = np.linalg.cholesky(gram(rows))
+    scale_rows(rows, np.linalg.inv(lower))
+
+
+def project_out(rows: FileRows, vector: np.ndarray) -> np.ndarray:
+    """``vector - Q^T (Q vector)`` in place for orthonormal rows ``Q``; returns ``vector``."""
+    with open(rows.path, "rb") as f:
+        coefficients = np.zeros(rows.rows)
+        for start, stop in _chunks(rows):
+            for i in range(rows.rows):
+                coefficients[i] += float(np.dot(_read(f, rows, i, start, stop), vector[start:stop]))
+        for start, stop in _chunks(rows):
+            for i in range(rows.rows):
+                vector[start:stop] -= (coefficients[i] * _read(f, rows, i, start, stop)).astype(vector.dtype)
+    return vector
