@@ -3,7 +3,9 @@
 import importlib
 import sys
 
-BENCHMARKS = ("train", "np", "features", "series", "scale", "monitor", "verify", "power", "sweep", "device")
+BENCHMARKS = (
+    "train", "np", "features", "curvature", "series", "scale", "monitor", "verify", "power", "sweep", "device",
+)  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
