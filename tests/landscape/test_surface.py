@@ -188,6 +188,19 @@ def test_the_slice_curvature_is_the_dense_hessians_and_the_slices_second_differe
     assert np.isfinite(landscape.values["hess_curv"]) and not landscape.reasons
 
 
+def test_a_slice_curvature_that_uses_up_its_directions_gives_the_same_value_and_empties_them():
+    from topometrics.landscape.slice import difference_hvp
+    from topometrics.landscape.surface import slice_curvature
+
+    loss, params = mlp_loss()
+    hvp, _ = difference_hvp(loss, params, one_sided=True)
+    gen = torch.Generator().manual_seed(3)
+    kept = (random_direction(params, gen), random_direction(params, gen))
+    used = tuple({k: v.clone() for k, v in d.items()} for d in kept)
+    assert slice_curvature(hvp, used, consume=True) == slice_curvature(hvp, kept)
+    assert used == ({}, {}) and all(len(d) == len(params) for d in kept)
+
+
 def test_the_slice_curvature_is_null_with_the_hess_slices_reason_when_lanczos_did_not_converge():
     landscape, _ = surface_values(*mlp_loss(), SETTINGS._replace(iters=3))
     assert np.isnan(landscape.values["hess_curv"]) and landscape.reasons["hess_curv"] == landscape.reasons["hess_range"]

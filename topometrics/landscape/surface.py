@@ -106,8 +106,8 @@ def surface_values(
     del eig
     gen = torch.Generator().manual_seed(settings.seed)
     rand = (random_direction(params, gen), random_direction(params, gen))
-    found["rand"] = _pair(loss, params, rand, settings, hvp, dtype)
     global_value, global_reason = global_range(loss, params, rand, settings)
+    found["rand"] = _pair(loss, params, rand, settings, hvp, dtype)  # a large model's: used up
     del rand
     landscape = Values({}, {})
     for pair in ("rand", "hess"):  # the keys in the vocabulary's order
@@ -128,12 +128,12 @@ def surface_values(
 
 def _pair(loss, params: Params, directions: tuple[Params, Params] | str, settings: SurfaceSettings, hvp, dtype):
     """``(summary, reason, curvature, its reason)`` of the slice along ``directions`` (or the reason there are none);
-    a NULL slice has no curvature either."""
+    a NULL slice has no curvature either. A large model's (float32) directions are used up by the curvature."""
     if isinstance(directions, str):
         summary, reason = dict.fromkeys(SUMMARY_KEYS, np.nan), directions
     else:
         summary, reason = slice_values(loss, params, directions, settings)
-    return (summary, reason, *slice_curvature(hvp, reason or directions, dtype))
+    return (summary, reason, *slice_curvature(hvp, reason or directions, dtype, consume=dtype == np.float32))
 
 
 def large_model(dim: int, settings: SurfaceSettings) -> bool:
@@ -177,21 +177,29 @@ def global_range(
     return float(grid.max() - grid.min()), None
 
 
-def slice_curvature(hvp, directions: tuple[Params, Params] | str, dtype: type = np.float64) -> tuple[float, str | None]:
+def slice_curvature(
+    hvp, directions: tuple[Params, Params] | str, dtype: type = np.float64, consume: bool = False
+) -> tuple[float, str | None]:
     """``(d1^T H d1 + d2^T H d2) / 2`` (nats per squared filter-normalised unit): the slice's mean second
     derivative along its two axes at the centre, or NaN and why (``directions`` is the reason: no directions, a
     NULL slice; a non-finite product).
 
     The directions are the slice's own, unscaled, so this is the curvature the slice's grid shows at the
     weights (its second differences tend to it, tests); ``d^T H d / ||d||^2`` would be a Rayleigh quotient
-    instead, comparable with the eigenvalues but not with the slice. ``dtype``: the products' vectors'."""
+    instead, comparable with the eigenvalues but not with the slice. ``dtype``: the products' vectors'.
+    ``consume``: each direction's tensors leave its dict as they are flattened (the directions are used up), so a
+    direction exists once, flat or not: a large model holds one model-sized vector fewer through each product."""
     if isinstance(directions, str):
         return np.nan, directions
     try:
         values = []
         for d in directions:
-            flat = torch.cat([t.detach().reshape(-1) for t in d.values()]).cpu().numpy().astype(dtype, copy=False)
+            if consume:
+                flat = _flattened(d, dtype)
+            else:
+                flat = torch.cat([t.detach().reshape(-1) for t in d.values()]).cpu().numpy().astype(dtype, copy=False)
             values.append(dot(flat, np.asarray(hvp(flat), dtype=dtype)))
+            del flat
     except FloatingPointError as err:
         return np.nan, str(err)
     return float(np.mean(values)), None
@@ -275,6 +283,16 @@ def grid_chunk(params: Params, grid: int) -> int:
     """Grid points per vmapped forward pass: all ``grid**2`` if their stacked parameters fit GRID_PARAMETERS."""
     size = sum(p.numel() for p in params.values())
     return max(1, min(grid * grid, GRID_PARAMETERS // max(size, 1)))
+
+
+def _flattened(direction: Params, dtype: type) -> np.ndarray:
+    """``direction`` as one flat array in its order, each tensor removed from the dict once copied."""
+    flat, at = np.empty(sum(t.numel() for t in direction.values()), dtype=dtype), 0
+    for name in list(direction):
+        part = direction.pop(name).detach().reshape(-1).cpu().numpy()
+        flat[at : at + part.size] = part
+        at += part.size
+    return flat
 
 
 def _finite(hvp):
