@@ -26,7 +26,7 @@ def test_costs_are_linear_in_the_parameters_and_group_the_weight_families():
 
 def test_a_pythia_160m_curvature_is_told_it_does_not_fit_3_gb():
     costs = cost.checkpoint_costs(162_322_944, ["np", "curvature"])
-    too_big = cost.unaffordable(costs, 3 * cost.GIB)  # curvature adds ~3.0 GiB, the weight families ~1.2
+    too_big = cost.unaffordable(costs, 3 * cost.GIB)  # curvature adds ~3.6 GiB, the weight families ~1.2
     assert list(too_big) == ["curvature"] and "GB available" in too_big["curvature"]
     assert cost.skipped_families(["np", "vr", "curvature"], too_big) == ("curvature",)
     line = cost.plan_line(162_322_944, costs, checkpoints=19)
@@ -54,7 +54,7 @@ def test_the_curvature_peak_holds_the_float32_trace_deflated_by_ritz_vectors_in_
     finally:
         tracemalloc.stop()
     # a probe, its int8 draw, the product: ~9 B; with the model (4) and the product's own working set (8, measured)
-    assert trace_bytes > 8 and trace_bytes + 4 + 8 <= cost.BYTES_PER_PARAMETER["curvature"] + 1.1
+    assert trace_bytes > 8 and trace_bytes + 4 + 8 <= cost.BYTES_PER_PARAMETER["curvature"]
 
 
 def checkpoints_of(tmp_path, rows, cols):

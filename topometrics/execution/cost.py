@@ -14,9 +14,9 @@ adaptive trace may take up to
 ``features.hessian_probes_max``, and the exact trace (at most ``features.hessian_exact_max`` parameters) one
 product per parameter, which is not linear in ``n``. Memory: bytes held per parameter, counted
 from the buffers each family keeps (float32 weights 4 B, a float64 copy 8 B), checked against the measured
-peak of the curvature on the 410M shape (6.7 GB: 18.6 B per parameter with the model; it was 16 GB at 70M and
-36-38 GB at 160M with a kept float64 Lanczos basis and float64 products) — the others are upper estimates, not
-yet measured (``python -m bench features``).
+peak of the curvature on the 410M shape (7,542 MiB: 22.6 B per parameter with the model; it was 16 GB at 70M
+and 36-38 GB at 160M with a kept float64 Lanczos basis and float64 products; ``python -m bench curvature``) —
+the others are upper estimates, not yet measured (``python -m bench features``).
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ BYTES_PER_PARAMETER = {
     "gradient": 4 + 4 + 8,  # the model, its gradients, activations (16 x 128 tokens: under 8 B/parameter)
     "gradient_topology": 4 + 4 + 8 + 8,  # as gradient, and the whole-network sketch's float64 flattening
     "landscape": 4 + 3 * 4 + 8,  # the model, two directions and a moved copy, activations
-    # the model, two float32 vectors through a product (the Lanczos vector and the product, or a probe and its
-    # product; the previous Lanczos vector and the Ritz vectors wait in files: landscape/curvature.py), and the
-    # exact float32 product's own working set, one window's activations and a layer's gradients: 8 B counted
-    # from the measured peak, 6.7 GB on the 410M shape (18.6 B per parameter in all, docs/performance.md)
-    "curvature": 4 + 2 * 4 + 8,
+    # the model, three float32 vectors (through a product the Lanczos vector and the product, the previous one
+    # waiting in a file, as the Ritz vectors do: landscape/curvature.py; between products the previous one read
+    # back), and the exact float32 product's own working set (one window's activations, the engine's buffered
+    # per-layer gradients): 8 B. Measured: 7,542 MiB peak on the 410M shape, 22.6 B per parameter over FIXED_BYTES
+    "curvature": 4 + 3 * 4 + 8,
 }
 FIXED_BYTES = 1 * GIB  # the interpreter, torch, transformers, the tokenizer
 GROUP = {name: "weights" for name in ("np", "vr", "spectral", "scale_free", "heavy_tail")}
