@@ -192,9 +192,11 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
     dim = sum(v.numel() for v in leaves.values())
     sizes = [p.numel() for p in leaves.values()]
     names = {id(p): k for k, p in leaves.items()}
+    device = next(iter(leaves.values())).device
 
     def hvp(v: np.ndarray) -> np.ndarray:
-        flat = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32))
+        # on a GPU the vector goes there once; on the CPU it is viewed, not copied
+        flat = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(device)
         tangent = {k: t.view_as(p) for (k, p), t in zip(leaves.items(), torch.split(flat, sizes), strict=True)}
         out = np.zeros(dim, dtype=np.float32)
         parts = torch.split(torch.from_numpy(out), sizes)
@@ -206,7 +208,7 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
             p.grad = None  # also breaks the cycle a create_graph gradient on a leaf makes
 
         def added(p: torch.Tensor) -> None:  # second pass: this loss's share of H v
-            result[names[id(p)]].add_(p.grad, alpha=1.0 / len(losses))
+            result[names[id(p)]].add_(p.grad.cpu(), alpha=1.0 / len(losses))
             p.grad = None
 
         for loss in losses:
