@@ -34,10 +34,11 @@ SECONDS_PER_MILLION = {
     "gradient_topology": 117.5 / 162.3,
     "landscape": 757.0 / 162.3,  # 338 loss evaluations
     # <= 20 Lanczos steps (two passes: <= 39 products) + 3 deflation products + 8 probes: 50 exact float32 products
-    # one window at a time (landscape/slice.py's exact_hvp, the path of every model this estimate serves), 60 s
-    # each on the 410M shape (302.6M parameters, one thread, a quiet machine; ~1.8x the float64 difference
-    # product it replaced); at the least probes (features.hessian_probes): each more adds one product
-    "curvature": 50 * 60.0 / 302.6,
+    # one window at a time (landscape/slice.py's exact_hvp, the path of every model this estimate serves): 3,483 s
+    # of one thread on the 410M shape (302.6M parameters, a random init, all 20 steps; ~70 s a product at load
+    # 2-4, ~1.8x the float64 difference product it replaced); at the least probes (features.hessian_probes): each
+    # more adds one product
+    "curvature": 3482.7 / 302.6,
 }
 # Peak bytes per parameter: the model and what each family keeps besides it (counted; see the docstring).
 BYTES_PER_PARAMETER = {
