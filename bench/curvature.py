@@ -83,10 +83,11 @@ def measure(name: str, whole_surface: bool) -> dict:
             reasons = surface.curvature_values(found.loss, found.params, settings, windows=found.windows)[0].reasons
     finally:
         surface._finite, surface.top_eigenpairs = checked, real
+    parameters = sum(p.numel() for p in found.params.values())
     return {
         "model": name,
-        "parameters": sum(p.numel() for p in found.params.values()),
-        "large_model_path": surface.large_model(sum(p.numel() for p in found.params.values()), settings),
+        "parameters": parameters,
+        "large_model_path": surface.large_model(parameters, settings),
         "what": "whole surface (Lanczos cut at k steps)" if whole_surface else "curvature",
         "peak_rss_before_mb": round(before),
         "peak_rss_mb": round(peak_mb()),

@@ -111,7 +111,7 @@ def top_eigenpairs(
     if not 1 <= k <= min(iters, dim):
         raise ValueError(f"k = {k} eigenvalues need 1 <= k <= min(iters, dim) = {min(iters, dim)}")
     run = Lanczos(k, min(iters, dim), tol, stop_early)
-    if run.steps * dim * 8 <= basis_bytes:
+    if keeps_basis(run.steps, dim, basis_bytes):
         q = np.random.default_rng(seed).standard_normal(dim)
         return _kept_basis(hvp, q / np.linalg.norm(q), run)
 
@@ -123,6 +123,11 @@ def top_eigenpairs(
         return q
 
     return _two_pass(hvp, dim, start, run, spill)
+
+
+def keeps_basis(steps: int, dim: int, basis_bytes: int = BASIS_BYTES) -> bool:
+    """Whether a Lanczos run of ``steps`` on R^dim keeps its float64 basis (within ``basis_bytes``)."""
+    return steps * dim * 8 <= basis_bytes
 
 
 def _kept_basis(hvp: Operator, q: np.ndarray, run: Lanczos) -> Eigenpairs:

@@ -30,6 +30,7 @@ Keys are the vocabulary's, less the family prefix (``rand_minima``, ``eig1``).
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -37,7 +38,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from topometrics.landscape.curvature import BASIS_BYTES, top_eigenpairs
+from topometrics.landscape.curvature import BASIS_BYTES, keeps_basis, top_eigenpairs
 from topometrics.landscape.slice import (
     LossOfParams,
     Params,
@@ -140,7 +141,7 @@ def large_model(dim: int, settings: SurfaceSettings) -> bool:
     """Whether the curvature takes the large-model path: its Lanczos basis would not be kept in memory
     (``hessian_iters`` float64 vectors over ``curvature.BASIS_BYTES``). Every ladder rung stays below (its values
     are those of the float64 products); a Pythia-70M shape and up do not."""
-    return settings.iters * dim * 8 > BASIS_BYTES
+    return not keeps_basis(min(settings.iters, dim), dim, BASIS_BYTES)
 
 
 def curvature_products(
@@ -227,13 +228,13 @@ def _curvature_values(
 ):
     """``hvp`` raises FloatingPointError on a non-finite product (:func:`_finite`). Float32 vectors (a large
     model): the Ritz vectors are summed in a temporary folder, removed before this returns."""
-    with tempfile.TemporaryDirectory(prefix="topometrics-ritz-") as spill:
+    large = dtype == np.float32
+    with tempfile.TemporaryDirectory(prefix="topometrics-ritz-") if large else contextlib.nullcontext() as spill:
         try:
             k = max(settings.top, 2)
-            large = dtype == np.float32
             eig = top_eigenpairs(
                 hvp, dim, k, settings.iters, settings.seed, LANCZOS_TOL, stop_early,
-                basis_bytes=0 if large else BASIS_BYTES, dtype=dtype, spill=spill if large else None,
+                basis_bytes=0 if large else BASIS_BYTES, dtype=dtype, spill=spill,
             )  # fmt: skip
             probes = Probes(settings.probes, settings.trace_rse, settings.probes_max)
             found = hessian_trace(hvp, dim, settings.exact_max, probes, settings.seed, eig.vectors, dtype)

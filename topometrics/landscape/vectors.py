@@ -105,12 +105,17 @@ def read_row(rows: FileRows, i: int) -> np.ndarray:
         return np.fromfile(f, dtype=np.float32, count=rows.dim)
 
 
+def _block(f, rows: FileRows, start: int, stop: int) -> np.ndarray:
+    """Every row's values ``start:stop``, ``(rows, stop - start)`` float64."""
+    return np.stack([_read(f, rows, i, start, stop) for i in range(rows.rows)]).astype(np.float64)
+
+
 def gram(rows: FileRows) -> np.ndarray:
     """``R R^T`` ``(rows, rows)`` float64, accumulated over chunks."""
     out = np.zeros((rows.rows, rows.rows))
     with open(rows.path, "rb") as f:
         for start, stop in _chunks(rows, 2 * rows.rows):
-            block = np.stack([_read(f, rows, i, start, stop) for i in range(rows.rows)]).astype(np.float64)
+            block = _block(f, rows, start, stop)
             out += block @ block.T
     return out
 
@@ -119,8 +124,7 @@ def scale_rows(rows: FileRows, transform: np.ndarray) -> None:
     """Rows replaced by ``transform @ rows`` (``(rows, rows)``), a chunk at a time."""
     with open(rows.path, "r+b") as f:
         for start, stop in _chunks(rows, 4 * rows.rows):
-            block = np.stack([_read(f, rows, i, start, stop) for i in range(rows.rows)]).astype(np.float64)
-            for i, values in enumerate(transform @ block):
+            for i, values in enumerate(transform @ _block(f, rows, start, stop)):
                 _write(f, rows, i, start, values)
 
 
