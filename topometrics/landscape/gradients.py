@@ -9,10 +9,11 @@ left out, as the weight features leave them out (the linear layers are the netwo
 **Cost and memory.** An ``nn.Linear`` layer's per-example gradients come from one forward and backward
 pass of the whole batch (:func:`linear_example_gradients`: example ``i``'s gradient is its output
 gradients times its inputs, summed over its tokens). Each layer is summarised as the backward pass
-reaches it, from chunks of its per-example gradients computed as they are read (:func:`linear_chunks`,
-twice: the unit cloud needs the norms first), so no layer's ``B x numel`` gradients exist whole: the
-family holds a few float64 chunks of at most :data:`CHUNK_VALUES` values and 1/16 of the layer's
-gradients (:func:`chunk_values`) and the projection's indices for at most a quarter of their float32 size
+reaches it, from blocks of its per-example gradients computed as they are read (:func:`linear_chunks`: one
+batched matrix product of whole output rows a block, read once; the distances come from the Gram matrix,
+:func:`cloud_geometry`), so no layer's ``B x numel`` gradients exist whole: the family holds one float32 block
+and one float64 piece of it, each at most 1/16 of the layer's gradients in values (:func:`block_values`,
+:func:`chunk_values`), and the projection's indices for at most a quarter of their float32 size
 (:func:`projection_columns`): a layer's own memory is a fraction of ``B x`` the layer, however small. Any
 other layer (GPT-2's ``Conv1D``, a weight tied to another name) goes through ``torch.func.vmap(grad)`` one
 layer at a time, differentiating only that layer's weight (the rest held as constants): ``B x`` that layer
@@ -35,7 +36,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
-from scipy.spatial.distance import cdist
 from torch.func import functional_call, grad, vmap
 
 from topometrics.measures.persistence import diagram_summary, rips_diagrams
@@ -101,16 +101,25 @@ def jl_tolerance(n_points: int, k: int, failure: float = 0.05) -> float:
     return float(ok[0]) if ok.size else float("inf")
 
 
-CHUNK_VALUES = 1 << 18  # float64 values of a (B, d) cloud converted or computed at a time (2 MB)
-LAYER_SHARE = 16  # and at most 1/16 of the cloud: a chunk in float64 is 1/8 of the cloud in float32
-Chunks = Callable[[], Iterator[np.ndarray]]  # a cloud (B, d) as float64 (B, c) column slices, in order
+CHUNK_VALUES = 1 << 18  # float64 values of a (B, d) cloud converted at a time (2 MB)
+BLOCK_VALUES = 1 << 22  # float32 values of a cloud one matrix product computes (16 MB; >= ~64 output rows a
+# product keeps it near the speed of one big GEMM, where 20-row products ran at half of it)
+LAYER_SHARE = 16  # and at most 1/16 of the cloud: a block in float32, a piece of it in float64 1/8 of the cloud
+NEAR = 1e-4  # pairs with 1 - cos below this get their distances from their differences (cloud_geometry)
+Chunks = Callable[[], Iterator[np.ndarray]]  # a cloud (B, d) as float (B, c) column slices, in order
 
 
 def chunk_values(batch: int, numel: int) -> int:
-    """Values of one float64 chunk of a ``(batch, numel)`` cloud: :data:`CHUNK_VALUES`, or ``1 /``
-    :data:`LAYER_SHARE` of the cloud when that is fewer, so a layer's chunks stay a fraction of its per-example
+    """Values of one float64 piece of a ``(batch, numel)`` cloud: :data:`CHUNK_VALUES`, or ``1 /``
+    :data:`LAYER_SHARE` of the cloud when that is fewer, so a layer's pieces stay a fraction of its per-example
     gradients in float32 however small the layer."""
     return max(1, min(CHUNK_VALUES, batch * numel // LAYER_SHARE))
+
+
+def block_values(batch: int, numel: int) -> int:
+    """Values of one float32 block (one matrix product's output) of a ``(batch, numel)`` cloud: :data:`BLOCK_VALUES`,
+    or ``1 /`` :data:`LAYER_SHARE` of the cloud when that is fewer."""
+    return max(1, min(BLOCK_VALUES, batch * numel // LAYER_SHARE))
 
 
 def projection_columns(batch: int, numel: int, k: int) -> int:
@@ -122,11 +131,19 @@ def projection_columns(batch: int, numel: int, k: int) -> int:
 
 
 def column_chunks(points: np.ndarray) -> Iterator[np.ndarray]:
-    """The columns of ``points`` (B, d) as float64 ``(B, c)`` slices of :func:`chunk_values` values: no float64
-    copy of a whole layer's per-example gradients ever exists."""
-    step = max(1, chunk_values(*points.shape) // max(1, points.shape[0]))
+    """The columns of ``points`` (B, d) as ``(B, c)`` views of :func:`block_values` values (no copies)."""
+    step = max(1, block_values(*points.shape) // max(1, points.shape[0]))
     for start in range(0, points.shape[1], step):
-        yield np.asarray(points[:, start : start + step], dtype=np.float64)
+        yield points[:, start : start + step]
+
+
+def float64_pieces(chunks: Iterator[np.ndarray], numel: int) -> Iterator[np.ndarray]:
+    """Every chunk (B, c) as float64 ``(B, c')`` column pieces of at most :func:`chunk_values` values of a
+    ``(B, numel)`` cloud, in order: no float64 copy of a whole chunk exists."""
+    for part in chunks:
+        step = max(1, chunk_values(part.shape[0], numel) // max(1, part.shape[0]))
+        for start in range(0, part.shape[1], step):
+            yield np.asarray(part[:, start : start + step], dtype=np.float64)
 
 
 def noise_scale(gram: np.ndarray) -> float:
@@ -152,32 +169,60 @@ def mean_cosine(gram: np.ndarray) -> float:
 
 
 def cloud_geometry(
-    chunks: Chunks, batch: int, project: Callable[[np.ndarray], object] | None = None
+    chunks: Chunks, batch: int, numel: int, project: Callable[[np.ndarray], object] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The Gram matrix (B, B), the Euclidean distances (B, B) between the points of a cloud given as column
-    chunks (``chunks()`` yields them; called twice), and the distances between its unit rows (zero rows
-    dropped: (m, m)), all float64 sums over the chunks: squared differences, so equal rows are exactly 0 apart
-    (no ``|a|^2 + |b|^2 - 2 a.b`` cancellation). ``project(chunk)`` sees every chunk of the first pass."""
-    gram, raw = np.zeros((batch, batch)), np.zeros((batch, batch))
-    for part in chunks():
-        gram += part @ part.T
-        raw += cdist(part, part, "sqeuclidean")
+    """The Gram matrix (B, B), the Euclidean distances (B, B) between the points of a ``(B, numel)`` cloud given
+    as column chunks (``chunks()`` yields them), and the distances between its unit rows (zero rows dropped:
+    (m, m)), from one pass over the chunks: the Gram matrix is a float64 sum over them, and the distances come
+    from it, ``|a - b|^2 = |a|^2 + |b|^2 - 2 a.b`` and ``|a/|a| - b/|b||^2 = 2 (1 - cos)``.
+
+    Both lose digits to cancellation only where ``cos`` is near 1: a pair with ``1 - cos <`` :data:`NEAR`
+    (equal rows, nearly parallel ones) gets its two distances from the float64 sums of its squared differences
+    instead, in a second pass over the chunks (made only when there is such a pair), so equal rows are exactly 0
+    apart. For every other pair the relative error of a squared distance is at most about ``2 g / NEAR``, ``g``
+    the Gram entries' own relative error (float64 sums: ~1e-15, so ~1e-11). ``project(piece)`` sees every float64
+    piece (:func:`float64_pieces`) of the first pass, in order."""
+    gram = np.zeros((batch, batch))
+    for piece in float64_pieces(chunks(), numel):
+        gram += piece @ piece.T
         if project is not None:
-            project(part)
-    norms = np.sqrt(np.diag(gram))
-    keep = norms > 0
-    unit = np.zeros((int(keep.sum()),) * 2)
-    for part in chunks():
-        scaled = part[keep] / norms[keep, None]
-        unit += cdist(scaled, scaled, "sqeuclidean")
+            project(piece)
+    gram = (gram + gram.T) / 2  # symmetric to the last bit, so both halves of a pair's distance agree
+    squares = np.diag(gram).copy()
+    norms = np.sqrt(squares)
+    keep = np.flatnonzero(norms > 0)
+    raw = squares[:, None] + squares[None, :] - 2.0 * gram
+    cos = gram[np.ix_(keep, keep)] / np.outer(norms[keep], norms[keep])
+    unit = 2.0 - 2.0 * cos
+    first, second = np.triu_indices(keep.size, 1)
+    near = (1.0 - cos[first, second]) < NEAR
+    if near.any():
+        pairs = (keep[first[near]], keep[second[near]])
+        exact_raw, exact_unit = _pair_differences(chunks, numel, *pairs, norms)
+        raw[pairs], raw[pairs[::-1]] = exact_raw, exact_raw
+        at = (first[near], second[near])
+        unit[at], unit[at[::-1]] = exact_unit, exact_unit
     for dist in (raw, unit):
         np.fill_diagonal(dist, 0.0)
+        np.maximum(dist, 0.0, out=dist)  # rounding of the Gram form can dip just below 0
     return gram, np.sqrt(raw), np.sqrt(unit)
+
+
+def _pair_differences(
+    chunks: Chunks, numel: int, a: np.ndarray, b: np.ndarray, norms: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``|x_a - x_b|^2`` and ``|x_a/|x_a| - x_b/|x_b||^2`` for the row pairs ``(a[i], b[i])`` of a cloud (norms
+    > 0), as float64 sums of squared differences over its chunks: no cancellation."""
+    raw, unit = np.zeros(a.size), np.zeros(a.size)
+    for piece in float64_pieces(chunks(), numel):
+        raw += ((piece[a] - piece[b]) ** 2).sum(axis=1)
+        unit += ((piece[a] / norms[a, None] - piece[b] / norms[b, None]) ** 2).sum(axis=1)
+    return raw, unit
 
 
 def cloud_distances(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`cloud_geometry`'s distances of an array ``points`` (B, d), raw and between unit rows."""
-    return cloud_geometry(lambda: column_chunks(points), points.shape[0])[1:]
+    return cloud_geometry(lambda: column_chunks(points), *points.shape)[1:]
 
 
 def distance_summary(raw: np.ndarray, unit: np.ndarray) -> dict[str, float]:
@@ -254,16 +299,18 @@ def linear_example_gradients(
 
 def linear_chunks(g: torch.Tensor, a: torch.Tensor) -> Chunks:
     """Per-example weight gradients of an ``nn.Linear`` from its output gradients ``g`` (B, ..., out) and inputs
-    ``a`` (B, ..., in): example ``i``'s flattened ``(out, in)`` gradient ``sum_t g_it a_it^T``, as float64 column
-    chunks of whole output rows (each computed in float32 when read, about :func:`chunk_values` values)."""
+    ``a`` (B, ..., in): example ``i``'s flattened ``(out, in)`` gradient ``sum_t g_it a_it^T``, as column chunks
+    of whole output rows, each one batched matrix product of about :func:`block_values` values computed when
+    read (float32 on the CPU, float64 when ``g`` is)."""
     batch, out, inputs = g.shape[0], g.shape[-1], a.shape[-1]
-    g, a = g.reshape(batch, -1, out), a.reshape(batch, -1, inputs)
-    rows = max(1, chunk_values(batch, out * inputs) // (batch * inputs))
+    outputs, a = g.reshape(batch, -1, out).transpose(1, 2), a.reshape(batch, -1, inputs)  # (B, out, t), (B, t, in)
+    rows = max(1, block_values(batch, out * inputs) // (batch * inputs))
+    dtype = torch.float64 if g.dtype == torch.float64 else torch.float32
 
     def chunks() -> Iterator[np.ndarray]:
         for start in range(0, out, rows):
-            part = torch.einsum("bto,bti->boi", g[:, :, start : start + rows], a)
-            yield part.reshape(batch, -1).to("cpu", torch.float64).numpy()
+            part = torch.bmm(outputs[:, start : start + rows], a)
+            yield part.reshape(batch, -1).to("cpu", dtype).numpy()
 
     return chunks
 
@@ -308,7 +355,7 @@ class _Clouds:
             project(part, self.k, self.seed, at[0], self.whole, columns)
             at[0] += part.shape[1]
 
-        gram, raw, unit = cloud_geometry(chunks, self.whole.shape[0], to_whole)
+        gram, raw, unit = cloud_geometry(chunks, self.whole.shape[0], self.sizes[layer], to_whole)
         self.gram += gram
         self.out[layer] = distance_summary(raw, unit) | _baseline(gram)
 
