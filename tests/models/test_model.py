@@ -33,6 +33,18 @@ def test_parameter_counts_equal_table_1(shape, expected):
     assert count_parameters(make(*shape)) == expected
 
 
+def test_the_loss_and_its_states_come_from_one_forward_pass_and_equal_the_separate_ones():
+    model = make(16, 2, 2)
+    x, y = torch.randint(0, 128, (3, 12)), torch.randint(0, 128, (3, 12))
+    loss, states = model.loss_and_states(x, y)
+    assert states.requires_grad  # in the graph: the loss's backward pass runs through them
+    with torch.no_grad():
+        assert torch.equal(states.detach(), model.hidden_states(x))
+        logits = model(x)
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 128), y.reshape(-1))
+    assert torch.equal(loss.detach(), expected) and torch.equal(model.loss(x, y).detach(), expected)
+
+
 def test_head_is_tied_to_token_embedding():
     model = make(16, 1, 2)
     x = torch.randint(0, 128, (2, 10))

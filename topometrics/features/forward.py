@@ -116,11 +116,10 @@ def model_on_batch(
     parameters on the loss-surface batch ``surface`` and the per-example gradients' batch ``gradients``
     (:func:`topometrics.features.gradient_cloud.gradient_batch`), or the reasons they are ones."""
     model.zero_grad(set_to_none=True)
-    loss = model.loss(x, y)
+    loss, states = model.loss_and_states(x, y)  # the states from the same forward pass as the loss
     loss.backward()
+    states = states.detach()
     grads = {name: float(module.weight.grad.norm()) for name, module in linear_modules(model).items()}
-    with torch.no_grad():
-        states = model.hidden_states(x)
     model.zero_grad(set_to_none=True)
     flat = states.reshape(-1, states.shape[-1]).double().cpu().numpy()
     bpb = bits_per_byte(loss.item(), y.numel(), n_bytes)

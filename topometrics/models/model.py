@@ -139,11 +139,21 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """(b, t) token ids -> (b, t, vocab) logits; the head is the token embedding."""
-        return F.linear(self.ln_f(self.hidden_states(idx)), self.tok_emb.weight)
+        return self.head(self.hidden_states(idx))
+
+    def head(self, states: torch.Tensor) -> torch.Tensor:
+        """(b, t, d) residual stream -> (b, t, vocab) logits: ``ln_f``, then the token embedding."""
+        return F.linear(self.ln_f(states), self.tok_emb.weight)
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self(idx)
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+        return self.loss_and_states(idx, targets)[0]
+
+    def loss_and_states(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean next-token cross-entropy of (b, t) ids against (b, t) targets and the (b, t, d) residual
+        stream it was computed from (:meth:`hidden_states`, still in the graph): one forward pass for both."""
+        states = self.hidden_states(idx)
+        logits = self.head(states)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1)), states
 
 
 def count_parameters(model: nn.Module) -> int:
