@@ -13,6 +13,7 @@ from topometrics.measures.neural_persistence import (
     shuffled_neural_persistence,
     tree_persistence,
 )
+from topometrics.measures.spanning_tree import random_arrangement_tree
 
 
 def trained_like(shape, seed):
@@ -154,12 +155,16 @@ def test_small_layer_path_agrees_with_the_banded_path(monkeypatch):
         np.testing.assert_array_equal(bipartite_max_spanning_tree(w), expected)
 
 
-def test_shuffled_null_in_place_is_the_same_permutation_and_tree_persistence_is_np():
+def test_shuffled_null_in_place_is_the_same_draw_and_tree_persistence_is_np():
     w = np.random.default_rng(3).standard_normal((30, 20)).astype(np.float32)
     buffer = w.copy()
     in_place = shuffled_neural_persistence(buffer, 4.0, [1, 2], in_place=True)
     assert in_place == shuffled_neural_persistence(w, 4.0, [1, 2])
-    np.testing.assert_array_equal(buffer.ravel(), np.random.default_rng([1, 2]).permutation(w.ravel()))
+    np.testing.assert_array_equal(buffer.ravel(), np.sort(np.abs(w.ravel())))  # the buffer: |w| sorted
+    tree = random_arrangement_tree(np.sort(np.abs(w.ravel()))[::-1], 30, 20, np.random.default_rng([1, 2]))
+    assert in_place == tree_persistence(tree, 4.0)
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        shuffled_neural_persistence(np.full((300, 200), np.inf, dtype=np.float32), 4.0, 0)
     with pytest.raises(ValueError, match="C-contiguous"):
         shuffled_neural_persistence(np.asfortranarray(w), 4.0, 0, in_place=True)
     assert tree_persistence(bipartite_max_spanning_tree(w), 4.0) == neural_persistence(w, 4.0)

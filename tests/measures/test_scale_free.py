@@ -13,6 +13,7 @@ from topometrics.measures import scale_free as S
 from topometrics.measures.layer_features import aggregate_layers, layer_features
 from topometrics.measures.neural_persistence import bipartite_max_spanning_tree, neural_persistence
 from topometrics.measures.persistence import vietoris_rips_diagrams
+from topometrics.measures.spanning_tree import random_arrangement_tree
 from topometrics.vocabulary import SCALE_FREE, per_layer
 
 
@@ -82,16 +83,18 @@ def test_np_excess_is_np_minus_the_mean_null_by_direct_subtraction():
         pers = 1 - brute_force_tree(matrix) / top
         return np.sqrt((np.sum(pers**2) + 1) / pers.size)
 
-    draw, nulls = np.sort(a.ravel()), []
-    for k in range(4):  # each draw permutes the one before, the first the sorted |w|
-        draw = np.random.default_rng([5, 1, k]).permutation(draw)
-        nulls.append(direct_np(draw.reshape(a.shape)))
+    def tree_np(tree):
+        pers = 1 - tree / top
+        return np.sqrt((np.sum(pers**2) + 1) / pers.size)
+
+    descending = np.sort(a.ravel())[::-1]  # draw k: the tree of a random arrangement, default_rng([5, 1, k])
+    nulls = [tree_np(random_arrangement_tree(descending, *a.shape, np.random.default_rng([5, 1, k]))) for k in range(4)]
     entries = w.copy()
     assert S.np_excess(brute_force_tree(a), entries, 4, [5, 1]) == pytest.approx(
         direct_np(a) - np.mean(nulls), abs=1e-12
     )
     assert direct_np(a) == pytest.approx(neural_persistence(w, top).np_norm, abs=1e-12)
-    assert not np.array_equal(entries, w)  # the working array was written over, as documented
+    np.testing.assert_array_equal(entries.ravel(), np.sort(a.ravel()))  # written over: |w| sorted, as documented
     with pytest.raises(ValueError, match="C-contiguous"):
         S.np_excess(brute_force_tree(a), np.asfortranarray(w), 4, [5, 1])
 

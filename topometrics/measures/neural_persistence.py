@@ -14,7 +14,12 @@ from scipy.sparse import coo_matrix, csr_matrix
 from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 
 from topometrics.measures.row_blocks import row_block_bounds
-from topometrics.measures.spanning_tree import block_max, boruvka_components, dense_max_tree
+from topometrics.measures.spanning_tree import (
+    block_max,
+    boruvka_components,
+    dense_max_tree,
+    random_arrangement_tree,
+)
 
 # Below this many edges, sorting everything is cheaper than the banded algorithm's overhead.
 _SMALL_LAYER_EDGES = 1 << 15
@@ -132,20 +137,34 @@ def tree_persistence(tree: np.ndarray, global_max: float) -> NeuralPersistence:
 def shuffled_neural_persistence(
     weight: np.ndarray, global_max: float, seed: int | list[int], *, in_place: bool = False
 ) -> NeuralPersistence:
-    """Neural persistence after a seeded permutation of the layer's entries (a null model).
+    """Neural persistence after a seeded uniformly random permutation of the layer's entries (a null model).
 
-    Same multiset of weights, so the same spread and the same ``global_max``; only the
-    arrangement changes. ``seed`` goes to ``np.random.default_rng`` (an int or a list of
-    ints, e.g. ``[seed, layer_index]``), so the result is deterministic. ``in_place``: shuffle
-    ``weight``'s own (C-contiguous) buffer instead of a copy, for a caller done with the layer's
-    arrangement; the permutation is the same (``Generator.permutation`` shuffles a copy).
+    Same multiset of weights, so the same spread and the same ``global_max``; only the arrangement changes.
+    ``seed`` goes to ``np.random.default_rng`` (an int or a list of ints, e.g. ``[seed, layer_index]``), so the
+    result is deterministic. The permutation is never carried out: the tree of a random arrangement is drawn
+    from the sorted ``|w|`` (:func:`~topometrics.measures.spanning_tree.random_arrangement_tree`).
+    ``in_place``: sort ``weight``'s own (C-contiguous) buffer instead of a copy, for a caller done with the
+    layer's arrangement.
     """
     a = _validated_layer(weight)
     if in_place and not (a is weight and a.flags.c_contiguous and a.flags.writeable):
         raise ValueError("in_place needs a writeable C-contiguous float32/float64 layer")
-    shuffled = a if in_place else a.copy()
-    np.random.default_rng(seed).shuffle(shuffled.reshape(-1))
-    return neural_persistence(shuffled, global_max)
+    descending = sorted_magnitudes(a if in_place else a.copy())
+    tree = random_arrangement_tree(descending, *a.shape, np.random.default_rng(seed))
+    return tree_persistence(tree, global_max)
+
+
+def sorted_magnitudes(entries: np.ndarray) -> np.ndarray:
+    """``|entries|`` sorted descending (flat), computed in ``entries``' own C-contiguous buffer (overwritten);
+    the layer must be finite (NaN and Inf sort last, so one look at the largest checks)."""
+    flat = entries.reshape(-1)
+    if not np.shares_memory(flat, entries):
+        raise ValueError("entries must be a C-contiguous array (they are sorted in place)")
+    np.abs(flat, out=flat)
+    flat.sort()
+    if flat.size and not np.isfinite(flat[-1]):
+        raise ValueError(_NON_FINITE)
+    return flat[::-1]
 
 
 def _small_layer_tree_values(a: np.ndarray) -> np.ndarray:

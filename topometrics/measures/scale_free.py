@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from topometrics.measures.neural_persistence import neural_persistence, tree_persistence
+from topometrics.measures.neural_persistence import sorted_magnitudes, tree_persistence
 from topometrics.measures.persistence import diagram_summary, rips_diagrams, row_distances, subsample_indices
 from topometrics.measures.row_blocks import float64_row_blocks, row_block_bounds
+from topometrics.measures.spanning_tree import random_arrangement_tree
 
 
 def farthest_unit_rows(weight: np.ndarray, count: int) -> np.ndarray:
@@ -88,27 +89,22 @@ def np_excess(tree: np.ndarray, entries: np.ndarray, draws: int, seed: list[int]
 
     ``tree`` is the layer's :func:`~topometrics.measures.neural_persistence.bipartite_max_spanning_tree`
     (descending, so ``tree[0] = max|w|``). ``entries`` holds the layer's entries in any
-    arrangement (C-contiguous, the layer's shape) and is overwritten: the draws are laid out in it
-    one after another, so a caller done with the layer passes the layer itself and no copy is made.
-    Draw 0 shuffles ``sort(|W|)`` and draw ``k`` shuffles draw ``k - 1``, each with
-    ``default_rng([*seed, k])``: every draw is a uniformly random arrangement of the same multiset
-    (a uniform permutation of anything is uniform), fixed by the seed and by the multiset alone.
-    NaN for an all-zero layer.
+    arrangement (C-contiguous, the layer's shape) and is overwritten: ``|w|`` is sorted in it, so a caller
+    done with the layer passes the layer itself and no copy is made. Draw ``k`` is the tree of a uniformly
+    random arrangement of the sorted ``|w|``, drawn with ``default_rng([*seed, k])``
+    (:func:`~topometrics.measures.spanning_tree.random_arrangement_tree`): fixed by the seed and by the
+    multiset alone. NaN for an all-zero layer.
     """
     top = float(tree[0])
     if top == 0:
         return np.nan
     observed = tree_persistence(tree, top).np_norm
-    flat = entries.reshape(-1)
-    if not np.shares_memory(flat, entries):
-        raise ValueError("entries must be a C-contiguous array (the draws are laid out in it)")
-    np.abs(flat, out=flat)
-    flat.sort()
-    null = []
-    for k in range(draws):
-        np.random.default_rng([*seed, k]).shuffle(flat)
-        null.append(neural_persistence(entries, top).np_norm)
-    return float(observed - np.mean(null))
+    descending = sorted_magnitudes(entries)
+    null = [
+        tree_persistence(random_arrangement_tree(descending, *entries.shape, np.random.default_rng([*seed, k])), top)
+        for k in range(draws)
+    ]
+    return float(observed - np.mean([value.np_norm for value in null]))
 
 
 def np_zscored(weight: np.ndarray, tree: np.ndarray) -> float:

@@ -1,14 +1,17 @@
-"""Maximum spanning trees of dense graphs, by vectorised Boruvka steps.
+"""Maximum spanning trees of dense graphs, by vectorised Boruvka steps, and of a random arrangement.
 
 Shared by neural persistence (the bipartite graph of a layer, and the contracted graph of its
-components) and Vietoris-Rips H0 (the Euclidean minimum spanning tree is the maximum tree of the
-negated distances). Every maximum spanning tree of a graph has the same multiset of edge values,
-so these functions return values, not edges, and are exact with ties.
+components; the layer's entries in a uniformly random arrangement, :func:`random_arrangement_tree`)
+and Vietoris-Rips H0 (the Euclidean minimum spanning tree is the maximum tree of the negated
+distances). Every maximum spanning tree of a graph has the same multiset of edge values, so these
+functions return values, not edges, and are exact with ties.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import minimum_spanning_tree
 
 # Up to this many vertices a plain-Python Prim beats a numpy Boruvka step (per-call overhead).
 _PRIM_VERTICES = 16
@@ -109,3 +112,59 @@ def block_max(matrix: np.ndarray, row_labels: np.ndarray, col_labels: np.ndarray
     # Rows first: the column gather then runs on the smaller (k, m) matrix.
     rows = np.maximum.reduceat(matrix[row_order], row_starts, axis=0)
     return np.maximum.reduceat(rows[:, col_order], col_starts, axis=1)
+
+
+def random_arrangement_tree(descending: np.ndarray, n: int, m: int, rng: np.random.Generator) -> np.ndarray:
+    """Edge values of a maximum spanning tree of the complete bipartite graph ``K(n, m)`` whose ``n m`` edges carry
+    the values ``descending`` (sorted descending) in a uniformly random arrangement: the tree of a layer whose
+    entries were shuffled uniformly, without shuffling them.
+
+    Returns the ``(n + m - 1,)`` tree values, descending, float64.
+
+    Kruskal takes the edges in value order, so the tree of any arrangement is decided by where the largest values
+    lie: once the first ``K`` ranks span the graph, every smaller edge closes a cycle. Rank ``r`` is given a
+    position (edge) drawn uniformly among those the ranks before it left (:func:`random_positions`: the first
+    ``K`` ranks of a uniformly random permutation, in distribution), the first ``(n + m)(ln(n + m) + 2)`` of them
+    at once (about what a random bipartite graph needs to span), twice as many until they span. Kruskal runs
+    on ranks (scipy's ``minimum_spanning_tree``, costs ``1 + rank``), so ties among the values change nothing: the
+    tree's values are those of the arrangement whatever order equal values take.
+    """
+    total = n * m
+    if descending.shape != (total,):
+        raise ValueError(f"{descending.shape} values for a {n} x {m} layer")
+    used, positions = np.zeros(total, dtype=bool), np.empty(0, dtype=np.int64)
+    want = min(total, int((n + m) * (np.log(n + m) + 2)))
+    while True:
+        positions = np.concatenate([positions, random_positions(total, want - positions.size, used, rng)])
+        graph = csr_matrix(
+            (np.arange(1, positions.size + 1, dtype=np.float64), (positions // m, n + positions % m)),
+            shape=(n + m, n + m),
+        )
+        ranks = np.sort(minimum_spanning_tree(graph).data).astype(np.int64) - 1
+        if ranks.size == n + m - 1:  # spans: the smaller ranks can only close cycles
+            return descending[ranks].astype(np.float64)
+        want = min(total, 2 * want)
+
+
+def random_positions(total: int, count: int, used: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``count`` distinct positions of ``range(total)`` not yet ``used`` ((total,) bool, marked here), in the order
+    drawn: each uniform among the positions the earlier draws (these and before) left, so that consecutive calls
+    give ranks a uniformly random injection into positions. Sequential rejection sampling (the first occurrence
+    of each fresh candidate is kept); when most positions are taken, the remaining ones shuffled instead."""
+    left = total - int(used.sum())
+    if count > left:
+        raise ValueError(f"{count} positions asked, {left} left")
+    if 2 * count >= left:  # rejection would mostly reject: a uniform order of what is left
+        rest = rng.permutation(np.flatnonzero(~used))[:count]
+        used[rest] = True
+        return rest
+    drawn = []
+    while count > 0:
+        candidates = rng.integers(0, total, size=count + count // 4 + 16)
+        candidates = candidates[~used[candidates]]
+        first = np.sort(np.unique(candidates, return_index=True)[1])
+        fresh = candidates[first][:count]
+        used[fresh] = True
+        drawn.append(fresh)
+        count -= fresh.size
+    return np.concatenate(drawn) if drawn else np.empty(0, dtype=np.int64)
