@@ -21,7 +21,9 @@ next still runs (a GPU session is short: one broken path must not hide the other
             each and, per feature, the largest relative difference
   families  each feature family alone on one Pythia-160M-shaped checkpoint (bench.features.SURFACE_MODELS;
             its first loss-surface checkpoint, the validation batch of the offline corpus): seconds per family
-            (``distance`` and ``trajectory`` need the previous checkpoint: their per-checkpoint part only)
+            (``distance`` and ``trajectory`` need the previous checkpoint: their per-checkpoint part only),
+            then all of them together (``together_s``; ``--families`` names which, e.g. all but the loss
+            surface's two for what a checkpoint costs without it)
   monitor   a Pythia-70m-shaped training loop with the TopologyMonitor against the same loop without it
             (bench.monitor.measure)
 
@@ -196,21 +198,27 @@ def relative_difference(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b))
 
 
-def families_section(name: str, corpus: Path, features: FeaturesParams) -> dict:
-    """Seconds of each feature family alone on one random-init checkpoint of the ``name`` shape."""
+def families_section(name: str, corpus: Path, features: FeaturesParams, families: tuple[str, ...]) -> dict:
+    """Seconds of each of ``families`` alone on one random-init checkpoint of the ``name`` shape, then of all of
+    them together (one checkpoint's features with exactly those families: what a checkpoint costs)."""
     config = dataclasses.replace(SURFACE_MODELS[name], vocab_size=128)
     model = GPT(config)
     model.init_weights(torch.Generator().manual_seed(0))
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     tokens = load_tokens(corpus, "val")
     seconds = {}
-    for family in FEATURE_FAMILIES:
+    for family in families:
         start = time.perf_counter()
         _rows(state, config, tokens, dataclasses.replace(features, families=(family,)))
         seconds[family] = round(time.perf_counter() - start, 2)
         print(f"  families: {name} {family} {seconds[family]:.1f} s", flush=True)
+    start, cpu = time.perf_counter(), time.process_time()
+    _rows(state, config, tokens, dataclasses.replace(features, families=families))
+    together, together_cpu = time.perf_counter() - start, time.process_time() - cpu
+    print(f"  families: {name} all {len(families)} together {together:.1f} s ({together_cpu:.1f} s of CPU)", flush=True)
     return {"model": name, "n_params": sum(v.numel() for v in state.values()), "seconds": seconds,
-            "total_s": round(sum(seconds.values()), 2)}  # fmt: skip
+            "total_s": round(sum(seconds.values()), 2), "together_s": round(together, 2),
+            "together_cpu_s": round(together_cpu, 2)}  # fmt: skip
 
 
 def monitor_section(name: str, device: torch.device, tiny: bool) -> dict:
@@ -271,10 +279,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: CUDA when present")
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {','.join(SECTIONS)}")
+    ap.add_argument("--families", default=",".join(FEATURE_FAMILIES), help="the families section's, comma-separated")
     args = ap.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
     if unknown := [s for s in sections if s not in SECTIONS]:
         ap.error(f"--sections: unknown {unknown}; choose from {','.join(SECTIONS)}")
+    families = tuple(f for f in args.families.split(",") if f)
+    unknown = [f for f in families if f not in FEATURE_FAMILIES]
+    if unknown or not families:
+        what = f"unknown {unknown}" if unknown else "none given"
+        ap.error(f"--families: {what}; choose from {','.join(FEATURE_FAMILIES)}")
     try:
         device = pick_device(args.device, "--device")
     except ParamsError as err:
@@ -298,7 +312,7 @@ def main(argv: list[str]) -> int:
             run_section(report, "series", series_section, root, features, seq_len)
         if "families" in sections:
             one = dataclasses.replace(features, workers=1)
-            run_section(report, "families", families_section, big, offline_corpus(root / "corpus"), one)
+            run_section(report, "families", families_section, big, offline_corpus(root / "corpus"), one, families)
         if "monitor" in sections:
             run_section(report, "monitor", monitor_section, small, device, args.tiny)
     write_text(args.out, json.dumps(report, indent=1, default=str) + "\n")

@@ -45,10 +45,19 @@ def test_the_tiny_check_runs_every_section_and_its_numbers_follow_from_their_par
     }  # fmt: skip
     assert {"np_norm", "grad_norm", "ls_rand_range", "hess_eig1", "rep_tp0"} <= set(series["cpu_vs_device"])
 
-    assert set(report["families"]["seconds"]) == set(FEATURE_FAMILIES) and report["families"]["model"] == "xl"
+    families = report["families"]
+    assert set(families["seconds"]) == set(FEATURE_FAMILIES) and families["model"] == "xl"
+    # every family together costs less than each alone, summed (the checkpoint's shared work counted once)
+    assert 0 < families["together_s"] < families["total_s"] and families["together_cpu_s"] > 0
     monitor = report["monitor"]
     assert monitor["model"] == "xl" and monitor["measurements"] >= 1 and math.isfinite(monitor["overhead"])
     assert capsys.readouterr().out.splitlines()[-1].startswith(f"device: wrote {out} (cpu): train ")
+
+
+def test_an_unknown_family_is_one_line_naming_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        main(["--families", "np,bogus", "--out", "unused.json"])
+    assert "--families: unknown ['bogus']; choose from np," in capsys.readouterr().err
 
 
 def test_the_schedule_and_the_relative_difference_against_hand_values():
