@@ -161,3 +161,29 @@ def test_farthest_unit_rows_streamed_equal_farthest_points_of_the_unit_rows(monk
     expected = farthest_points(unit_rows(w), 16)
     np.testing.assert_array_equal(S.farthest_unit_rows(w, 16), expected)
     np.testing.assert_array_equal(S.farthest_unit_rows(w, 200), unit_rows(w))  # a cloud that fits: whole
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "duplicates"),
+    [((600, 256), np.float32, False), ((300, 1024), np.float32, True), ((400, 96), np.float64, True)],
+)
+def test_the_screened_farthest_rows_are_the_float64_rules_on_near_equidistant_rows(shape, dtype, duplicates):
+    # Gaussian rows (a layer at initialisation): every cosine near 0, the case where a float32 screen alone
+    # would pick other rows; duplicated rows make exact ties (the first row wins, as the reference's argmax)
+    w = np.random.default_rng(12).standard_normal(shape).astype(dtype)
+    if duplicates:
+        w[1::7] = w[::7][: w[1::7].shape[0]]
+    expected = farthest_points(unit_rows(w), 40)
+    np.testing.assert_allclose(S.farthest_unit_rows(w, 40), expected, rtol=0, atol=1e-15)
+
+
+def test_the_screen_never_decides_between_rows_closer_than_its_rounding():
+    # rows in pairs 1e-6 apart: a float32 screen cannot order a pair's cosines (4e-8 apart, its error 1.5e-5);
+    # every pick is such a pair's, and the float64 recheck orders it as the reference does
+    rng = np.random.default_rng(13)
+    base = rng.standard_normal((150, 256)).astype(np.float32)
+    partner = (base * (1 + 1e-6 * rng.standard_normal(base.shape))).astype(np.float32)
+    w = np.empty((300, 256), dtype=np.float32)
+    w[0::2], w[1::2] = base, partner
+    assert not np.array_equal(w[0::2], w[1::2])
+    np.testing.assert_allclose(S.farthest_unit_rows(w, 40), farthest_points(unit_rows(w), 40), rtol=0, atol=1e-15)

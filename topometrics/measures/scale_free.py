@@ -40,7 +40,7 @@ from topometrics.measures.spanning_tree import random_arrangement_tree
 def farthest_unit_rows(weight: np.ndarray, count: int) -> np.ndarray:
     """At most ``count`` of the layer's unit rows (``w_i / |w_i|``; all-zero rows, dead neurons
     with no direction, are dropped) by greedy farthest-point (max-min) sampling, in the order
-    chosen, float64, without a full-size copy of the layer.
+    chosen, float64, without a float64 copy of the layer.
 
     Starts from the unit row farthest from their centroid and repeatedly adds the one farthest
     from those chosen: a deterministic subsample that covers the cloud (every dropped row lies
@@ -48,9 +48,13 @@ def farthest_unit_rows(weight: np.ndarray, count: int) -> np.ndarray:
     permuting the rows does not change it. Clouds that fit are returned whole.
 
     For unit vectors ``|u_i - p|^2 = 2 - 2 cos_i`` with ``cos_i = (w_i . p) / |w_i|``, so "farthest
-    from the chosen rows" is "smallest largest cosine to them", and each step is one pass of dot
-    products over the layer's rows (accumulated in float64); only a near-tie (to rounding) may pick
-    another row than the same rule on a matrix of unit rows would.
+    from the chosen rows" is "smallest largest cosine to them". Each step screens every row with one
+    matrix-vector product in the layer's own dtype (BLAS; float32 for a float32 layer), whose cosines are
+    within ``delta = (in + 2) eps`` of the float64 ones (the dot product's rounding bound, ``eps`` the
+    dtype's unit roundoff); the rows whose screened value lies within ``2 delta`` of the smallest, which
+    always include the float64 rule's choice, get their largest cosine to every chosen row in float64, and
+    the smallest of those wins (the first row on a tie). So the choice is the float64 rule's; only a near-tie
+    (to float64 rounding) may pick another row than the same rule on a matrix of unit rows would.
     """
     w = np.asarray(weight)
     bounds = row_block_bounds(w.shape[0], 8 * w.shape[1])
@@ -60,20 +64,26 @@ def farthest_unit_rows(weight: np.ndarray, count: int) -> np.ndarray:
         return np.asarray(w[kept], dtype=np.float64) / norms[kept, None]
     inverse = np.zeros(norms.size)
     inverse[kept] = 1.0 / norms[kept]
+    screen = w.dtype if w.dtype in (np.float32, np.float64) else np.dtype(np.float64)
+    delta = (w.shape[1] + 2) * np.finfo(screen).eps / 2 * 1.01  # eps / 2: the unit roundoff
 
-    def cosines(p: np.ndarray) -> np.ndarray:  # (unit row i) . p for every kept row
-        dots = np.concatenate([np.einsum("ij,j->i", w[a:b], p, dtype=np.float64) for a, b in bounds])
-        return (dots * inverse)[kept]
+    def unit(row: int) -> np.ndarray:
+        return np.asarray(w[row], dtype=np.float64) / norms[row]
 
     mean = sum(np.einsum("ij,i->j", w[a:b], inverse[a:b], dtype=np.float64) for a, b in bounds) / kept.size
-    chosen = [int(np.argmin(cosines(mean)))]  # farthest from the centroid: |u - m|^2 = 1 - 2 u.m + |m|^2
-    closest = np.full(kept.size, -np.inf)  # largest cosine to a chosen row
+    centroid = np.concatenate([np.einsum("ij,j->i", w[a:b], mean, dtype=np.float64) for a, b in bounds])
+    chosen = [int(np.argmin((centroid * inverse)[kept]))]  # farthest from the centroid: 1 - 2 u.m + |m|^2
+    units = [unit(kept[chosen[0]])]
+    screened = np.full(kept.size, -np.inf)  # largest screened cosine to a chosen row
     for _ in range(count - 1):
-        row = kept[chosen[-1]]
-        closest = np.maximum(closest, cosines(np.asarray(w[row], dtype=np.float64) / norms[row]))
-        chosen.append(int(np.argmin(closest)))
-    rows = kept[chosen]
-    return np.asarray(w[rows], dtype=np.float64) / norms[rows, None]
+        dots = np.asarray(w @ units[-1].astype(screen), dtype=np.float64)
+        screened = np.maximum(screened, (dots * inverse)[kept])
+        near = np.flatnonzero(screened <= screened.min() + 2 * delta)
+        rows = kept[near]
+        exact = (np.asarray(w[rows], dtype=np.float64) @ np.array(units).T).max(axis=1) * inverse[rows]
+        chosen.append(int(near[np.argmin(exact)]))
+        units.append(unit(kept[chosen[-1]]))
+    return np.array(units)
 
 
 def cloud_summary(dist: np.ndarray, prefix: str) -> tuple[dict[str, float], list[np.ndarray]]:
