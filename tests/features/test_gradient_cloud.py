@@ -10,8 +10,8 @@ import torch
 
 from tests.repo_params import features_params
 from topometrics.features.checkpoint import checkpoint_features
-from topometrics.features.forward import validation_batch
-from topometrics.features.gradient_cloud import gradient_batch
+from topometrics.features.forward import model_on_batch, validation_batch
+from topometrics.features.gradient_cloud import clouds_of, gradient_batch, gradient_rows
 from topometrics.models.model import GPT, GPTConfig, linear_layer_names
 from topometrics.params import FeaturesParams
 from topometrics.params_schema import ParamsError
@@ -91,3 +91,30 @@ def test_switched_off_it_is_null_with_the_reason_and_the_others_still_run():
 def test_a_batch_too_small_for_a_loop_is_refused():
     with pytest.raises(ParamsError, match="grad_batch"):
         dataclasses.replace(PARAMS, grad_batch=3).check()
+
+
+def test_one_forward_and_backward_pass_serves_both_families_when_their_batches_are_one():
+    model = GPT(CONFIG)
+    model.load_state_dict(state())
+    passes = []
+    model.blocks[0].register_forward_hook(lambda *_: passes.append(1))
+    x, y = validation_batch(random_tokens(), CONFIG.context, 4)  # the clouds' batch is this one: shared
+    layers = linear_layer_names(CONFIG.layers)
+    shared = model_on_batch(model, x, y, gradients=(x, y), clouds=clouds_of(PARAMS))
+    shared_rows = gradient_rows(shared.gradients, layers, PARAMS)
+    assert len(passes) == 1 and shared.gradients.found is not None
+    apart = model_on_batch(model, x, y, gradients=(x, y), clouds=None)  # as when the batches differ
+    apart_rows = gradient_rows(apart.gradients, layers, PARAMS)
+    assert len(passes) == 3 and apart.gradients.found is None
+    # the forward features are the same numbers, and the clouds the same within float32 rounding
+    assert shared.loss == apart.loss and shared.grad_norms == apart.grad_norms
+    assert np.array_equal(shared.states, apart.states)
+    for (layer, values, reason), (other, expected, why) in zip(shared_rows, apart_rows, strict=True):
+        assert (layer, reason) == (other, why) and reason is None
+        assert values == pytest.approx(expected, rel=1e-5, abs=1e-7), layer
+    assert all(p.grad is None for p in model.parameters())
+    x2, y2 = validation_batch(random_tokens()[8:], CONFIG.context, 4)
+    other = model_on_batch(model, x, y, gradients=(x2, y2), clouds=clouds_of(PARAMS))  # another batch: apart
+    assert other.gradients.found is None and len(passes) == 4
+    off = clouds_of(dataclasses.replace(PARAMS, families=("np",)))
+    assert off is None and model_on_batch(model, x, y, gradients=(x, y), clouds=off).gradients.found is None

@@ -1,9 +1,14 @@
-"""topometrics.series.checkpoint: what a series checkpoint's files hold, and a config.json sized for another model."""
+"""topometrics.series.checkpoint: what a series checkpoint's files hold, a config.json sized for another model, and
+one forward and backward pass for both forward families of a transformers model."""
 
+import numpy as np
 import pytest
+import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-from topometrics.series.checkpoint import check_config_fits, checkpoint_shape, held_parameters
+from tests.repo_params import features_params
+from topometrics.features.gradient_cloud import clouds_of, gradient_rows
+from topometrics.series.checkpoint import causal_lm_on_batch, check_config_fits, checkpoint_shape, held_parameters
 from topometrics.series.hub import SeriesCheckpoint
 
 CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=300)
@@ -35,3 +40,25 @@ def test_a_config_describing_a_much_larger_model_than_the_weights_is_refused_bef
     huge = GPTNeoXConfig(**CONFIG | {"num_hidden_layers": 2000})  # counted on the meta device: no memory
     with pytest.raises(ValueError, match=rf"describes [\d,]+ parameters, its weights hold {n_params:,}$"):
         check_config_fits(huge, files)
+
+
+def test_a_gpt_neox_shares_its_forward_pass_with_the_gradient_clouds_and_gets_the_same_values():
+    torch.manual_seed(0)
+    model = GPTNeoXForCausalLM(GPTNeoXConfig(**CONFIG)).eval()
+    passes = []
+    model.gpt_neox.layers[0].register_forward_hook(lambda *_: passes.append(1))
+    ids = torch.randint(0, 300, (4, 17), generator=torch.Generator().manual_seed(1))
+    x, y = ids[:, :-1], ids[:, 1:]
+    params = features_params(grad_batch=4, grad_dim=16)
+    shared = causal_lm_on_batch(model, x, y, gradients=(x, y), clouds=clouds_of(params))
+    layers = list(shared.grad_norms)
+    shared_rows = gradient_rows(shared.gradients, layers, params)
+    assert len(passes) == 1 and shared.gradients.found is not None
+    apart = causal_lm_on_batch(model, x, y, gradients=(x, y))
+    apart_rows = gradient_rows(apart.gradients, layers, params)
+    assert len(passes) == 3 and apart.gradients.found is None
+    assert shared.loss == apart.loss and shared.grad_norms == apart.grad_norms
+    assert np.array_equal(shared.states, apart.states)
+    for (layer, values, reason), (other, expected, why) in zip(shared_rows, apart_rows, strict=True):
+        assert (layer, reason) == (other, why) and reason is None
+        assert values == pytest.approx(expected, rel=1e-5, abs=1e-7), layer

@@ -31,7 +31,7 @@ import torch
 
 from topometrics.dynamics.trajectory import CheckpointIterate
 from topometrics.features.forward import ForwardPass, LossSurface, NoForwardPass, model_on_batch, on_device
-from topometrics.features.gradient_cloud import gradient_rows
+from topometrics.features.gradient_cloud import clouds_of, gradient_rows
 from topometrics.landscape.surface import SurfaceSettings, surface_values
 from topometrics.measures.heavy_tail import covariance_alpha
 from topometrics.measures.layer_features import aggregate_layers, layer_features
@@ -292,7 +292,10 @@ def checkpoint_features(
     loaders, global_max = in_memory(linear_weights(state, config.layers))
     batches = [on_device(b, device) for b in (batch, surface, gradients)]
     return linear_and_forward_features(
-        loaders, global_max, lambda: model_on_batch(model, *batches[0], batches[1], n_bytes, batches[2]), params
+        loaders,
+        global_max,
+        lambda: model_on_batch(model, *batches[0], batches[1], n_bytes, batches[2], clouds_of(params)),
+        params,
     )
 
 

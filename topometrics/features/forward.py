@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from topometrics.features.gradient_cloud import GradientCloud, gradient_cloud, weight_names
+from topometrics.features.gradient_cloud import Clouds, GradientCloud, cloud_in_pass, gradient_cloud, weight_names
 from topometrics.landscape.slice import LossOfParams, Params, functional_loss
 from topometrics.models.model import GPT, linear_modules
 from topometrics.models.tokens import bits_per_byte
@@ -110,21 +110,36 @@ def model_on_batch(
     surface: tuple[torch.Tensor, torch.Tensor] | str = "no batch",
     n_bytes: float | None = None,
     gradients: tuple[torch.Tensor, torch.Tensor] | str = "no gradient batch",
+    clouds: Clouds | None = None,
 ) -> ForwardPass:
     """Hidden states after the last block, per-layer weight-gradient norms and the batch loss (also in bits per
     byte when ``n_bytes``, the UTF-8 bytes the targets ``y`` stand for, is given); the loss of the
     parameters on the loss-surface batch ``surface`` and the per-example gradients' batch ``gradients``
-    (:func:`topometrics.features.gradient_cloud.gradient_batch`), or the reasons they are ones."""
-    model.zero_grad(set_to_none=True)
-    loss, states = model.loss_and_states(x, y)  # the states from the same forward pass as the loss
-    loss.backward()
-    states = states.detach()
-    grads = {name: float(module.weight.grad.norm()) for name, module in linear_modules(model).items()}
-    model.zero_grad(set_to_none=True)
-    flat = states.reshape(-1, states.shape[-1]).double().cpu().numpy()
-    bpb = bits_per_byte(loss.item(), y.numel(), n_bytes)
-    cloud = gradient_cloud(model, weight_names(model, linear_modules(model)), gradients)
-    return ForwardPass(flat, grads, loss.item(), surface=loss_surface(model, surface), bpb=bpb, gradients=cloud)
+    (:func:`topometrics.features.gradient_cloud.gradient_batch`), or the reasons they are ones. ``clouds``
+    (:func:`~topometrics.features.gradient_cloud.clouds_of`; None: the family is off): when ``gradients`` is
+    this batch, the family's values come from this one pass
+    (:func:`~topometrics.features.gradient_cloud.cloud_in_pass`).
+    """
+    names = weight_names(model, linear_modules(model))
+    done = {}
+
+    def run() -> None:
+        model.zero_grad(set_to_none=True)
+        loss, states = model.loss_and_states(x, y)  # the states from the same forward pass as the loss
+        loss.backward()
+        done.update(loss=loss.item(), states=states.detach())
+        done["grads"] = {name: float(module.weight.grad.norm()) for name, module in linear_modules(model).items()}
+        model.zero_grad(set_to_none=True)
+
+    cloud, ran = cloud_in_pass(model, names, (x, y), gradients, clouds, run)
+    if not ran:
+        run()
+    if cloud is None:
+        cloud = gradient_cloud(model, names, gradients)
+    flat = done["states"].reshape(-1, done["states"].shape[-1]).double().cpu().numpy()
+    bpb = bits_per_byte(done["loss"], y.numel(), n_bytes)
+    surface_loss = loss_surface(model, surface)
+    return ForwardPass(flat, done["grads"], done["loss"], surface=surface_loss, bpb=bpb, gradients=cloud)
 
 
 def on_device(batch: tuple[torch.Tensor, ...] | str, device: torch.device) -> tuple[torch.Tensor, ...] | str:

@@ -14,7 +14,7 @@ family's non-topological baseline ``gt_noise_scale``, ``gt_mean_cosine`` (exact,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -32,7 +32,8 @@ _BASELINE = ("noise_scale", "mean_cosine")
 class GradientCloud(NamedTuple):
     """What :func:`gradient_rows` needs of a model: one example's loss of the parameters, the parameters, the
     linear layers (name -> the name of their weight in ``params``, network order), the batch (B, t) and the
-    model itself (its ``nn.Linear`` layers' gradients then come from one batched pass)."""
+    model itself (its ``nn.Linear`` layers' gradients then come from one batched pass); or, in ``found``, the
+    family's values already computed inside the forward features' own pass (:func:`cloud_in_pass`)."""
 
     loss: ExampleLoss
     params: Params
@@ -40,6 +41,56 @@ class GradientCloud(NamedTuple):
     x: torch.Tensor
     y: torch.Tensor
     model: torch.nn.Module | None = None
+    found: dict[str, dict[str, float]] | None = None
+
+
+Clouds = tuple[int, int]  # the whole network's projection: (features.grad_dim, features.seed)
+
+
+def clouds_of(params: FeaturesParams) -> Clouds | None:
+    """The projection :func:`cloud_in_pass` needs, or None when the family is switched off."""
+    return (params.grad_dim, params.seed) if GRADIENT_TOPOLOGY.name in params.families else None
+
+
+def cloud_in_pass(
+    model: torch.nn.Module,
+    layers: Mapping[str, str],
+    batch: tuple[torch.Tensor, torch.Tensor],
+    gradients: tuple[torch.Tensor, torch.Tensor] | str,
+    clouds: Clouds | None,
+    run: Callable[[], None],
+) -> tuple[GradientCloud | str | None, bool]:
+    """The family's values from the forward features' own pass, when the clouds' batch ``gradients`` is that pass's
+    ``batch`` (the defaults: ``features.grad_batch`` = ``features.rep_batch`` windows, both the validation split's
+    first): ``run()`` (the pass: forward, then backward of the batch's mean loss, ``model``'s ``.grad`` its to
+    clear) runs once with the per-example hooks in it (:func:`~topometrics.landscape.gradients.gradient_topology`'s
+    ``run_pass``), saving a forward and a backward pass. ``layers``: linear layer -> its weight's name.
+
+    Returns ``(cloud, ran)``: the :class:`GradientCloud` with ``found``, or the reason the model has no batched
+    rule, or None when the pass is not shared (another batch, the family off: the caller runs ``run()`` and
+    :func:`gradient_cloud` as before); ``ran``: whether ``run()`` finished (if not, the caller runs it again).
+    """
+    x, y = batch
+    if clouds is None or isinstance(gradients, str) or not _same(gradients, batch):
+        return None, False
+    ran = []
+
+    def run_pass(hooks) -> None:
+        with hooks(float(x.shape[0])):  # the mean over B equal windows: each example's gradient is B x its part
+            run()
+        ran.append(True)
+
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    try:
+        found = gradient_topology(example_loss(model), params, layers, x, y, *clouds, model, run_pass=run_pass)
+    except RuntimeError as err:
+        model.zero_grad(set_to_none=True)
+        return f"per-example gradients not computable on this model: {err}".splitlines()[0], bool(ran)
+    return GradientCloud(example_loss(model), params, dict(layers), x, y, model, found), True
+
+
+def _same(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    return all(p.shape == q.shape and bool(torch.equal(p, q)) for p, q in zip(a, b, strict=True))
 
 
 def gradient_batch(tokens: np.ndarray, context: int, params: FeaturesParams) -> tuple[torch.Tensor, torch.Tensor] | str:
@@ -80,9 +131,11 @@ def gradient_rows(cloud: GradientCloud | str, layers: list[str], params: Feature
         cloud = "off"  # switched_off writes the reason
     if not isinstance(cloud, str):
         try:
-            found = gradient_topology(
-                cloud.loss, cloud.params, cloud.layers, cloud.x, cloud.y, params.grad_dim, params.seed, cloud.model
-            )
+            found = cloud.found
+            if found is None:
+                found = gradient_topology(
+                    cloud.loss, cloud.params, cloud.layers, cloud.x, cloud.y, params.grad_dim, params.seed, cloud.model
+                )
         except RuntimeError as err:
             cloud = f"per-example gradients not computable on this model: {err}".splitlines()[0]
     if isinstance(cloud, str):

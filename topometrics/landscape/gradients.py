@@ -262,39 +262,54 @@ def linear_example_gradients(
     computed nor stored (the model's ``.grad`` are left as they were). Otherwise it is a whole backward pass,
     its ``.grad`` cleared after.
     """
-    handles = []
     biases = [m.bias for m in modules.values() if m.bias is not None and m.bias.requires_grad]
     to_biases = bool(biases) and len(biases) == len(modules)
+    try:
+        with example_gradient_hooks(modules, each):
+            out = model(x)
+            logits = getattr(out, "logits", out)
+            per_token = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none"
+            )
+            total = per_token.view(x.shape[0], -1).mean(dim=1).sum()
+            if to_biases:
+                torch.autograd.grad(total, biases)
+            else:
+                total.backward()
+    finally:
+        if not to_biases:
+            model.zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def example_gradient_hooks(
+    modules: Mapping[str, torch.nn.Linear], each: Callable[[str, Chunks], None], scale: float = 1.0
+) -> Iterator[None]:
+    """Within the block, a backward pass through any forward pass of the ``nn.Linear`` layers ``modules`` (layer
+    name -> module) calls ``each(layer, chunks)`` as it reaches each layer, with the per-example weight gradients
+    of the loss it differentiates (:func:`linear_chunks`), times ``scale``: 1 for a loss that sums the examples'
+    mean losses (:func:`linear_example_gradients`), ``B`` for the batch's mean over its ``B`` equal windows'
+    tokens (whose gradient is each example's ``1 / B``)."""
+    handles = []
 
     def capture(layer: str):
         def forward_hook(module, inputs, output):
             a = inputs[0].detach()
 
             def on_grad(g: torch.Tensor) -> None:
-                each(layer, linear_chunks(g.detach(), a))
+                each(layer, linear_chunks(g.detach() * scale if scale != 1.0 else g.detach(), a))
 
             output.register_hook(on_grad)
 
         return forward_hook
 
-    for layer, module in modules.items():
-        handles.append(module.register_forward_hook(capture(layer)))
     try:
-        out = model(x)
-        logits = getattr(out, "logits", out)
-        per_token = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none"
-        )
-        total = per_token.view(x.shape[0], -1).mean(dim=1).sum()
-        if to_biases:
-            torch.autograd.grad(total, biases)
-        else:
-            total.backward()
+        for layer, module in modules.items():
+            handles.append(module.register_forward_hook(capture(layer)))
+        yield
     finally:
         for handle in handles:
             handle.remove()
-        if not to_biases:
-            model.zero_grad(set_to_none=True)
 
 
 def linear_chunks(g: torch.Tensor, a: torch.Tensor) -> Chunks:
@@ -370,6 +385,7 @@ def gradient_topology(
     seed: int,
     model: torch.nn.Module | None = None,
     around: Callable[[str], contextlib.AbstractContextManager] | None = None,
+    run_pass: Callable[[Callable[[float], contextlib.AbstractContextManager]], None] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Gradient-cloud features per linear layer and for the whole network (``"all"``) on one fixed batch.
 
@@ -395,6 +411,11 @@ def gradient_topology(
     around : callable, optional
         ``around(layer)``: a context manager each layer's per-example gradients and summaries are computed
         inside, one layer at a time (e.g. to measure a layer's memory); nothing else runs inside it.
+    run_pass : callable, optional
+        ``run_pass(hooks)`` runs someone else's forward and backward pass of ``model`` on ``x``, ``y`` inside
+        ``with hooks(scale):`` (:func:`example_gradient_hooks`), instead of the family's own pass: e.g. the
+        forward features' pass of the batch's mean loss (``scale`` = B), so one pass serves both. Called once,
+        whether or not any layer is hookable.
 
     Returns
     -------
@@ -415,7 +436,9 @@ def gradient_topology(
             clouds.add(layer, chunks)  # the chunks are computed here, as they are read
 
     hooked = hookable_layers(model, layers)
-    if hooked:
+    if run_pass is not None:
+        run_pass(lambda scale: example_gradient_hooks(hooked, add, scale))
+    elif hooked:
         linear_example_gradients(model, hooked, x, y, add)
     for layer, name in layers.items():
         if layer not in hooked:

@@ -53,7 +53,7 @@ from topometrics.features.forward import (
     surface_batch,
     validation_batch,
 )
-from topometrics.features.gradient_cloud import gradient_batch, gradient_cloud
+from topometrics.features.gradient_cloud import Clouds, cloud_in_pass, clouds_of, gradient_batch, gradient_cloud
 from topometrics.models.architectures import (
     LinearLayer,
     block_path,
@@ -212,6 +212,7 @@ def causal_lm_on_batch(
     y: torch.Tensor,
     surface: tuple[torch.Tensor, torch.Tensor] | str = "none",
     gradients: tuple[torch.Tensor, torch.Tensor] | str = "no gradient batch",
+    clouds: Clouds | None = None,
 ) -> ForwardPass:
     """As :func:`topometrics.features.forward.model_on_batch`, for a ``transformers`` causal LM of any family.
 
@@ -219,26 +220,36 @@ def causal_lm_on_batch(
     hook on the last block: ``output_hidden_states`` differs across transformers versions on
     whether the last entry is normalised). Gradient norms are of the linear weights of the model's
     module tree (``topometrics.models.architectures.module_layers``), under their canonical names.
+    ``clouds``: as for ``model_on_batch`` (one pass for both families when the batches are one).
     """
     layers = {layer.name: layer.tensor for layer in module_layers(model)}
     last_block = block_path(layers[next(reversed(layers))])  # e.g. gpt_neox.layers.{L-1}
-    captured = []
-    hook = model.get_submodule(last_block).register_forward_hook(
-        lambda _m, _i, out: captured.append((out[0] if isinstance(out, tuple) else out).detach())
-    )
-    try:
+    done = {}
+
+    def run() -> None:
+        captured = []
+        hook = model.get_submodule(last_block).register_forward_hook(
+            lambda _m, _i, out: captured.append((out[0] if isinstance(out, tuple) else out).detach())
+        )
+        try:
+            model.zero_grad(set_to_none=True)
+            logits = model(input_ids=x).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+            loss.backward()
+        finally:
+            hook.remove()
+        done["grads"] = {name: float(model.get_parameter(tensor).grad.norm()) for name, tensor in layers.items()}
+        done.update(loss=float(loss.detach()), states=captured[0])
         model.zero_grad(set_to_none=True)
-        logits = model(input_ids=x).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-        loss.backward()
-    finally:
-        hook.remove()
-    grads = {name: float(model.get_parameter(tensor).grad.norm()) for name, tensor in layers.items()}
-    model.zero_grad(set_to_none=True)
-    states = captured[0]
-    flat = states.reshape(-1, states.shape[-1]).double().cpu().numpy()
+
+    cloud, ran = cloud_in_pass(model, layers, (x, y), gradients, clouds, run)
+    if not ran:
+        run()
+    if cloud is None:
+        cloud = gradient_cloud(model, layers, gradients)
+    flat = done["states"].reshape(-1, done["states"].shape[-1]).double().cpu().numpy()
     surface = loss_surface(model, surface, lambda out: out.logits)
-    return ForwardPass(flat, grads, float(loss.detach()), surface, gradients=gradient_cloud(model, layers, gradients))
+    return ForwardPass(flat, done["grads"], done["loss"], surface, gradients=cloud)
 
 
 def causal_lm_forward(
@@ -266,7 +277,7 @@ def causal_lm_forward(
     device = pick_device(params.device, "features.device")
     model.to(device)
     batches = [on_device(b, device) for b in ((x, y), surface_batch(ids, seq_len, params, index), grads)]
-    result = causal_lm_on_batch(model, *batches[0], batches[1], batches[2])
+    result = causal_lm_on_batch(model, *batches[0], batches[1], batches[2], clouds_of(params))
     return result._replace(bpb=bits_per_byte(result.loss, y.numel(), len(targets.encode("utf-8"))))
 
 
