@@ -1,9 +1,11 @@
 """Helpers shared by the features tests: a tiny run directory and the features stage on it, its shards read back,
-a few training steps, and a Hugging Face callback that trains on one thread."""
+a few training steps, a Hugging Face callback that trains on one thread, and the comparison of a shared forward
+pass with separate ones."""
 
 import duckdb
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 from transformers import TrainerCallback
 
@@ -112,3 +114,15 @@ def same_rows(a: pd.DataFrame, b: pd.DataFrame, keys: list[str]) -> None:
     if "reason" in b:  # NULL: None from DuckDB, NaN from pandas
         a["reason"], b["reason"] = a["reason"].fillna("-"), b["reason"].fillna("-")
     pd.testing.assert_frame_equal(a, b, check_dtype=False)
+
+
+def assert_shared_pass_equals_separate(shared, apart, shared_rows, apart_rows) -> None:
+    """One pass for the forward features and the gradient clouds (``shared``: a ForwardPass and its
+    ``gradient_rows``) gives the separate passes' numbers: the loss, norms and states bit for bit, the clouds
+    within float32 rounding."""
+    assert shared.gradients.found is not None and apart.gradients.found is None
+    assert shared.loss == apart.loss and shared.grad_norms == apart.grad_norms
+    assert np.array_equal(shared.states, apart.states)
+    for (layer, values, reason), (other, expected, why) in zip(shared_rows, apart_rows, strict=True):
+        assert (layer, reason) == (other, why) and reason is None
+        assert values == pytest.approx(expected, rel=1e-5, abs=1e-7), layer

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from topometrics.features.gradient_cloud import Clouds, GradientCloud, cloud_in_pass, gradient_cloud, weight_names
+from topometrics.features.gradient_cloud import Clouds, GradientCloud, run_with_clouds, weight_names
 from topometrics.landscape.slice import LossOfParams, Params, functional_loss
 from topometrics.models.model import GPT, linear_modules
 from topometrics.models.tokens import bits_per_byte
@@ -118,7 +118,7 @@ def model_on_batch(
     (:func:`topometrics.features.gradient_cloud.gradient_batch`), or the reasons they are ones. ``clouds``
     (:func:`~topometrics.features.gradient_cloud.clouds_of`; None: the family is off): when ``gradients`` is
     this batch, the family's values come from this one pass
-    (:func:`~topometrics.features.gradient_cloud.cloud_in_pass`).
+    (:func:`~topometrics.features.gradient_cloud.run_with_clouds`).
     """
     names = weight_names(model, linear_modules(model))
     done = {}
@@ -131,11 +131,7 @@ def model_on_batch(
         done["grads"] = {name: float(module.weight.grad.norm()) for name, module in linear_modules(model).items()}
         model.zero_grad(set_to_none=True)
 
-    cloud, ran = cloud_in_pass(model, names, (x, y), gradients, clouds, run)
-    if not ran:
-        run()
-    if cloud is None:
-        cloud = gradient_cloud(model, names, gradients)
+    cloud = run_with_clouds(model, names, (x, y), gradients, clouds, run)
     flat = done["states"].reshape(-1, done["states"].shape[-1]).double().cpu().numpy()
     bpb = bits_per_byte(done["loss"], y.numel(), n_bytes)
     surface_loss = loss_surface(model, surface)

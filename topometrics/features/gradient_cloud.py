@@ -33,7 +33,7 @@ class GradientCloud(NamedTuple):
     """What :func:`gradient_rows` needs of a model: one example's loss of the parameters, the parameters, the
     linear layers (name -> the name of their weight in ``params``, network order), the batch (B, t) and the
     model itself (its ``nn.Linear`` layers' gradients then come from one batched pass); or, in ``found``, the
-    family's values already computed inside the forward features' own pass (:func:`cloud_in_pass`)."""
+    family's values already computed inside the forward features' own pass (:func:`run_with_clouds`)."""
 
     loss: ExampleLoss
     params: Params
@@ -48,45 +48,49 @@ Clouds = tuple[int, int]  # the whole network's projection: (features.grad_dim, 
 
 
 def clouds_of(params: FeaturesParams) -> Clouds | None:
-    """The projection :func:`cloud_in_pass` needs, or None when the family is switched off."""
+    """The projection :func:`run_with_clouds` needs, or None when the family is switched off."""
     return (params.grad_dim, params.seed) if GRADIENT_TOPOLOGY.name in params.families else None
 
 
-def cloud_in_pass(
+def run_with_clouds(
     model: torch.nn.Module,
     layers: Mapping[str, str],
     batch: tuple[torch.Tensor, torch.Tensor],
     gradients: tuple[torch.Tensor, torch.Tensor] | str,
     clouds: Clouds | None,
     run: Callable[[], None],
-) -> tuple[GradientCloud | str | None, bool]:
-    """The family's values from the forward features' own pass, when the clouds' batch ``gradients`` is that pass's
-    ``batch`` (the defaults: ``features.grad_batch`` = ``features.rep_batch`` windows, both the validation split's
-    first): ``run()`` (the pass: forward, then backward of the batch's mean loss, ``model``'s ``.grad`` its to
-    clear) runs once with the per-example hooks in it (:func:`~topometrics.landscape.gradients.gradient_topology`'s
-    ``run_pass``), saving a forward and a backward pass. ``layers``: linear layer -> its weight's name.
+) -> GradientCloud | str:
+    """Runs ``run()``, the forward features' pass on ``batch`` (forward, then backward of the batch's mean loss;
+    ``model``'s ``.grad`` its to clear), and returns the family's :class:`GradientCloud` (or the reason there is
+    none) for the clouds' batch ``gradients``; ``layers``: linear layer -> its weight's name.
 
-    Returns ``(cloud, ran)``: the :class:`GradientCloud` with ``found``, or the reason the model has no batched
-    rule, or None when the pass is not shared (another batch, the family off: the caller runs ``run()`` and
-    :func:`gradient_cloud` as before); ``ran``: whether ``run()`` finished (if not, the caller runs it again).
+    When ``gradients`` is ``batch`` (the defaults: ``features.grad_batch`` = ``features.rep_batch`` windows, both the
+    validation split's first) and the family is on (``clouds``, :func:`clouds_of`), ``run()`` carries the
+    per-example hooks (:func:`~topometrics.landscape.gradients.gradient_topology`'s ``run_pass``), so one forward
+    and backward pass serves both, and the cloud comes back with its values in ``found``. Otherwise the cloud is
+    :func:`gradient_cloud`'s, its own pass to come; so is it when the shared pass fails (the model has no batched
+    rule), ``run()`` then run again if it had not finished.
     """
-    x, y = batch
-    if clouds is None or isinstance(gradients, str) or not _same(gradients, batch):
-        return None, False
-    ran = []
+    if clouds is not None and not isinstance(gradients, str) and _same(gradients, batch):
+        x, y = batch
+        ran = []
 
-    def run_pass(hooks) -> None:
-        with hooks(float(x.shape[0])):  # the mean over B equal windows: each example's gradient is B x its part
-            run()
-        ran.append(True)
+        def run_pass(hooks) -> None:
+            with hooks(float(x.shape[0])):  # the mean over B equal windows: each example's gradient is B x its part
+                run()
+            ran.append(True)
 
-    params = {name: p.detach() for name, p in model.named_parameters()}
-    try:
-        found = gradient_topology(example_loss(model), params, layers, x, y, *clouds, model, run_pass=run_pass)
-    except RuntimeError as err:
-        model.zero_grad(set_to_none=True)
-        return f"per-example gradients not computable on this model: {err}".splitlines()[0], bool(ran)
-    return GradientCloud(example_loss(model), params, dict(layers), x, y, model, found), True
+        params = {name: p.detach() for name, p in model.named_parameters()}
+        try:
+            found = gradient_topology(example_loss(model), params, layers, x, y, *clouds, model, run_pass=run_pass)
+            return GradientCloud(example_loss(model), params, dict(layers), x, y, model, found)
+        except RuntimeError as err:
+            model.zero_grad(set_to_none=True)
+            if not ran:
+                run()
+            return f"per-example gradients not computable on this model: {err}".splitlines()[0]
+    run()
+    return gradient_cloud(model, layers, gradients)
 
 
 def _same(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> bool:

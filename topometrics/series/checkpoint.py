@@ -53,7 +53,7 @@ from topometrics.features.forward import (
     surface_batch,
     validation_batch,
 )
-from topometrics.features.gradient_cloud import Clouds, cloud_in_pass, clouds_of, gradient_batch, gradient_cloud
+from topometrics.features.gradient_cloud import Clouds, clouds_of, gradient_batch, run_with_clouds
 from topometrics.models.architectures import (
     LinearLayer,
     block_path,
@@ -242,11 +242,7 @@ def causal_lm_on_batch(
         done.update(loss=float(loss.detach()), states=captured[0])
         model.zero_grad(set_to_none=True)
 
-    cloud, ran = cloud_in_pass(model, layers, (x, y), gradients, clouds, run)
-    if not ran:
-        run()
-    if cloud is None:
-        cloud = gradient_cloud(model, layers, gradients)
+    cloud = run_with_clouds(model, layers, (x, y), gradients, clouds, run)
     flat = done["states"].reshape(-1, done["states"].shape[-1]).double().cpu().numpy()
     surface = loss_surface(model, surface, lambda out: out.logits)
     return ForwardPass(flat, done["grads"], done["loss"], surface, gradients=cloud)
