@@ -5,7 +5,8 @@ weight gradients at a time, the whole network through a seeded JL projection); t
 batch (the first ``features.grad_batch`` validation windows, the same for every checkpoint of a run or
 series), names its values in the vocabulary's ``gt_`` names and turns every way it cannot run into NULL
 rows with the reason. Both forward passes (``topometrics.features.forward.model_on_batch`` and
-``topometrics.series.checkpoint.causal_lm_on_batch``) hand it a :class:`GradientCloud`.
+``topometrics.series.checkpoint.causal_lm_on_batch``) hand it a :class:`GradientCloud`, through
+:func:`run_with_clouds`: when the clouds' batch is the forward pass's own, one forward and backward pass serves both.
 
 Rows: per linear layer ``gt_<summary>`` and ``gt_unit_<summary>`` (their ``layer='all'`` rows by the
 declared aggregation); for ``layer='all'`` also ``gt_net_*`` (the whole network's projected cloud) and the
@@ -88,9 +89,14 @@ def run_with_clouds(
             model.zero_grad(set_to_none=True)
             if not ran:
                 run()
-            return f"per-example gradients not computable on this model: {err}".splitlines()[0]
+            return no_batched_rule(err)
     run()
     return gradient_cloud(model, layers, gradients)
+
+
+def no_batched_rule(err: RuntimeError) -> str:
+    """The family's NULL reason when the model has no batched per-example gradient rule (one line)."""
+    return f"per-example gradients not computable on this model: {err}".splitlines()[0]
 
 
 def _same(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> bool:
@@ -141,7 +147,7 @@ def gradient_rows(cloud: GradientCloud | str, layers: list[str], params: Feature
                     cloud.loss, cloud.params, cloud.layers, cloud.x, cloud.y, params.grad_dim, params.seed, cloud.model
                 )
         except RuntimeError as err:
-            cloud = f"per-example gradients not computable on this model: {err}".splitlines()[0]
+            cloud = no_batched_rule(err)
     if isinstance(cloud, str):
         rows: list[Row] = [(layer, dict.fromkeys(per_layer(GRADIENT_TOPOLOGY), np.nan), cloud) for layer in layers]
         names = per_layer(GRADIENT_TOPOLOGY) + model_only(GRADIENT_TOPOLOGY)
