@@ -13,7 +13,8 @@ file, for a large model's Lanczos); ``gradients.gradient_topology``
 (per-example gradients on a fixed batch: ``nn.Linear`` layers from one batched pass,
 ``gradients.linear_example_gradients``, the others layer by layer with ``torch.func``: Vietoris-Rips summaries of each
 linear layer's cloud and of the whole network's Johnson-Lindenstrauss projection, raw and unit-normalised,
-beside the gradient-noise scale and the mean pairwise cosine); ``surface.surface_values``
+beside the gradient-noise scale and the mean pairwise cosine; ``clouds.cloud_geometry``, a cloud's Gram matrix
+and distances in one pass over its column chunks); ``surface.surface_values``
 (one checkpoint's slice summaries and curvature, each NULL value with its reason). Pure functions of arrays,
 of parameter dicts and of a loss of parameters; nothing here reads or writes a file but a large model's curvature
 vectors, in a temporary folder ``surface`` removes before it returns.
