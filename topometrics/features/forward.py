@@ -120,7 +120,8 @@ def model_on_batch(
     this batch, the family's values come from this one pass
     (:func:`~topometrics.features.gradient_cloud.run_with_clouds`).
     """
-    names = weight_names(model, linear_modules(model))
+    modules = linear_modules(model)
+    names = weight_names(model, modules)
     done = {}
 
     def run() -> None:
@@ -128,7 +129,7 @@ def model_on_batch(
         loss, states = model.loss_and_states(x, y)  # the states from the same forward pass as the loss
         loss.backward()
         done.update(loss=loss.item(), states=states.detach())
-        done["grads"] = {name: float(module.weight.grad.norm()) for name, module in linear_modules(model).items()}
+        done["grads"] = {name: float(module.weight.grad.norm()) for name, module in modules.items()}
         model.zero_grad(set_to_none=True)
 
     cloud = run_with_clouds(model, names, (x, y), gradients, clouds, run)

@@ -73,18 +73,19 @@ def run_with_clouds(
     rule), ``run()`` then run again if it had not finished.
     """
     if clouds is not None and not isinstance(gradients, str) and _same(gradients, batch):
-        x, y = batch
-        ran = []
+        cloud, ran = gradient_cloud(model, layers, batch), []
 
         def run_pass(hooks) -> None:
-            with hooks(float(x.shape[0])):  # the mean over B equal windows: each example's gradient is B x its part
+            # the mean over B equal windows: each example's gradient is B x its part of the mean's
+            with hooks(float(cloud.x.shape[0])):
                 run()
             ran.append(True)
 
-        params = {name: p.detach() for name, p in model.named_parameters()}
         try:
-            found = gradient_topology(example_loss(model), params, layers, x, y, *clouds, model, run_pass=run_pass)
-            return GradientCloud(example_loss(model), params, dict(layers), x, y, model, found)
+            found = gradient_topology(
+                cloud.loss, cloud.params, cloud.layers, cloud.x, cloud.y, *clouds, model, run_pass=run_pass
+            )
+            return cloud._replace(found=found)
         except RuntimeError as err:
             model.zero_grad(set_to_none=True)
             if not ran:
