@@ -195,10 +195,7 @@ def slice_curvature(
     try:
         values = []
         for d in directions:
-            if consume:
-                flat = _flattened(d, dtype)
-            else:
-                flat = torch.cat([t.detach().reshape(-1) for t in d.values()]).cpu().numpy().astype(dtype, copy=False)
+            flat = _flattened(d, dtype, consume)
             values.append(dot(flat, np.asarray(hvp(flat), dtype=dtype)))
             del flat
     except FloatingPointError as err:
@@ -286,11 +283,11 @@ def grid_chunk(params: Params, grid: int) -> int:
     return max(1, min(grid * grid, GRID_PARAMETERS // max(size, 1)))
 
 
-def _flattened(direction: Params, dtype: type) -> np.ndarray:
-    """``direction`` as one flat array in its order, each tensor removed from the dict once copied."""
+def _flattened(direction: Params, dtype: type, consume: bool = False) -> np.ndarray:
+    """``direction`` as one flat array in its order; ``consume``: each tensor removed from the dict once copied."""
     flat, at = np.empty(sum(t.numel() for t in direction.values()), dtype=dtype), 0
     for name in list(direction):
-        part = direction.pop(name).detach().reshape(-1).cpu().numpy()
+        part = (direction.pop(name) if consume else direction[name]).detach().reshape(-1).cpu().numpy()
         flat[at : at + part.size] = part
         at += part.size
     return flat
