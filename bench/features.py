@@ -35,6 +35,10 @@ A CUDA device is used when one is present (``--device``).
 ``changepoints``) for the same two models, by the same method, and the gradient family's memory
 (:mod:`bench.dynamics`).
 
+``--models`` alone (without ``--surface`` or ``--dynamics``) measures instead every family's CPU seconds and peak
+memory on one checkpoint of each named shape, each family in a fresh process, beside the cost model's estimate
+(:mod:`bench.families`; ``--families a,b`` for fewer).
+
 ``--models`` (``a,b`` or ``a b``) picks from :data:`SURFACE_MODELS`: xl, and GPT-NeoX's Pythia-70m, -160m and
 -410m block shapes (hidden 512 / 768 / 1024, 6 / 12 / 24 blocks, 8 / 12 / 16 heads) in our GPT with our
 128-character vocabulary and context 128, not Pythia's 50k-token embedding; default xl and the 70m shape.
@@ -288,7 +292,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--weights-only", action="store_true", help="skip the whole-stage measurement")
     parser.add_argument("--surface", action="store_true", help="the loss-surface families' cost per checkpoint")
     parser.add_argument("--dynamics", action="store_true", help="the training-dynamics families' cost (bench.dynamics)")
-    parser.add_argument("--models", nargs="*", default=DEFAULT_MODELS, help="a,b or a b: of SURFACE_MODELS")
+    parser.add_argument("--models", nargs="*", help="a,b or a b: of SURFACE_MODELS (alone: each family's cost)")
+    parser.add_argument("--families", default="", help="--models alone: these families (a,b; default all)")
     parser.add_argument("--central", action="store_true", help="--surface: also central products, all steps")
     parser.add_argument("--surface-runs", type=Path, nargs="*", default=[], help="also their last checkpoints")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for --surface (CPU time is per thread)")
@@ -296,7 +301,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--without", default="", help="also the whole stage without these families (a,b): the ratio")
     parser.add_argument("--no-layer-memory", action="store_true", help="--dynamics: skip the layer-by-layer memory")
     args = parser.parse_args(argv)
-    args.models = model_names(args.models)
+    if args.models is not None and not (args.surface or args.dynamics):
+        from bench import families  # imports this module: not at the top
+
+        return families.main(model_names(args.models), args.families, PARAMS_YAML)
+    args.models = model_names(args.models or DEFAULT_MODELS)
     params = dataclasses.replace(load_params(PARAMS_YAML).features, workers=args.workers)
     if args.dynamics:
         models = {name: SURFACE_MODELS[name] for name in args.models}
