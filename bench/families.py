@@ -39,7 +39,7 @@ import torch
 from bench.device import _rows, offline_corpus
 from bench.features import SURFACE_MODELS
 from topometrics.execution.compute import one_thread
-from topometrics.execution.cost import GROUP, checkpoint_costs
+from topometrics.execution.cost import GROUP, SECONDS_PER_MILLION, checkpoint_costs
 from topometrics.models.model import GPT
 from topometrics.models.tokens import load_tokens
 from topometrics.params import FEATURE_FAMILIES, load_params
@@ -96,7 +96,8 @@ def family_table(models: list[str], families: tuple[str, ...], params: Path) -> 
         for i, (model, family) in enumerate(jobs, 1):
             row = _run_child(model, family, corpus, params)
             found[model][family] = row
-            measured, estimated = measured + row["cpu_s"], estimated + guess[model, family]
+            if family in SECONDS_PER_MILLION:  # a rate of its own: the ETA's scale (a weight family's is a share)
+                measured, estimated = measured + row["cpu_s"], estimated + guess[model, family]
             left = sum(guess[j] for j in jobs[i:]) * (measured / estimated if estimated else 1.0)
             print(f"families: {model} {family} {row['cpu_s']:.1f} s of CPU, peak {row['peak_mb']:,} MiB "
                   f"({i} of {len(jobs)}; ETA ~{left / 60:.0f} min)", flush=True)  # fmt: skip
@@ -123,7 +124,7 @@ def _parameters(config) -> int:
 
 
 def _estimate_s(n_params: int, family: str) -> float:
-    """The cost model's seconds for ``family`` (a weight family: its group's over 5), else 1 s: the ETA's weights."""
+    """The cost model's seconds for ``family`` (a weight family: its group's over 5), else 1 s: the ETA's parts."""
     est = estimates(n_params, (family,))
     key = GROUP.get(family, family)
     return est[key][0] / (5 if key in GROUP.values() else 1) if key in est else 1.0

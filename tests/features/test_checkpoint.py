@@ -11,10 +11,18 @@ import pytest
 import torch
 
 from tests.features.helpers import CONFIG, PARAMS, run_tables, stage_project, tiny_model, write_run
-from topometrics.features.checkpoint import ALL, DIAGRAM_COLUMNS, FEATURE_COLUMNS, checkpoint_features
+from topometrics.features.checkpoint import (
+    ALL,
+    DIAGRAM_COLUMNS,
+    FEATURE_COLUMNS,
+    checkpoint_features,
+    linear_and_forward_features,
+    needs_forward,
+)
 from topometrics.features.distances import distance_features
 from topometrics.features.forward import on_device, surface_batch, validation_batch
 from topometrics.features.gradient_cloud import gradient_batch
+from topometrics.measures.layer_features import OFF
 from topometrics.models.model import linear_layer_names
 from topometrics.params import ParamsError
 from topometrics.vocabulary import CURVATURE, LANDSCAPE, model_only
@@ -215,3 +223,18 @@ def test_batch_bpb_is_the_summed_cross_entropy_over_the_bytes_and_null_with_a_re
     assert rows[("all", "batch_bpb")][0] == pytest.approx(nats / np.log(2) / n_bytes, rel=1e-5)
     rows = {(r[0], r[1]): (r[2], r[3]) for r in checkpoint_features(model.state_dict(), CONFIG, (x, y), PARAMS).rows}
     assert np.isnan(rows[("all", "batch_bpb")][0]) and "bytes" in rows[("all", "batch_bpb")][1]
+
+
+def test_no_forward_pass_runs_when_no_family_that_is_on_reads_it():
+    params = dataclasses.replace(PARAMS, families=("np", "vr", "spectral", "scale_free"))
+    weights = {name: np.random.default_rng(i).normal(size=(8, 6)) for i, name in enumerate(("a", "b"))}
+
+    def forward():
+        raise AssertionError("the forward pass ran")
+
+    result = linear_and_forward_features({k: (lambda w=w: w.copy()) for k, w in weights.items()}, 3.0, forward, params)
+    by_name = {(layer, name): (value, reason) for layer, name, value, reason in result.rows}
+    for name in ("grad_norm", "batch_loss", "rep_tp0", "ls_rand_minima", "gt_tp0", "rep_alpha"):
+        assert np.isnan(by_name[(ALL, name)][0]) and by_name[(ALL, name)][1] == OFF, name
+    assert np.isfinite(by_name[(ALL, "np_norm")][0]) and np.isnan(by_name[(ALL, "w_alpha")][0])
+    assert not needs_forward(params.families) and needs_forward(("np", "heavy_tail"))  # rep_alpha reads the states

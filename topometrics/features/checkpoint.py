@@ -34,7 +34,7 @@ from topometrics.features.forward import ForwardPass, LossSurface, NoForwardPass
 from topometrics.features.gradient_cloud import clouds_of, gradient_rows
 from topometrics.landscape.surface import SurfaceSettings, surface_values
 from topometrics.measures.heavy_tail import covariance_alpha
-from topometrics.measures.layer_features import aggregate_layers, layer_features
+from topometrics.measures.layer_features import OFF, aggregate_layers, layer_features
 from topometrics.measures.persistence import (
     finite_bars,
 )
@@ -46,6 +46,7 @@ from topometrics.vocabulary import (
     ALL,
     CURVATURE,
     FAMILIES,
+    FEATURES,
     FORWARD,
     LANDSCAPE,
     REPRESENTATION,
@@ -131,10 +132,18 @@ def linear_and_forward_features(
     alpha = aggregates.pop("w_alpha")
     out.add(ALL, aggregates)
     out.add(ALL, {"w_alpha": alpha}, None if np.isfinite(alpha) else f"no layer fitted: {alpha_reasons[0]}")
-    if forward is not None:
+    if forward is not None and not needs_forward(params.families):  # no pass for rows that would be NULL
+        out.extend(null_rows(list(weights), computed_from(FORWARD, STATES, scales=params.betti_scales), OFF))
+    elif forward is not None:
         out.extend(forward_features(forward, list(weights), params))
     out.iterate = None if iterate is None else iterate.point()
     return switched_off(out, params)
+
+
+def needs_forward(families: tuple[str, ...]) -> bool:
+    """Whether any of ``families`` has a feature computed from the forward pass or its hidden states (the
+    gradient, representation, loss-surface and gradient-cloud families, and heavy_tail's ``rep_alpha``)."""
+    return any(f.family.name in families for f in FEATURES if (f.input or f.family.input) in (FORWARD, STATES))
 
 
 def switched_off(result: CheckpointFeatures, params: FeaturesParams) -> CheckpointFeatures:
@@ -143,7 +152,7 @@ def switched_off(result: CheckpointFeatures, params: FeaturesParams) -> Checkpoi
     off = {family.name for family in FAMILIES} - set(params.families)
     if not off:
         return result
-    reason = "family switched off (features.families)"
+    reason = OFF
     out = CheckpointFeatures(diagrams=dict(result.diagrams), iterate=result.iterate)
     for layer, name, value, why in result.rows:
         feature = lookup(name)

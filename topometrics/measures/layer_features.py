@@ -21,7 +21,10 @@ from topometrics.measures.persistence import diagram_summary, rips_diagrams, row
 from topometrics.measures.scale_free import np_excess, scale_free_features
 from topometrics.measures.spectral import singular_values, weight_spectrum
 from topometrics.params import FeaturesParams
-from topometrics.vocabulary import SPECTRAL, VR, lookup, named
+from topometrics.vocabulary import HEAVY_TAIL, NP, SCALE_FREE, SPECTRAL, VR, lookup, named, per_layer
+
+WEIGHT_FAMILIES = {family.name: family for family in (NP, VR, SPECTRAL, SCALE_FREE, HEAVY_TAIL)}
+OFF = "family switched off (features.families)"  # the reason a family that is off leaves
 
 
 def layer_features(
@@ -37,29 +40,39 @@ def layer_features(
     and its buffer becomes the working array of the shuffled nulls once everything that reads the
     layer's arrangement is done; otherwise they work on a copy. Either way the values are the same;
     overwriting is what keeps a streaming worker at one layer plus fixed-size buffers.
+
+    Only the families in ``params.families`` are computed (a weight family that is off costs nothing): the
+    others' values are NaN, their ``w_alpha`` fit NaN with the reason :data:`OFF`, and the diagrams empty
+    ``(0, 2)`` arrays when ``vr`` is off. Each family's values do not depend on which others are on.
     """
+    on = set(params.families)  # a family that is off is not computed: NaN, as switched_off would write it
+    off = {name: dict.fromkeys(per_layer(family), np.nan) for name, family in WEIGHT_FAMILIES.items()}
     # Steps in this order hold at most the layer and one of their working sets at a time.
-    tree = bipartite_max_spanning_tree(weight)  # once: NP, np_excess and np_z all read it
-    rows = subsample_indices(weight.shape[0], params.max_points, params.seed)
-    dgms = rips_diagrams(row_distances(weight, rows))
-    singular = singular_values(weight)
-    arranged = scale_free_features(weight, tree, params.max_points, params.seed, params.unit_points)
-    spectral, alpha = weight_spectrum(weight, singular), fit_tail(singular**2)
-    # From here on only the layer's entries matter, not their arrangement.
-    own = overwrite and _is_scratch(weight)
-    work = weight if own else np.array(weight, np.result_type(weight, np.float32), order="C")
-    np_value = tree_persistence(tree, global_max)
-    shuffled = shuffled_neural_persistence(work, global_max, [params.seed, index], in_place=True)
-    values = {
-        "np_norm": np_value.np_norm,
-        "np_sum": np_value.np_sum,
-        "np_shuffled_norm": shuffled.np_norm,
-        **named(VR, diagram_summary(dgms)),
-        **named(SPECTRAL, spectral),
-        **{name: value for name, value in arranged.items() if name != "np_z"},
-        "np_excess": np_excess(tree, work, params.null_draws, [params.seed, index]),
-        "np_z": arranged["np_z"],
-    }
+    reads_tree = bool({NP.name, SCALE_FREE.name} & on)
+    tree = bipartite_max_spanning_tree(weight) if reads_tree else None  # once: NP, np_excess and np_z read it
+    dgms = [np.zeros((0, 2)), np.zeros((0, 2))]
+    if VR.name in on:
+        rows = subsample_indices(weight.shape[0], params.max_points, params.seed)
+        dgms = rips_diagrams(row_distances(weight, rows))
+    singular = singular_values(weight) if {SPECTRAL.name, HEAVY_TAIL.name} & on else None
+    arranged = off[SCALE_FREE.name]
+    if SCALE_FREE.name in on:
+        arranged = scale_free_features(weight, tree, params.max_points, params.seed, params.unit_points)
+    spectral = named(SPECTRAL, weight_spectrum(weight, singular)) if SPECTRAL.name in on else off[SPECTRAL.name]
+    alpha = fit_tail(singular**2) if HEAVY_TAIL.name in on else AlphaFit(np.nan, np.nan, 0, np.nan, OFF)
+    values = {**off[NP.name], **(named(VR, diagram_summary(dgms)) if VR.name in on else off[VR.name]), **spectral}
+    values |= {name: value for name, value in arranged.items() if name != "np_z"}
+    values |= {"np_excess": np.nan, "np_z": arranged["np_z"]}
+    if reads_tree:
+        # From here on only the layer's entries matter, not their arrangement.
+        own = overwrite and _is_scratch(weight)
+        work = weight if own else np.array(weight, np.result_type(weight, np.float32), order="C")
+    if NP.name in on:
+        np_value = tree_persistence(tree, global_max)
+        shuffled = shuffled_neural_persistence(work, global_max, [params.seed, index], in_place=True)
+        values |= {"np_norm": np_value.np_norm, "np_sum": np_value.np_sum, "np_shuffled_norm": shuffled.np_norm}
+    if SCALE_FREE.name in on:
+        values["np_excess"] = np_excess(tree, work, params.null_draws, [params.seed, index])
     return values, dgms, alpha
 
 
