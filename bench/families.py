@@ -15,7 +15,8 @@ one thread. It reports
 * ``ready_mb``: the resident memory just before the family started (so ``peak_mb - ready_mb`` is the family's own);
 
 beside what :mod:`topometrics.execution.cost` estimates for it from the parameter count (``estimate_s``,
-``estimate_peak_mb``; the five weight families share one estimate, ``weights``, which is compared with their sum;
+``estimate_peak_mb``, and the measured rate in the cost model's units, ``s_per_million``; the five weight
+families share one estimate, ``weights``, which is compared with their sum;
 ``representation`` and ``distance`` have none). A family in its own process pays for its own forward and backward
 pass; on one checkpoint with every family those are shared (``python -m bench device --sections families``), so
 the column sums are an upper bound on one checkpoint's cost. Progress: one line per family with the running ETA
@@ -113,12 +114,14 @@ def with_estimates(rows: dict[str, dict], n_params: int) -> dict[str, dict]:
         out["weights"] = {"members": members, "cpu_s": round(sum(rows[f]["cpu_s"] for f in members), 2),
                           "peak_mb": max(rows[f]["peak_mb"] for f in members)}  # fmt: skip
     for key, (seconds, peak) in estimates(n_params, tuple(rows)).items():
-        out[key] = out[key] | {"estimate_s": round(seconds, 1), "estimate_peak_mb": round(peak / MIB)}
+        measured_rate = out[key]["cpu_s"] / (n_params / 1e6)  # the cost model's units: s per million parameters
+        out[key] = out[key] | {"estimate_s": round(seconds, 1), "estimate_peak_mb": round(peak / MIB),
+                               "s_per_million": round(measured_rate, 4)}  # fmt: skip
     return out
 
 
 def _parameters(config) -> int:
-
+    """The parameter count of our GPT of ``config``'s shape with our 128-character vocabulary (nothing allocated)."""
     with torch.device("meta"):
         return sum(p.numel() for p in GPT(dataclasses.replace(config, vocab_size=128)).state_dict().values())
 

@@ -30,6 +30,7 @@ def test_the_weight_families_are_summed_against_their_one_estimate():
     assert out["weights"]["cpu_s"] == 3.75 and out["weights"]["peak_mb"] == 1200
     assert out["weights"]["members"] == ["np", "vr"]
     assert out["weights"]["estimate_s"] == round(SECONDS_PER_MILLION["weights"] * 2, 1)
+    assert out["weights"]["s_per_million"] == 1.875 and out["gradient"]["s_per_million"] == 2.0
     peak = FIXED_BYTES + BYTES_PER_PARAMETER["gradient"] * 2_000_000
     assert out["gradient"]["estimate_peak_mb"] == round(peak / (1 << 20))
     assert "estimate_s" not in out["np"]  # a member is compared through its group
