@@ -20,7 +20,8 @@ families share one estimate, ``weights``, which is compared with their sum;
 ``representation`` and ``distance`` have none). A family in its own process pays for its own forward and backward
 pass; on one checkpoint with every family those are shared (``python -m bench device --sections families``), so
 the column sums are an upper bound on one checkpoint's cost. Progress: one line per family with the running ETA
-(the estimates of what is left, scaled by measured over estimated so far); the last line is the JSON.
+(the estimates of what is left, scaled by measured over estimated so far) and the family's whole row, so a run
+stopped part way keeps every finished one; the last line is the JSON of all.
 """
 
 from __future__ import annotations
@@ -86,7 +87,6 @@ def estimates(n_params: int, families: tuple[str, ...]) -> dict[str, tuple[float
 
 def family_table(models: list[str], families: tuple[str, ...], params: Path) -> dict:
     """Every (model, family) in its own process, in order; progress on stdout; ``{model: {family: row}}``."""
-
     sizes = {m: _parameters(SURFACE_MODELS[m]) for m in models}
     guess = {(m, f): _estimate_s(sizes[m], f) for m in models for f in families}
     found: dict[str, dict[str, dict]] = {m: {} for m in models}
@@ -101,7 +101,7 @@ def family_table(models: list[str], families: tuple[str, ...], params: Path) -> 
                 measured, estimated = measured + row["cpu_s"], estimated + guess[model, family]
             left = sum(guess[j] for j in jobs[i:]) * (measured / estimated if estimated else 1.0)
             print(f"families: {model} {family} {row['cpu_s']:.1f} s of CPU, peak {row['peak_mb']:,} MiB "
-                  f"({i} of {len(jobs)}; ETA ~{left / 60:.0f} min)", flush=True)  # fmt: skip
+                  f"({i} of {len(jobs)}; ETA ~{left / 60:.0f} min) {json.dumps(row)}", flush=True)  # fmt: skip
     return {m: with_estimates(found[m], sizes[m]) for m in models}
 
 

@@ -14,6 +14,7 @@ def test_each_family_runs_alone_in_its_own_process_and_stands_beside_its_estimat
     out = capsys.readouterr().out.strip().splitlines()
     assert [line.split()[2] for line in out[:2]] == ["np", "gradient_topology"]
     assert "ETA" in out[0] and out[-2].startswith("families: 2 processes in")
+    assert json.loads(out[0][out[0].index("{") :])["family"] == "np"  # each finished row, as it finishes
     table = json.loads(out[-1])["xl"]
     np_row, gt = table["np"], table["gradient_topology"]
     # each process measured its own family only: the other family's values are NaN there
