@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from topometrics.landscape import surface as surface_module
 from topometrics.landscape.slice import functional_loss, loss_grid, random_direction
 from topometrics.landscape.sublevel import SUMMARY_KEYS
 from topometrics.landscape.surface import (
@@ -248,3 +249,22 @@ def test_a_large_models_float32_path_gives_the_float64_paths_curvature_and_hess_
     landscape, curvature = surface_values(whole, params, settings, [window(i) for i in range(len(x))])
     assert np.isfinite(list(landscape.values.values())).all() and not landscape.reasons
     assert list(tmp_path.iterdir()) == []  # the Ritz vectors' folder is gone
+
+
+def test_a_family_that_is_off_is_not_computed_and_the_other_keeps_its_values(monkeypatch):
+    both = surface_values(*mlp_loss(), SETTINGS)
+    landscape, no_curvature = surface_values(*mlp_loss(), SETTINGS, curvature=False)
+    no_landscape, curvature = surface_values(*mlp_loss(), SETTINGS, landscape=False)
+    assert no_curvature is None and no_landscape is None
+    assert landscape == both[0] and curvature == both[1]  # the same values, reasons included
+    # without the curvature no trace is estimated; without the landscape no slice is evaluated
+    monkeypatch.setattr(surface_module, "hessian_trace", _never)
+    surface_values(*mlp_loss(), SETTINGS, curvature=False)
+    monkeypatch.undo()
+    monkeypatch.setattr(surface_module, "slice_values", _never)
+    monkeypatch.setattr(surface_module, "global_range", _never)
+    surface_values(*mlp_loss(), SETTINGS, landscape=False)
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("computed for a family that is off")

@@ -220,12 +220,18 @@ def surface_features(surface: LossSurface | str, params: FeaturesParams) -> Chec
         probes_max=params.hessian_probes_max,
     )
     try:
-        found = surface_values(surface.loss, surface.params, settings, surface.windows)
+        on = set(params.families)
+        found = surface_values(
+            surface.loss, surface.params, settings, surface.windows, LANDSCAPE.name in on, CURVATURE.name in on
+        )
     except RuntimeError as err:
         reason = f"loss surface not computable on this model: {err}".splitlines()[0]
         out.add(ALL, dict.fromkeys(landscape + curvature, np.nan), reason)
         return out
     for family, values in zip((LANDSCAPE, CURVATURE), found, strict=True):
+        if values is None:  # switched off: not computed
+            out.add(ALL, dict.fromkeys(model_only(family), np.nan), OFF)
+            continue
         for key, value in values.values.items():
             out.add(ALL, named(family, {key: value}), values.reasons.get(key))
     return out

@@ -94,14 +94,25 @@ class Values(NamedTuple):
 
 
 def surface_values(
-    loss: LossOfParams, params: Params, settings: SurfaceSettings, windows: Sequence[LossOfParams] = ()
-) -> tuple[Values, Values]:
+    loss: LossOfParams,
+    params: Params,
+    settings: SurfaceSettings,
+    windows: Sequence[LossOfParams] = (),
+    landscape: bool = True,
+    curvature: bool = True,
+) -> tuple[Values | None, Values | None]:
     """``(landscape, curvature)`` of ``loss`` at ``params``; see the module docstring. ``windows``: the same loss
     as the mean of one per window of its batch (``features.forward.LossSurface.windows``), which a large model's
-    products take one at a time (default: ``loss`` whole)."""
+    products take one at a time (default: ``loss`` whole). ``landscape`` / ``curvature`` False: that family is
+    not computed (None in its place): without the curvature, the Hessian's trace is skipped (the ``hess`` slice
+    still needs the top eigenvectors); without the landscape, the slices and the global range. A family's values
+    are the same whether or not the other is computed (their draws are seeded apart)."""
     hvp, dim, dtype = curvature_products(loss, params, settings, windows)  # curvature_values' defaults, shared
     hvp = _finite(hvp)
-    curvature, eig = _curvature_values(hvp, dim, params, settings, dtype=dtype)
+    found_curvature, eig = _curvature_values(hvp, dim, params, settings, dtype=dtype, trace=curvature)
+    if not landscape:
+        return None, found_curvature
+    curvature_out = found_curvature if curvature else None
     # one pair of directions at a time, each twice the model's size: the Hessian's (already there), then the random
     found = {"hess": _pair(loss, params, eig, settings, hvp, dtype)}
     del eig
@@ -110,21 +121,21 @@ def surface_values(
     global_value, global_reason = global_range(loss, params, rand, settings)
     found["rand"] = _pair(loss, params, rand, settings, hvp, dtype)  # a large model's: used up
     del rand
-    landscape = Values({}, {})
+    found_landscape = Values({}, {})
     for pair in ("rand", "hess"):  # the keys in the vocabulary's order
         summary, reason, _, _ = found[pair]
-        landscape.values.update({f"{pair}_{k}": v for k, v in summary.items()})
+        found_landscape.values.update({f"{pair}_{k}": v for k, v in summary.items()})
         if reason:
-            landscape.reasons.update({f"{pair}_{k}": reason for k in summary})
-    landscape.values["rand_range_global"] = global_value
+            found_landscape.reasons.update({f"{pair}_{k}": reason for k in summary})
+    found_landscape.values["rand_range_global"] = global_value
     if global_reason:
-        landscape.reasons["rand_range_global"] = global_reason
+        found_landscape.reasons["rand_range_global"] = global_reason
     for pair in ("rand", "hess"):
         _, _, curv, reason = found[pair]
-        landscape.values[f"{pair}_curv"] = curv
+        found_landscape.values[f"{pair}_curv"] = curv
         if reason:
-            landscape.reasons[f"{pair}_curv"] = reason
-    return landscape, curvature
+            found_landscape.reasons[f"{pair}_curv"] = reason
+    return found_landscape, curvature_out
 
 
 def _pair(loss, params: Params, directions: tuple[Params, Params] | str, settings: SurfaceSettings, hvp, dtype):
@@ -221,10 +232,17 @@ def curvature_values(
 
 
 def _curvature_values(
-    hvp, dim: int, params: Params, settings: SurfaceSettings, stop_early: bool = True, dtype: type = np.float64
+    hvp,
+    dim: int,
+    params: Params,
+    settings: SurfaceSettings,
+    stop_early: bool = True,
+    dtype: type = np.float64,
+    trace: bool = True,
 ):
     """``hvp`` raises FloatingPointError on a non-finite product (:func:`_finite`). Float32 vectors (a large
-    model): the Ritz vectors are summed in a temporary folder, removed before this returns."""
+    model): the Ritz vectors are summed in a temporary folder, removed before this returns. ``trace`` False:
+    the trace is not estimated (NaN, as its ratio), for a caller that needs only the top eigenpairs."""
     large = dtype == np.float32
     with tempfile.TemporaryDirectory(prefix="topometrics-ritz-") if large else contextlib.nullcontext() as spill:
         try:
@@ -233,13 +251,15 @@ def _curvature_values(
                 hvp, dim, k, settings.iters, settings.seed, LANCZOS_TOL, stop_early,
                 basis_bytes=0 if large else BASIS_BYTES, dtype=dtype, spill=spill,
             )  # fmt: skip
-            probes = Probes(settings.probes, settings.trace_rse, settings.probes_max)
-            found = hessian_trace(hvp, dim, settings.exact_max, probes, settings.seed, eig.vectors, dtype)
-            trace = found.trace
+            estimate, stderr = np.nan, np.nan
+            if trace:
+                probes = Probes(settings.probes, settings.trace_rse, settings.probes_max)
+                found = hessian_trace(hvp, dim, settings.exact_max, probes, settings.seed, eig.vectors, dtype)
+                estimate, stderr = found.trace, found.stderr
         except FloatingPointError as err:
             reason = str(err)
             return Values(dict.fromkeys(CURVATURE_KEYS, np.nan), dict.fromkeys(CURVATURE_KEYS, reason)), reason
-        return _eigen_values(eig, trace, found.stderr, params, settings)
+        return _eigen_values(eig, estimate, stderr, params, settings)
 
 
 def _eigen_values(eig, trace: float, stderr: float, params: Params, settings: SurfaceSettings):
