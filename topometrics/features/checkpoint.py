@@ -301,7 +301,7 @@ def checkpoint_features(
         warnings.warn(reason, RuntimeWarning, stacklevel=2)
         return null_features(linear_layer_names(config.layers), params, reason)
     device = pick_device(params.device, "features.device")
-    model = GPT.to_load(config)
+    model = GPT(config)
     model.load_state_dict(state)
     model.to(device)
     loaders, global_max = in_memory(linear_weights(state, config.layers))

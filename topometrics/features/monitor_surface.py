@@ -103,7 +103,7 @@ def rebuilt_model(snapshot: ModelSnapshot) -> tuple[nn.Module, Callable | None]:
     ``topometrics.series.checkpoint.load_causal_lm`` loads a series checkpoint."""
     state = {name: torch.from_numpy(array) for name, array in snapshot.state.items()}
     if isinstance(snapshot.config, GPTConfig):
-        model = GPT.to_load(snapshot.config)
+        model = GPT(snapshot.config)
         model.load_state_dict(state)
         return model, None
     model = AutoModelForCausalLM.from_config(snapshot.config, trust_remote_code=False, dtype=torch.float32)

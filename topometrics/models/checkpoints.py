@@ -212,7 +212,7 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
 
 def load_model(ckpt: Checkpoint) -> GPT:
     """Rebuild the model from the checkpoint alone (config from the sidecar)."""
-    model = GPT.to_load(ckpt.config)
+    model = GPT(ckpt.config)
     state = load_state(ckpt.path)
     missing = set(model.state_dict()) ^ set(state)
     if missing:

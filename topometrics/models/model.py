@@ -113,15 +113,6 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.hidden)
 
-    @classmethod
-    def to_load(cls, cfg: GPTConfig) -> GPT:
-        """A model whose tensors are allocated but not initialised, for a state to be loaded into next
-        (``load_state_dict``, strict, sets every one: the model has no buffers outside its state). Skips the
-        default initialisation's random draws, ~1 s at the Pythia-160m shape."""
-        with torch.device("meta"):
-            model = cls(cfg)
-        return model.to_empty(device="cpu")
-
     def init_weights(self, generator: torch.Generator) -> None:
         """GPT-2 initialisation from an explicit generator: N(0, 0.02) for matrices and
         embeddings, residual output projections scaled by 1/sqrt(2 * layers), zero biases."""
