@@ -6,17 +6,23 @@ a fixed batch). :data:`SECONDS_PER_MILLION` and :data:`BYTES_PER_PARAMETER` are 
 :func:`checkpoint_costs` applies them, :func:`unaffordable` names the families a machine's available memory
 cannot hold (each with the GB it needs), :func:`plan_line` is the one line a stage prints before it starts.
 
-Provenance. Seconds: one-thread CPU seconds measured on this project's 2-core machine on a
-Pythia-160M-shaped checkpoint (random weights, vocabulary 50,304; 162.3M parameters) with the per-checkpoint
-functions, divided by 162.3; the curvature's from its exact float32 products on the 410M shape (below), counted
-at the most Lanczos products (two passes) and the trace's 3 deflation products — at the least probes: the
-adaptive trace may take up to
-``features.hessian_probes_max``, and the exact trace (at most ``features.hessian_exact_max`` parameters) one
-product per parameter, which is not linear in ``n``. Memory: bytes held per parameter, counted
-from the buffers each family keeps (float32 weights 4 B, a float64 copy 8 B), checked against the measured
-peak of the curvature on the 410M shape (7,542 MiB: 22.6 B per parameter with the model; it was 16 GB at 70M
-and 36-38 GB at 160M with a kept float64 Lanczos basis and float64 products; ``python -m bench curvature``) —
-the others are upper estimates, not yet measured (``python -m bench features``).
+Provenance. Seconds: one-thread CPU seconds of each family alone on one random-init checkpoint of our GPT at
+the Pythia block shapes (our 128-character vocabulary; ``python -m bench features --models
+pythia-70m-shaped,pythia-160m-shaped,pythia-410m-shaped``, docs/performance.md, "Every family at the Pythia
+shapes"), divided by the parameters in millions, at the largest shape measured: 410M (302.6M parameters) for
+the weight, gradient, gradient-cloud and trajectory families, 160M (85.3M) for the landscape. The weight families'
+rate is the earlier measurement on a Pythia-160M-shaped GPT-NeoX (vocabulary 50,304; 162.3M parameters), which
+the five measured alone at 410M confirm (0.15 s per million without ``heavy_tail``'s forward pass). The
+curvature's is from its exact float32 products on the 410M shape (below), counted at the most Lanczos products
+(two passes) and the trace's 3 deflation products — at the least probes, as on a trained checkpoint: the
+adaptive trace may take up to ``features.hessian_probes_max`` (a random init of the 70M shape took 3.3x this
+estimate), and the exact trace (at most ``features.hessian_exact_max`` parameters) one product per parameter,
+which is not linear in ``n``. Memory: bytes held per parameter, counted from the buffers each family keeps
+(float32 weights 4 B, a float64 copy 8 B), checked against the bench's measured peaks above ``FIXED_BYTES``
+(410M: 6.0 B per parameter for the weight families and the trajectory, 17.4 for a forward and backward pass,
+18.9 for the gradient clouds) and the curvature's on the 410M shape (7,542 MiB: 22.6 B per parameter with the
+model; it was 16 GB at 70M and 36-38 GB at 160M with a kept float64 Lanczos basis and float64 products;
+``python -m bench curvature``).
 """
 
 from __future__ import annotations
@@ -26,13 +32,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 GIB = 1 << 30
-# One-thread seconds per million parameters (Pythia-160M-shaped, measured; see the module docstring).
+# One-thread seconds per million parameters (measured; see the module docstring).
 SECONDS_PER_MILLION = {
     "weights": 26.4 / 162.3,  # np, vr, spectral, scale_free, heavy_tail together (layer_features)
-    "trajectory": 53.2 / 162.3,
-    "gradient": 18.0 / 162.3,  # one forward+backward of 16 x 128 tokens
-    "gradient_topology": 117.5 / 162.3,
-    "landscape": 757.0 / 162.3,  # 338 loss evaluations
+    "trajectory": 7.0 / 302.6,  # the sparse projection of the iterate and the two fits
+    "gradient": 47.4 / 302.6,  # one forward+backward of 16 x 128 tokens
+    "gradient_topology": 86.9 / 302.6,  # its own forward+backward with the per-example clouds
+    "landscape": 643.2 / 85.3,  # the slices' 338 loss evaluations and the top eigenpairs they follow (160M shape)
     # <= 20 Lanczos steps (two passes: <= 39 products) + 3 deflation products + 8 probes: 50 exact float32 products
     # one window at a time (landscape/slice.py's exact_hvp, the path of every model this estimate serves): 3,483 s
     # of one thread on the 410M shape (302.6M parameters, a random init, all 20 steps; ~70 s a product at load
@@ -44,7 +50,7 @@ SECONDS_PER_MILLION = {
 BYTES_PER_PARAMETER = {
     "weights": 4 + 4,  # the model, one layer's float64 copy at most (streamed layers: far less)
     "trajectory": 4 + 8,  # the weights and their float64 flattening
-    "gradient": 4 + 4 + 8,  # the model, its gradients, activations (16 x 128 tokens: under 8 B/parameter)
+    "gradient": 4 + 4 + 10,  # the model, its gradients, activations (16 x 128 tokens: measured 17.4 B in all)
     "gradient_topology": 4 + 4 + 8 + 8,  # as gradient, and the whole-network sketch's float64 flattening
     "landscape": 4 + 3 * 4 + 8,  # the model, two directions and a moved copy, activations
     # the model, three float32 vectors (through a product the Lanczos vector and the product, the previous one
