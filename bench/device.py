@@ -60,7 +60,7 @@ from topometrics.features.forward import surface_batch, validation_batch
 from topometrics.features.gradient_cloud import gradient_batch
 from topometrics.features.sweep import RunShards, sweep_shards
 from topometrics.models.checkpoints import list_checkpoints, load_state
-from topometrics.models.model import GPT, pick_device
+from topometrics.models.model import GPT, GPTConfig, pick_device
 from topometrics.models.tokens import encode, load_tokens
 from topometrics.params import FEATURE_FAMILIES, FeaturesParams, ParamsError, load_params
 from topometrics.series.checkpoint import series_checkpoint_features
@@ -201,10 +201,7 @@ def relative_difference(a: float, b: float) -> float:
 def families_section(name: str, corpus: Path, features: FeaturesParams, families: tuple[str, ...]) -> dict:
     """Seconds of each of ``families`` alone on one random-init checkpoint of the ``name`` shape, then of all of
     them together (one checkpoint's features with exactly those families: what a checkpoint costs)."""
-    config = dataclasses.replace(SURFACE_MODELS[name], vocab_size=128)
-    model = GPT(config)
-    model.init_weights(torch.Generator().manual_seed(0))
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    config, state = random_checkpoint(name)
     tokens = load_tokens(corpus, "val")
     seconds = {}
     for family in families:
@@ -219,6 +216,15 @@ def families_section(name: str, corpus: Path, features: FeaturesParams, families
     return {"model": name, "n_params": sum(v.numel() for v in state.values()), "seconds": seconds,
             "total_s": round(sum(seconds.values()), 2), "together_s": round(together, 2),
             "together_cpu_s": round(together_cpu, 2)}  # fmt: skip
+
+
+def random_checkpoint(name: str) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """The config and state of our GPT at the ``name`` shape (:data:`SURFACE_MODELS`) with our 128-character
+    vocabulary, GPT-2 initialised from seed 0."""
+    config = dataclasses.replace(SURFACE_MODELS[name], vocab_size=128)
+    model = GPT(config)
+    model.init_weights(torch.Generator().manual_seed(0))
+    return config, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def monitor_section(name: str, device: torch.device, tiny: bool) -> dict:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from bench.device import _rows, offline_corpus
+from bench.device import _rows, offline_corpus, random_checkpoint
 from bench.features import SURFACE_MODELS
 from topometrics.execution.compute import one_thread
 from topometrics.execution.cost import GROUP, SECONDS_PER_MILLION, checkpoint_costs
@@ -51,12 +51,8 @@ MIB = 1 << 20
 
 def child(model: str, family: str, corpus: Path, params: Path) -> dict:
     """In this (fresh) process: ``family`` alone on one random-init checkpoint of the ``model`` shape."""
-    config = dataclasses.replace(SURFACE_MODELS[model], vocab_size=128)
-    net = GPT(config)
-    net.init_weights(torch.Generator().manual_seed(0))
-    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    config, state = random_checkpoint(model)
     n_params = sum(v.numel() for v in state.values())
-    del net
     features = dataclasses.replace(load_params(params).features, device="cpu", workers=1, families=(family,))
     tokens = load_tokens(corpus, "val")
     ready = _resident_bytes()
