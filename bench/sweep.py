@@ -1,9 +1,17 @@
 """``python -m bench sweep``: a sweep's post-training time against its training time, and the features
 stage's overhead per run when every shard is current.
 
-Builds a project from this checkout's pipeline (``tools/same_results.py``'s tiny recipe: rungs ``a`` and
-``b`` on the offline corpus) with ``--seeds`` seeds per rung, ``--steps`` steps and a checkpoint every
-``--ckpt-every`` steps, then times, each as its own command:
+Builds a project from this checkout's pipeline in one of two layouts, then times, each as its own command:
+
+* ``--layout tiny`` (the default): ``tools/same_results.py``'s tiny recipe (rungs ``a`` and ``b`` on the
+  offline corpus) with ``--seeds`` seeds per rung, ``--steps`` steps and a checkpoint every ``--ckpt-every``;
+* ``--layout sweep96``: the 96-run character sweep of docs/results.md as it was run (params.yaml's tiny, small
+  and medium rungs × the base recipe, ``lr_hi``, ``lr_lo`` and ``wsd`` × 8 seeds, 1,000 steps, a checkpoint
+  every 50, ``features.landscape_every`` 2) on ``--corpus`` (default: WikiText-2 beside the project,
+  ``../shared/data/wikitext-2``, else the offline text); ``--seeds``, ``--steps`` and ``--ckpt-every`` are
+  the layout's and are not read. It takes about an hour and a half of two cores.
+
+The phases:
 
 1. ``dvc repro train``: training;
 2. ``dvc repro``: everything after it (the features of every run, the series, analysis, warehouse, report);
@@ -33,18 +41,41 @@ from tools.same_results import LADDER, TINY, copy_pipeline, project_env
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make_project(project: Path, seeds: int, steps: int, ckpt_every: int) -> int:
-    """A git+DVC project of this checkout's pipeline with ``len(LADDER) * seeds`` runs; returns that number."""
-    copy_pipeline(REPO, project)
+# The 96-run character sweep's overrides of params.yaml (docs/results.md, "The answer from the 96-run sweep": its
+# `dvc exp run -S ...` command), but for the corpus and the analysis' primary row, which do not change the work.
+SWEEP96 = {
+    "train": {"steps": 1000, "ckpt_every": 50, "warmup": 100, "seeds": [1, 11, 21, 31, 41, 51, 61, 71]},
+    "variants": {"lr_hi": {"lr": 0.006}, "lr_lo": {"lr": 0.0015}, "wsd": {"schedule": "wsd", "decay_fraction": 0.2}},
+    "features": {"landscape_every": 2},
+}
+SWEEP96_RUNGS = ("tiny", "small", "medium")
+WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
+
+
+def layout_params(layout: str, seeds: int, steps: int, ckpt_every: int, corpus: Path | None) -> dict:
+    """params.yaml of the bench's project in ``layout`` (``tiny`` or ``sweep96``, see the module's docstring)."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params |= {section: params[section] | values for section, values in TINY.items()}
-    params["train"] |= {"seeds": list(range(seeds)), "steps": steps, "ckpt_every": ckpt_every}
-    params["ladder"], params["series"]["sources"] = LADDER, {}
+    params["series"]["sources"] = {}
+    if layout == "tiny":
+        params |= {section: params[section] | values for section, values in TINY.items()}
+        params["train"] |= {"seeds": list(range(seeds)), "steps": steps, "ckpt_every": ckpt_every}
+        params["ladder"] = LADDER
+        return params
+    params |= {section: (params[section] or {}) | values for section, values in SWEEP96.items()}
+    params["ladder"] = {rung: params["ladder"][rung] for rung in SWEEP96_RUNGS}
+    text = corpus or (WIKITEXT if WIKITEXT.is_dir() else None)
+    params["data"] |= {"corpus": str(text.resolve()), "urls": []} if text else {"urls": []}
+    return params
+
+
+def make_project(project: Path, params: dict) -> int:
+    """A git+DVC project of this checkout's pipeline with ``params``; returns the number of runs it declares."""
+    copy_pipeline(REPO, project)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     ident = ["-c", "user.email=bench@topometrics.invalid", "-c", "user.name=bench"]
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", *ident, "commit", "-qm", "bench"]):
         subprocess.run(cmd, cwd=project, check=True, capture_output=True)
-    return len(LADDER) * seeds
+    return len(params["ladder"]) * (1 + len(params.get("variants") or {})) * len(params["train"]["seeds"])
 
 
 def timed(cmd: list[str], project: Path, log: Path) -> float:
@@ -64,12 +95,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seeds", type=int, default=4, help="seeds per rung (runs = 2 x seeds)")
     ap.add_argument("--steps", type=int, default=200, help="training steps per run")
     ap.add_argument("--ckpt-every", type=int, default=10, help="steps between checkpoints")
+    ap.add_argument("--layout", choices=("tiny", "sweep96"), default="tiny", help="the project's runs (see above)")
+    ap.add_argument("--corpus", type=Path, help="sweep96: a local text file or folder (default: WikiText-2 beside)")
     ap.add_argument("--keep", type=Path, help="build the project here and keep it (default: a temporary folder)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
         root = args.keep or Path(tmp)
         project, log = root / "project", root / "bench-sweep.log"
-        runs = make_project(project, args.seeds, args.steps, args.ckpt_every)
+        params = layout_params(args.layout, args.seeds, args.steps, args.ckpt_every, args.corpus)
+        runs = make_project(project, params)
         stage = [sys.executable, "stages/features.py", "--runs", "data/runs", "--corpus", "data/corpus"]
         phases = {
             "train_s": timed(["dvc", "repro", "train"], project, log),
@@ -80,9 +114,11 @@ def main(argv: list[str]) -> int:
         for name, seconds in phases.items():
             print(f"sweep: {name} {seconds:.1f} s ({runs} runs)")
         result = {
+            "layout": args.layout,
             "runs": runs,
-            "steps": args.steps,
-            "checkpoints_per_run": args.steps // args.ckpt_every + 1,
+            "steps": params["train"]["steps"],
+            "checkpoints_per_run": params["train"]["steps"] // params["train"]["ckpt_every"] + 1,
+            "corpus": params["data"]["corpus"],
             **{k: round(v, 2) for k, v in phases.items()},
             "post_over_train": round(phases["post_training_s"] / phases["train_s"], 3),
             "current_s_per_run": round(phases["current_dvc_s"] / runs, 3),

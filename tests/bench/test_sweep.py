@@ -1,0 +1,26 @@
+"""bench sweep's projects: the tiny layout and the 96-run character sweep's, as params.yaml declares them."""
+
+from pathlib import Path
+
+from bench.sweep import layout_params, make_project
+from topometrics.params import load_params
+
+
+def test_the_sweep96_layout_declares_the_character_sweeps_96_runs(tmp_path: Path):
+    text = tmp_path / "text.txt"
+    text.write_text("some text\n")
+    runs = make_project(tmp_path / "project", layout_params("sweep96", 4, 200, 10, text))
+    params = load_params(tmp_path / "project" / "params.yaml")
+    assert runs == len(params.runs()) == 96
+    assert sorted(params.ladder) == ["medium", "small", "tiny"] and list(params.variants) == ["lr_hi", "lr_lo", "wsd"]
+    assert (params.train.steps, params.train.ckpt_every, params.train.warmup) == (1000, 50, 100)
+    assert len(params.train.seeds) == 8 and params.features.landscape_every == 2
+    assert params.data.corpus == str(text.resolve()) and params.series.sources == {}
+    assert (tmp_path / "project" / ".git").is_dir() and (tmp_path / "project" / "dvc.yaml").is_file()
+
+
+def test_the_tiny_layout_takes_its_seeds_steps_and_checkpoints_from_the_command_line(tmp_path: Path):
+    runs = make_project(tmp_path / "project", layout_params("tiny", 3, 30, 10, None))
+    params = load_params(tmp_path / "project" / "params.yaml")
+    assert runs == len(params.runs()) == 6 and list(params.variants) == []
+    assert (params.train.steps, params.train.ckpt_every, params.train.seeds) == (30, 10, (0, 1, 2))
