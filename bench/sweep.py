@@ -7,7 +7,8 @@ Builds a project from this checkout's pipeline in one of two layouts, then times
   offline corpus) with ``--seeds`` seeds per rung, ``--steps`` steps and a checkpoint every ``--ckpt-every``;
 * ``--layout sweep96``: the 96-run character sweep of docs/results.md as it was run (params.yaml's tiny, small
   and medium rungs × the base recipe, ``lr_hi``, ``lr_lo`` and ``wsd`` × 8 seeds, 1,000 steps, a checkpoint
-  every 50, ``features.landscape_every`` 2) on ``--corpus`` (default: WikiText-2 beside the project,
+  every 50, ``features.landscape_every`` 2), with the trace estimated for every rung (``hessian_exact_max`` 0)
+  and the many-recipes sweep's primary row, on ``--corpus`` (default: WikiText-2 beside the project,
   ``../shared/data/wikitext-2``, else the offline text); ``--seeds``, ``--steps`` and ``--ckpt-every`` are
   the layout's and are not read. It takes about an hour and a half of two cores.
 
@@ -42,11 +43,25 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # The 96-run character sweep's overrides of params.yaml (docs/results.md, "The answer from the 96-run sweep": its
-# `dvc exp run -S ...` command), but for the corpus and the analysis' primary row, which do not change the work.
+# `dvc exp run -S ...` command), but for the corpus (below) and two changes made since it ran: the curvature's
+# trace is the adaptive estimate for every rung, as in the many-recipes sweep (the exact trace of a rung of a few
+# thousand parameters costs one product per parameter, 75 s a checkpoint: hours of this layout), and the primary
+# row is the many-recipes sweep's question asked of these runs (pre-registered in docs/results.md, "The
+# character sweep recomputed").
 SWEEP96 = {
     "train": {"steps": 1000, "ckpt_every": 50, "warmup": 100, "seeds": [1, 11, 21, 31, 41, 51, 61, 71]},
     "variants": {"lr_hi": {"lr": 0.006}, "lr_lo": {"lr": 0.0015}, "wsd": {"schedule": "wsd", "decay_fraction": 0.2}},
-    "features": {"landscape_every": 2},
+    "features": {"landscape_every": 2, "hessian_exact_max": 0},
+    "analysis": {
+        "primary": {
+            "family": "landscape",
+            "features": ["ls_rand_range"],
+            "fraction": 0.2,
+            "level": "between",
+            "cv": "variant",
+            "baseline": "recipe+curvature",
+        }
+    },
 }
 SWEEP96_RUNGS = ("tiny", "small", "medium")
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"

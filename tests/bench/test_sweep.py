@@ -15,6 +15,7 @@ def test_the_sweep96_layout_declares_the_character_sweeps_96_runs(tmp_path: Path
     assert sorted(params.ladder) == ["medium", "small", "tiny"] and list(params.variants) == ["lr_hi", "lr_lo", "wsd"]
     assert (params.train.steps, params.train.ckpt_every, params.train.warmup) == (1000, 50, 100)
     assert len(params.train.seeds) == 8 and params.features.landscape_every == 2
+    assert params.features.hessian_exact_max == 0 and params.analysis.primary.features == ("ls_rand_range",)
     assert params.data.corpus == str(text.resolve()) and params.series.sources == {}
     assert (tmp_path / "project" / ".git").is_dir() and (tmp_path / "project" / "dvc.yaml").is_file()
 
