@@ -4,7 +4,7 @@ import importlib
 import sys
 
 BENCHMARKS = (
-    "train", "np", "features", "curvature", "series", "scale", "monitor", "verify", "power", "sweep", "device",
+    "train", "np", "features", "curvature", "series", "scale", "monitor", "verify", "power", "sweep", "device", "pair",
 )  # fmt: skip
 
 
