@@ -181,3 +181,59 @@ def test_the_base_model_is_chosen_inside_each_training_fold_among_the_candidates
     mean_only = inference.base_folds(x, y, groups, candidates=[[]])
     assert np.mean(np.abs(mean_only.without - y)) > 1.0
     assert verdict.base_candidates(["loss_drop", "mpl_drop", "weight_norm_level"]) == [[0, 2], [1, 2], [2]]
+
+
+def _cell_sweep(seed: int, signal: float) -> tuple:
+    """3 rungs x 4 recipes x 8 seeds: a base, a 4-column family that marks cells (plus ``signal`` in y)."""
+    rng = np.random.default_rng(seed)
+    rungs, cells = np.repeat(np.arange(3), 32), np.repeat(np.arange(12), 8)
+    seeds = np.tile(np.arange(8), 12)
+    base = rng.normal(size=(96, 3)) + rungs[:, None]
+    cell = rng.normal(size=12)[cells]
+    extra = rng.normal(size=(96, 4)) + 0.5 * cell[:, None]
+    y = base @ [0.5, 0.2, 0.1] + cell + 0.1 * rng.normal(size=96) + signal * extra[:, 0]
+    return base, extra, y, rungs, cells, seeds
+
+
+@pytest.mark.parametrize("cv", ["seed", "recipe", "rung"])
+def test_refits_fitted_as_a_stack_equal_refits_fitted_one_at_a_time(cv):
+    base, extra, y, rungs, cells, seeds = _cell_sweep(1, 0.3)
+    groups = {"seed": seeds, "recipe": cells % 4, "rung": rungs}[cv]
+    folds = inference.base_folds(base, y, groups)
+    rng = np.random.default_rng(2)
+    orders = np.array([inference.cell_permutation(rungs, cells, seeds, rng) for _ in range(12)])
+    one = np.array([inference.with_family(folds, extra[order], groups) for order in orders])
+    stacked = inference.with_family_stack(folds, extra[orders], groups)
+    assert np.array_equal(np.isfinite(one), np.isfinite(stacked))
+    finite = np.isfinite(one)
+    np.testing.assert_allclose(stacked[finite], one[finite], rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize(("signal", "stop"), [(0.0, 0), (0.0, 10), (1.0, 0), (1.0, 10)])
+def test_the_stacked_refits_give_the_p_of_refits_counted_one_at_a_time(signal, stop):
+    # the loop the stacks replace, written out: the same draws in the same order, stopping at the same refit
+    base, extra, y, rungs, cells, seeds = _cell_sweep(3, signal)
+    labels = inference.RunLabels(seeds, rungs, cells, seeds)
+    got = inference.family_test(base, extra, y, labels, inference.Refits(99, 5, stop))
+    folds = inference.base_folds(base, y, seeds)
+    observed = inference.clark_west(y, folds.without, inference.with_family(folds, extra, seeds))
+    tie = inference.TIE * np.mean((y - folds.without) ** 2)
+    rng, hits, low, done = np.random.default_rng(5), 0, 0, 0
+    while done < 99 and not (stop and hits >= stop and low >= stop):
+        order = inference.cell_permutation(rungs, cells, seeds, rng)
+        moved = inference.clark_west(y, folds.without, inference.with_family(folds, extra[order], seeds))
+        hits, low, done = hits + (moved >= observed - tie), low + (moved <= observed + tie), done + 1
+    stopped = stop and hits >= stop and low >= stop
+    p, reverse = (hits / done, low / done) if stopped else ((1 + hits) / (1 + done), (1 + low) / (1 + done))
+    assert (got.statistic, got.n_perm, got.p_value, got.p_reverse) == (observed, done, p, reverse)
+
+
+def test_base_folds_are_fitted_once_for_the_same_base_target_and_groups():
+    base, _, y, _, cells, seeds = _cell_sweep(4, 0.0)
+    first = inference.shared_base_folds(base, y, seeds)
+    again = inference.shared_base_folds(base.copy(), y.copy(), list(seeds))  # equal values, other objects
+    assert again is first
+    np.testing.assert_array_equal(first.without, inference.base_folds(base, y, seeds).without)
+    assert inference.shared_base_folds(base, y + 1.0, seeds) is not first
+    assert inference.shared_base_folds(base, y, cells % 4) is not first
+    assert inference.shared_base_folds(base, y, seeds, candidates=[[0], [1, 2]]) is not first
