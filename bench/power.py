@@ -242,6 +242,10 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--calibrate", default="", help="a finished sweep's warehouse: simulate at its own components")
     parser.add_argument("--fraction", type=float, default=None, help="--calibrate's fraction (smallest)")
+    parser.add_argument("--cv", choices=("variant", "seed", "rung"), help="--calibrate's scheme (the first present)")
+    parser.add_argument("--baseline", choices=("recipe", "norm"), help="--calibrate's base (recipe where present)")
+    parser.add_argument("--cells-needed", action=argparse.BooleanOptionalAction, default=True,
+                        help="--calibrate: also search the cells 80 %% power needs (the longest part)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.calibrate:
         return calibrate_main(args)
@@ -277,7 +281,10 @@ def calibrate_main(args) -> int:
     """``--calibrate``: the sweep's components, the simulation fitted to them (simulated vs real base MAE and
     within-cell SD), the between-cell power at the sweep's layout and the cells 80 % power at s = 0.3 needs."""
     t0 = time.perf_counter()
-    comp = components(args.calibrate, args.fraction)
+    try:
+        comp = components(args.calibrate, args.fraction, args.cv, args.baseline)
+    except ValueError as err:  # a warehouse without the rows asked for: one line, not a traceback
+        raise SystemExit(f"bench power --calibrate: {err}") from None
     print(f"{args.calibrate}: {'x'.join(map(str, comp['shape']))} (rungs x recipes x seeds), {comp['cv']}, "
           f"fraction {comp['fraction']:g}, baseline {comp['baseline']}", flush=True)  # fmt: skip
     model, sim = calibrated_model(comp)
@@ -288,10 +295,11 @@ def calibrate_main(args) -> int:
     print(f"  residual: cell-level SD {comp['cell_sd']:.4f}, run-level SD {comp['run_sd']:.4f}; norm gain "
           f"{comp['norm_gain']:.4f} (loss-curve MAE {comp['loss_mae']:.4f})", flush=True)  # fmt: skip
     table = rates(comp["shape"], [comp["cv"]], 1, args.reps, args.perms, jobs=args.jobs, m=model, progress=print)
-    need = cells_needed(comp, model, args.reps, args.perms)
-    print(f"  80 % power at s = 0.3 needs {need['cells']} cells ({need['recipes']} recipes per rung; "
-          f"{need['power']:.1f} %)" if need["cells"] else f"  80 % power not reached by {need['tried_recipes']} "
-          f"recipes per rung ({need['power']:.1f} %)", flush=True)  # fmt: skip
+    need = cells_needed(comp, model, args.reps, args.perms) if args.cells_needed else {}
+    if need:
+        print(f"  80 % power at s = 0.3 needs {need['cells']} cells ({need['recipes']} recipes per rung; "
+              f"{need['power']:.1f} %)" if need["cells"] else f"  80 % power not reached by "
+              f"{need['tried_recipes']} recipes per rung ({need['power']:.1f} %)", flush=True)  # fmt: skip
     result = {"components": comp, "simulated": sim, "model": dataclasses.asdict(model), "rates": table, "need": need}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(result, sort_keys=True, default=list))

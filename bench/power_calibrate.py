@@ -21,9 +21,11 @@ import numpy as np
 import pandas as pd
 
 
-def components(path: str, fraction: float | None = None) -> dict:
+def components(path: str, fraction: float | None = None, cv: str | None = None, baseline: str | None = None) -> dict:
     """The variance components of the sweep in the warehouse at ``path`` (see the module docstring), nats or the
-    warehouse's loss unit. ``fraction`` default: the smallest with a between-cell verdict row."""
+    warehouse's loss unit. ``fraction`` default: the smallest with a between-cell verdict row; ``cv`` default:
+    the first of variant, seed, rung with rows; ``baseline`` (``recipe`` or ``norm``) default: ``recipe`` where
+    the sweep has it (``norm`` restates an endpoint that was tested against the loss curve + norm)."""
     import duckdb  # only here: the plain power simulation (bench.power) needs no DuckDB
 
     with duckdb.connect(str(path), read_only=True) as con:
@@ -35,10 +37,12 @@ def components(path: str, fraction: float | None = None) -> dict:
         raise ValueError(f"{path}: no between-cell verdict errors or no ladder runs; run the analysis first")
     fraction = float(errors["fraction"].min()) if fraction is None else fraction
     errors = errors[np.isclose(errors["fraction"], fraction)]
-    cv = next(c for c in ("variant", "seed", "rung") if (errors["cv"] == c).any())
+    cv = cv or next(c for c in ("variant", "seed", "rung") if (errors["cv"] == c).any())
     errors = errors[errors["cv"] == cv]
+    if errors.empty:
+        raise ValueError(f"{path}: no between-cell verdict errors at fraction {fraction:g} under cv {cv}")
     norm = errors[errors["family"] == "weight_norm"]
-    recipe = errors[errors["comparison"].str.endswith("vs recipe")]
+    recipe = errors[errors["comparison"].str.endswith("vs recipe")] if baseline != "norm" else errors.iloc[:0]
     base = recipe if len(recipe) else errors[errors["comparison"].str.endswith(("vs norm", "vs (2)"))]
     base = base[base["family"] == base["family"].iloc[0]] if len(base) else norm
     cells = base["rung"].astype(str) + "|" + base["variant"].fillna("base").astype(str)

@@ -70,3 +70,19 @@ def test_the_simulated_base_sees_the_recipe_through_the_verdicts_monotone_basis(
     frame, cols = baselines.flexible_basis(pd.DataFrame({"recipe_log_lr": log_lr}), ["recipe_log_lr"])
     assert cols == ["recipe_log_lr", "recipe_log_lr~rank", "recipe_log_lr~sq"]
     assert np.allclose(frame[cols].to_numpy(), runs.base[:, [5, 8, 9]])
+
+
+def test_calibration_reads_the_scheme_and_baseline_asked_for(tmp_path):
+    path = tmp_path / "warehouse.duckdb"
+    synthetic_warehouse(path, cell_sd=0.03, run_sd=0.01, shape=(3, 40, 3))
+    with duckdb.connect(str(path)) as con:  # the same errors under leave-one-seed-out, the residual doubled
+        con.execute("INSERT INTO incremental_errors SELECT * REPLACE ('seed' AS cv, actual + (actual - "
+                    "predicted_without) AS actual) FROM incremental_errors WHERE cv = 'variant'")  # fmt: skip
+    by_variant = power_calibrate.components(str(path))
+    by_seed = power_calibrate.components(str(path), cv="seed")
+    assert by_variant["cv"] == "variant" and by_seed["cv"] == "seed"
+    assert by_seed["cell_sd"] == pytest.approx(2 * by_variant["cell_sd"], rel=1e-6)
+    against_norm = power_calibrate.components(str(path), baseline="norm")
+    assert against_norm["baseline"] == "norm" and against_norm["base_mae"] == pytest.approx(3 * by_variant["base_mae"])
+    with pytest.raises(SystemExit, match="no between-cell verdict errors at fraction 0.2 under cv rung"):
+        power.main(["--calibrate", str(path), "--cv", "rung", "--reps", "1"])
