@@ -5,15 +5,16 @@ A speed-up is only a ratio of two measurements made under the same load, and the
 is an older commit. This bench checks ``REV`` out into a temporary git worktree and alternates (REV, this
 checkout) ``--repeats`` times, each in a **fresh process** whose ``topometrics`` is that checkout's
 (``PYTHONPATH``, which comes before the environment's editable install). Each process builds one random-init
-checkpoint of the ``--model`` shape (our GPT with the Pythia block shapes of :data:`SHAPES`, our 128-character
-vocabulary, context 128, GPT-2 init of seed 0), reads the offline corpus' validation windows and times that
-checkout's ``features.checkpoint.checkpoint_features`` with ``features.families`` = ``--families`` (default:
-every family but the loss surface's, which that path computes only at its loss-surface checkpoints), torch and
-BLAS on one thread, ``features.*`` at that checkout's params.yaml. It reports per process the CPU seconds, the
-peak resident memory (``ru_maxrss``), and the count of finite values; then the ratio of the medians (REV over
-this checkout) and, per feature, the largest relative difference between the two codes' values (features whose
-definition draws random numbers differ by design; the rest should be equal). The child imports nothing of
-``bench`` and reads the API both revisions share, so it stays runnable against older commits.
+checkpoint of the ``--model`` shape (``bench.features.SURFACE_MODELS``: our GPT with the Pythia block
+shapes, our 128-character vocabulary, context 128, GPT-2 init of seed 0), reads the offline corpus'
+validation windows and times that checkout's ``features.checkpoint.checkpoint_features`` with
+``features.families`` = ``--families`` (default: every family but the loss surface's, which that path
+computes only at its loss-surface checkpoints), torch and BLAS on one thread, ``features.*`` at that
+checkout's params.yaml. It reports per process the CPU seconds, the peak resident memory (``ru_maxrss``),
+and the count of finite values; then the ratio of the medians (REV over this checkout) and, per feature, the
+largest relative difference between the two codes' values (features whose definition draws random numbers
+differ by design; the rest should be equal). The child imports nothing of ``bench`` and reads the API both
+revisions share, so it stays runnable against older commits.
 """
 
 from __future__ import annotations
@@ -30,16 +31,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHAPES = {
-    "xl": (48, 3, 4),
-    "pythia-70m-shaped": (512, 6, 8),
-    "pythia-160m-shaped": (768, 12, 12),
-    "pythia-410m-shaped": (1024, 24, 16),
-}  # fmt: skip  (hidden, layers, heads), as bench.features
 NOT_SURFACE = "np,vr,spectral,scale_free,heavy_tail,gradient,representation,gradient_topology,distance,trajectory"
 
 
-def child(shape: str, families: tuple[str, ...], corpus: Path) -> dict:
+def child(shape: tuple[int, int, int], families: tuple[str, ...], corpus: Path) -> dict:
     """In a fresh process whose ``topometrics`` is the checkout to time: one checkpoint's rows and their cost."""
     import dataclasses
     import resource
@@ -58,7 +53,7 @@ def child(shape: str, families: tuple[str, ...], corpus: Path) -> dict:
     except ImportError:
         surface_batch, validation_batch = ck.surface_batch, ck.validation_batch
     checkout = Path(ck.__file__).resolve().parents[2]
-    hidden, layers, heads = SHAPES[shape]
+    hidden, layers, heads = shape
     config = GPTConfig(hidden=hidden, layers=layers, heads=heads, vocab_size=128)
     model = GPT(config)
     model.init_weights(torch.Generator().manual_seed(0))
@@ -82,7 +77,8 @@ def child(shape: str, families: tuple[str, ...], corpus: Path) -> dict:
 
 
 def run_child(checkout: Path, shape: str, families: str, corpus: Path) -> dict:
-    """:func:`child` in a fresh interpreter whose ``topometrics`` is ``checkout``'s; its last stdout line."""
+    """:func:`child` in a fresh interpreter whose ``topometrics`` is ``checkout``'s; its last stdout line.
+    ``shape``: ``"hidden,layers,heads"`` (numbers: the child imports no ``bench``)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", shape, families, str(corpus)]
     env = dict(os.environ, PYTHONPATH=str(checkout))
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -126,13 +122,18 @@ def git_worktree(rev: str, where: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    from bench.features import SURFACE_MODELS  # this checkout's (the child imports no bench)
+
     ap = argparse.ArgumentParser(prog="python -m bench pair", description=__doc__.splitlines()[0])
     ap.add_argument("--against", required=True, help="the older revision (a commit, tag or branch)")
-    ap.add_argument("--model", choices=sorted(SHAPES), default="pythia-160m-shaped")
+    ap.add_argument("--model", choices=sorted(SURFACE_MODELS), default="pythia-160m-shaped")
     ap.add_argument("--families", default=NOT_SURFACE, help="comma-separated (default: all but the loss surface)")
     ap.add_argument("--repeats", type=int, default=2, help="alternations of (REV, this checkout)")
     args = ap.parse_args(argv)
     from bench.device import offline_corpus  # this checkout's: the corpus files both revisions read
+
+    config = SURFACE_MODELS[args.model]
+    shape = f"{config.hidden},{config.layers},{config.heads}"
 
     with tempfile.TemporaryDirectory(prefix="bench-pair-") as tmp:
         corpus, old = offline_corpus(Path(tmp) / "corpus"), Path(tmp) / "against"
@@ -141,7 +142,7 @@ def main(argv: list[str]) -> int:
             found: dict[str, list[dict]] = {"against": [], "this": []}
             for i in range(args.repeats):
                 for side, checkout in (("against", old), ("this", REPO)):
-                    row = run_child(checkout, args.model, args.families, corpus)
+                    row = run_child(checkout, shape, args.families, corpus)
                     found[side].append(row)
                     print(f"pair: {side} ({i + 1} of {args.repeats}) {row['cpu_s']:.1f} s of CPU, peak "
                           f"{row['peak_mib']:,} MiB, {row['finite']} finite values (load {os.getloadavg()[0]:.1f}); "
@@ -165,6 +166,7 @@ if __name__ == "__main__":
     if sys.path[0] == str(Path(__file__).resolve().parent):  # run by path: bench/'s modules must not shadow any
         sys.path.pop(0)
     ap = argparse.ArgumentParser(prog="bench/pair.py")
-    ap.add_argument("--child", nargs=3, metavar=("SHAPE", "FAMILIES", "CORPUS"), required=True)
+    ap.add_argument("--child", nargs=3, metavar=("HIDDEN,LAYERS,HEADS", "FAMILIES", "CORPUS"), required=True)
     shape, families, corpus = ap.parse_args().child
-    print(json.dumps(child(shape, tuple(f for f in families.split(",") if f), Path(corpus))))
+    hidden, layers, heads = (int(v) for v in shape.split(","))
+    print(json.dumps(child((hidden, layers, heads), tuple(f for f in families.split(",") if f), Path(corpus))))
