@@ -237,3 +237,14 @@ def test_base_folds_are_fitted_once_for_the_same_base_target_and_groups():
     assert inference.shared_base_folds(base, y + 1.0, seeds) is not first
     assert inference.shared_base_folds(base, y, cells % 4) is not first
     assert inference.shared_base_folds(base, y, seeds, candidates=[[0], [1, 2]]) is not first
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_identity_refit_ties_with_the_observed_statistic(seed):
+    # the refits' stacked route differs from the observed statistic's by rounding; far less than the tie
+    base, extra, y, _, cells, seeds = _cell_sweep(seed, 0.5 * (seed % 3))
+    for groups in (seeds, cells % 4):
+        folds = inference.base_folds(base, y, groups)
+        observed = inference.clark_west(y, folds.without, inference.with_family(folds, extra, groups))
+        identity = inference.clark_west(y, folds.without, inference.with_family_stack(folds, extra[None], groups)[0])
+        assert abs(identity - observed) <= 1e-3 * inference.TIE * np.nanmean((y - folds.without) ** 2)

@@ -32,7 +32,7 @@ from scipy import stats
 BASE_ALPHAS = np.logspace(-3, 3, 13)  # penalties of the base ridge (standardised inputs)
 FAMILY_ALPHAS = np.logspace(-3, 6, 19)  # penalties of the added family's ridge: up to "no contribution"
 REFIT_STACK = 32  # permutation refits fitted together (an early stop wastes at most this many less one)
-TIE = 1e-9  # a refit's statistic within TIE x the base's mean squared error of the observed one ties with it
+TIE = 1e-7  # a refit's statistic within TIE x the base's mean squared error of the observed one ties with it
 
 
 def _standardise(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -333,9 +333,8 @@ def family_test(
     min_p = max(1 / (1 + max(n_perm, 0)), 1 / distinct)
     if n_perm < 1 or not np.isfinite(observed) or min_p >= 1.0:  # nothing to permute: no p
         return FamilyTest(folds.without.copy(), with_, observed, np.nan, 0, min_p)
-    # a refit within a billionth of the base's MSE of the observed statistic ties with it (the refits' fits
-    # are computed by another route than the observed one's, equal to about 1e-10: an identity permutation
-    # must still count as reaching the observed statistic)
+    # a refit within TIE of the base's MSE of the observed statistic ties with it: the refits' fits take another
+    # route than the observed one's (equal to ~1e-10), and an identity permutation must still reach it
     tie = TIE * float(np.nanmean((y - folds.without) ** 2))
     hits = low = done = 0
     while done < n_perm:
