@@ -203,7 +203,7 @@ def test_refits_fitted_as_a_stack_equal_refits_fitted_one_at_a_time(cv):
     rng = np.random.default_rng(2)
     orders = np.array([inference.cell_permutation(rungs, cells, seeds, rng) for _ in range(12)])
     one = np.array([inference.with_family(folds, extra[order], groups) for order in orders])
-    stacked = inference.with_family_stack(folds, extra[orders], groups)
+    stacked = inference.with_family(folds, extra[orders], groups)
     assert np.array_equal(np.isfinite(one), np.isfinite(stacked))
     finite = np.isfinite(one)
     np.testing.assert_allclose(stacked[finite], one[finite], rtol=1e-9, atol=0)
@@ -246,5 +246,5 @@ def test_an_identity_refit_ties_with_the_observed_statistic(seed):
     for groups in (seeds, cells % 4):
         folds = inference.base_folds(base, y, groups)
         observed = inference.clark_west(y, folds.without, inference.with_family(folds, extra, groups))
-        identity = inference.clark_west(y, folds.without, inference.with_family_stack(folds, extra[None], groups)[0])
+        identity = inference.clark_west(y, folds.without, inference.with_family(folds, extra[None], groups)[0])
         assert abs(identity - observed) <= 1e-3 * inference.TIE * np.nanmean((y - folds.without) ** 2)

@@ -36,7 +36,8 @@ TIE = 1e-7  # a refit's statistic within TIE x the base's mean squared error of 
 
 
 def _standardise(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    mean, sd = train.mean(axis=0), train.std(axis=0)
+    """Both standardised by ``train``'s column means and SDs over its rows (axis -2: (n, k) or (P, n, k))."""
+    mean, sd = train.mean(axis=-2, keepdims=True), train.std(axis=-2, keepdims=True)
     sd = np.where(sd > 1e-12 * np.maximum(np.abs(mean), 1.0), sd, np.inf)  # a constant column contributes 0
     return (train - mean) / sd, (test - mean) / sd
 
@@ -52,26 +53,31 @@ def _ridge_paths(x: np.ndarray, y: np.ndarray, x_new: np.ndarray, alphas: np.nda
 
 def ridge_predict(x: np.ndarray, y: np.ndarray, x_new: np.ndarray, alphas: np.ndarray, groups) -> np.ndarray:
     """A standardised ridge fitted on (x, y) predicting ``x_new``, its penalty chosen by leave-one-group-out
-    squared error over ``groups`` (the training rows' groups; leave-one-row-out when fewer than 3 groups)."""
+    squared error over ``groups`` (the training rows' groups; leave-one-row-out when fewer than 3 groups).
+
+    ``x`` (n, k) and ``x_new`` (n_new, k) give (n_new,) by :func:`_ridge_paths`; a stack ``x`` (P, n, k) and
+    ``x_new`` (P, n_new, k) with the one ``y`` (n,) give (P, n_new) by :func:`_ridge_paths_stack`, each design
+    with its own penalty (the permutation refits of one fold)."""
+    paths = _ridge_paths_stack if x.ndim == 3 else _ridge_paths
     xs, xs_new = _standardise(x, x_new)
     groups = np.asarray(groups)
     labels = np.unique(groups)
     if len(labels) < 3:
         labels, groups = np.arange(len(y)), np.arange(len(y))
-    sse = np.zeros(len(alphas))
+    sse = np.zeros((*x.shape[:-2], len(alphas)))
     for held in labels:
         test = groups == held
         if (~test).sum() < 2:
             continue
-        sse += ((_ridge_paths(xs[~test], y[~test], xs[test], alphas) - y[test]) ** 2).sum(axis=1)
-    best = alphas[int(np.argmin(sse))]
-    return _ridge_paths(xs, y, xs_new, np.array([best]))[0]
+        sse += ((paths(xs[..., ~test, :], y[~test], xs[..., test, :], alphas) - y[test]) ** 2).sum(axis=-1)
+    best = alphas[np.argmin(sse, axis=-1)][..., None]  # (1,) or (P, 1)
+    return paths(xs, y, xs_new, best)[..., 0, :]
 
 
 def _ridge_paths_stack(x: np.ndarray, y: np.ndarray, x_new: np.ndarray, alphas: np.ndarray) -> np.ndarray:
-    """:func:`_ridge_paths` of P designs at once: ``x`` (P, n, k), ``x_new`` (P, n_new, k), one ``y`` (n,);
-    ``alphas`` (n_alphas,) shared, or (P, 1) one per design. Returns (P, n_alphas, n_new) (n_alphas 1 for the
-    latter).
+    """:func:`_ridge_paths` of P designs at once (:func:`ridge_predict` of a stack): ``x`` (P, n, k),
+    ``x_new`` (P, n_new, k), one ``y`` (n,); ``alphas`` (n_alphas,) shared, or (P, 1) one per design. Returns
+    (P, n_alphas, n_new) (n_alphas 1 for the latter).
 
     From the eigenpairs (λ, v) of each centred design's k x k Gram matrix instead of its SVD: the ridge's
     fit ``x_new v diag(1 / (λ + α)) vᵀ xᵀ y`` is the SVD's ``diag(s / (s² + α)) uᵀ y`` with s² = λ, and a k x k
@@ -87,28 +93,6 @@ def _ridge_paths_stack(x: np.ndarray, y: np.ndarray, x_new: np.ndarray, alphas: 
     fitted = np.einsum("pkr,pk->pr", v, np.einsum("pnk,n->pk", centred, y - ym))  # vᵀ xᵀ (y - ym): (P, k)
     coef = (weight * fitted[:, None, :]) @ v.transpose(0, 2, 1)  # (P, n_alphas, k): each penalty's coefficients
     return ym + coef @ (x_new - xm).transpose(0, 2, 1)
-
-
-def ridge_predict_stack(x: np.ndarray, y: np.ndarray, x_new: np.ndarray, alphas: np.ndarray, groups) -> np.ndarray:
-    """:func:`ridge_predict` of P designs at once (the permutation refits of one fold): ``x`` (P, n, k) with one
-    ``y`` (n,) and ``groups`` (n,), ``x_new`` (P, n_new, k); each design's penalty chosen by its own
-    leave-one-group-out error. Returns (P, n_new); P calls of :func:`ridge_predict` to about 1e-10 relative
-    (:func:`_ridge_paths_stack`)."""
-    mean, sd = x.mean(axis=1, keepdims=True), x.std(axis=1, keepdims=True)
-    sd = np.where(sd > 1e-12 * np.maximum(np.abs(mean), 1.0), sd, np.inf)  # as _standardise
-    xs, xs_new = (x - mean) / sd, (x_new - mean) / sd
-    groups = np.asarray(groups)
-    labels = np.unique(groups)
-    if len(labels) < 3:
-        labels, groups = np.arange(len(y)), np.arange(len(y))
-    sse = np.zeros((len(x), len(alphas)))
-    for held in labels:
-        test = groups == held
-        if (~test).sum() < 2:
-            continue
-        sse += ((_ridge_paths_stack(xs[:, ~test], y[~test], xs[:, test], alphas) - y[test]) ** 2).sum(axis=2)
-    best = alphas[np.argmin(sse, axis=1)][:, None]  # (P, 1)
-    return _ridge_paths_stack(xs, y, xs_new, best)[:, 0]
 
 
 def orthogonalise(extra: np.ndarray, design: np.ndarray, train: np.ndarray) -> np.ndarray:
@@ -182,31 +166,24 @@ def _inner_error(x: np.ndarray, y: np.ndarray, groups) -> float:
 
 
 def with_family(folds: Folds, extra: np.ndarray, groups) -> np.ndarray:
-    """Out-of-fold predictions of the base plus the family (orthogonalised on the base inside each fold)."""
-    groups = np.asarray(groups)
-    out = np.full(len(folds.without), np.nan)
-    for test, train, residual, design in folds.folds:
-        ortho = orthogonalise(extra, design, train)
-        added = ridge_predict(ortho[train], residual, ortho[test], FAMILY_ALPHAS, groups[train])
-        out[test] = folds.without[test] + added
-    return out
+    """Out-of-fold predictions of the base plus the family (orthogonalised on the base inside each fold).
 
-
-def with_family_stack(folds: Folds, extras: np.ndarray, groups) -> np.ndarray:
-    """:func:`with_family` for P families at once (the permutation refits: one family's rows in P orders),
-    ``extras`` (P, n, k) -> (P, n). The base's folds are shared; each fold orthogonalises all P on its design
-    in one least-squares solve (the design's factorisation shared by every right-hand side) and fits the P
-    ridges by stacked k x k eigenproblems, so a refit costs array work instead of a Python loop of small
-    LAPACK calls. Equal to P calls of :func:`with_family` to about 1e-10 relative."""
+    ``extra`` (n, k) gives (n,); a stack (P, n, k) (the permutation refits: one family's rows in P orders)
+    gives (P, n). The base's folds are shared; each fold orthogonalises every family on its design in one
+    least-squares solve (the design's factorisation shared by every right-hand side) and fits the ridges of a
+    stack by stacked k x k eigenproblems (:func:`ridge_predict`), so a refit costs array work instead of a
+    Python loop of small LAPACK calls: equal to P calls on one family to about 1e-10 relative."""
     groups = np.asarray(groups)
+    extras = extra if extra.ndim == 3 else extra[None]
     n_stack, n, k = extras.shape
     out = np.full((n_stack, n), np.nan)
-    columns = extras.transpose(1, 0, 2).reshape(n, n_stack * k)  # (n, P k): every refit's columns side by side
+    columns = extras.transpose(1, 0, 2).reshape(n, n_stack * k)  # (n, P k): every family's columns side by side
     for test, train, residual, design in folds.folds:
         ortho = orthogonalise(columns, design, train).reshape(n, n_stack, k).transpose(1, 0, 2)
-        added = ridge_predict_stack(ortho[:, train], residual, ortho[:, test], FAMILY_ALPHAS, groups[train])
+        ortho = ortho if extra.ndim == 3 else ortho[0]
+        added = ridge_predict(ortho[..., train, :], residual, ortho[..., test, :], FAMILY_ALPHAS, groups[train])
         out[:, test] = folds.without[test] + added
-    return out
+    return out if extra.ndim == 3 else out[0]
 
 
 def nested_cross_validate(base: np.ndarray, extra: np.ndarray, y: np.ndarray, groups) -> dict[str, np.ndarray]:
@@ -343,7 +320,7 @@ def family_test(
         size = min(REFIT_STACK, n_perm - done)
         orders = [within_cell_permutation(cells, rng) if within else cell_permutation(rungs, cells, seeds, rng)
                   for _ in range(size)]  # fmt: skip
-        for refit in with_family_stack(folds, extra[np.array(orders)], groups):
+        for refit in with_family(folds, extra[np.array(orders)], groups):
             moved = clark_west(y, folds.without, refit)
             hits += moved >= observed - tie
             low += moved <= observed + tie
