@@ -38,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from tools.same_results import LADDER, TINY, copy_pipeline, project_env
+from topometrics.params import parse_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,7 +91,7 @@ def make_project(project: Path, params: dict) -> int:
     ident = ["-c", "user.email=bench@topometrics.invalid", "-c", "user.name=bench"]
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", *ident, "commit", "-qm", "bench"]):
         subprocess.run(cmd, cwd=project, check=True, capture_output=True)
-    return len(params["ladder"]) * (1 + len(params.get("variants") or {})) * len(params["train"]["seeds"])
+    return len(parse_params(params).runs())
 
 
 def timed(cmd: list[str], project: Path, log: Path) -> float:
