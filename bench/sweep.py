@@ -10,7 +10,11 @@ Builds a project from this checkout's pipeline in one of two layouts, then times
   every 50, ``features.landscape_every`` 2), with the trace estimated for every rung (``hessian_exact_max`` 0)
   and the many-recipes sweep's primary row, on ``--corpus`` (default: WikiText-2 beside the project,
   ``../shared/data/wikitext-2``, else the offline text); ``--seeds``, ``--steps`` and ``--ckpt-every`` are
-  the layout's and are not read. It takes about an hour and a half of two cores.
+  the layout's and are not read. It takes about 45 minutes of two cores;
+* ``--layout bpe96``: the same runs on the byte-level BPE 512 tokenizer with the fresh seeds 2, 12, …, 72 and
+  losses in bits per byte: the BPE sweep whose row docs/results.md first called a confirmation, as it was run
+  (its slice at radius 1) and asked its own question again (``ls_rand_range`` at 20 %, leave-one-seed-out,
+  cells permuted within rungs, against the loss curve + norm + curvature), now with the adaptive trace.
 
 The phases:
 
@@ -64,12 +68,34 @@ SWEEP96 = {
         }
     },
 }
+# The third primary row's BPE sweep (docs/results.md, "The BPE confirmation sweep": its `dvc exp run -S ...`
+# command) over SWEEP96: the tokenizer, the unit, its fresh seeds, its radius-1 slice and its own primary row, the
+# question it answered 'adds' (p = 0.01) asked again with today's code (pre-registered in docs/results.md, "The
+# BPE confirmation sweep recomputed"); the curvature baseline is now the adaptive trace (standard error <= 5 %),
+# not 8 probes.
+BPE96 = {
+    "data": {"tokenizer": {"kind": "bpe", "vocab_size": 512}},
+    "train": SWEEP96["train"] | {"seeds": [2, 12, 22, 32, 42, 52, 62, 72]},
+    "features": SWEEP96["features"] | {"landscape_radius": 1.0},
+    "analysis": {
+        "loss_unit": "bpb",
+        "primary": {
+            "family": "landscape",
+            "features": ["ls_rand_range"],
+            "fraction": 0.2,
+            "level": "between",
+            "cv": "seed",
+            "baseline": "norm+curvature",
+        },
+    },
+}
 SWEEP96_RUNGS = ("tiny", "small", "medium")
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
 
 
 def layout_params(layout: str, seeds: int, steps: int, ckpt_every: int, corpus: Path | None) -> dict:
-    """params.yaml of the bench's project in ``layout`` (``tiny`` or ``sweep96``, see the module's docstring)."""
+    """params.yaml of the bench's project in ``layout`` (``tiny``, ``sweep96`` or ``bpe96``, see the module's
+    docstring)."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["series"]["sources"] = {}
     if layout == "tiny":
@@ -78,6 +104,8 @@ def layout_params(layout: str, seeds: int, steps: int, ckpt_every: int, corpus: 
         params["ladder"] = LADDER
         return params
     params |= {section: (params[section] or {}) | values for section, values in SWEEP96.items()}
+    if layout == "bpe96":
+        params |= {section: params[section] | values for section, values in BPE96.items()}
     params["ladder"] = {rung: params["ladder"][rung] for rung in SWEEP96_RUNGS}
     text = corpus or (WIKITEXT if WIKITEXT.is_dir() else None)
     params["data"] |= {"corpus": str(text.resolve()), "urls": []} if text else {"urls": []}
@@ -111,8 +139,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seeds", type=int, default=4, help="seeds per rung (runs = 2 x seeds)")
     ap.add_argument("--steps", type=int, default=200, help="training steps per run")
     ap.add_argument("--ckpt-every", type=int, default=10, help="steps between checkpoints")
-    ap.add_argument("--layout", choices=("tiny", "sweep96"), default="tiny", help="the project's runs (see above)")
-    ap.add_argument("--corpus", type=Path, help="sweep96: a local text file or folder (default: WikiText-2 beside)")
+    ap.add_argument(
+        "--layout", choices=("tiny", "sweep96", "bpe96"), default="tiny", help="the project's runs (see above)"
+    )
+    ap.add_argument(
+        "--corpus", type=Path, help="sweep96, bpe96: a local text file or folder (default: WikiText-2 beside)"
+    )
     ap.add_argument("--keep", type=Path, help="build the project here and keep it (default: a temporary folder)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:

@@ -25,3 +25,23 @@ def test_the_tiny_layout_takes_its_seeds_steps_and_checkpoints_from_the_command_
     params = load_params(tmp_path / "project" / "params.yaml")
     assert runs == len(params.runs()) == 6 and list(params.variants) == []
     assert (params.train.steps, params.train.ckpt_every, params.train.seeds) == (30, 10, (0, 1, 2))
+
+
+def test_the_bpe96_layout_declares_the_bpe_confirmation_sweeps_runs_and_its_own_question(tmp_path: Path):
+    text = tmp_path / "text.txt"
+    text.write_text("some text\n")
+    runs = make_project(tmp_path / "project", layout_params("bpe96", 4, 200, 10, text))
+    params = load_params(tmp_path / "project" / "params.yaml")
+    assert runs == len(params.runs()) == 96 and sorted(params.ladder) == ["medium", "small", "tiny"]
+    assert params.train.seeds == (2, 12, 22, 32, 42, 52, 62, 72) and params.train.steps == 1000
+    assert params.data.tokenizer.kind == "bpe" and params.data.tokenizer.vocab_size == 512
+    assert params.analysis.loss_unit == "bpb" and params.features.landscape_radius == 1.0
+    primary = params.analysis.primary
+    assert (primary.features, primary.fraction, primary.cv, primary.level) == (
+        ("ls_rand_range",),
+        0.2,
+        "seed",
+        "between",
+    )
+    assert primary.baseline == "norm+curvature" and params.features.hessian_exact_max == 0
+    assert params.data.corpus == str(text.resolve())
