@@ -11,7 +11,9 @@ fraction and scheme) and ``runs`` tables (:func:`components`):
   MAE less the loss curve + norm MAE, from the ``weight_norm`` row).
 
 :func:`bench.power.calibrated_model` sets the simulation's residual, its cell share, the per-run part the loss
-curve sees and the norm's part from them, then corrects the residual so that the simulated base MAE matches.
+curve sees and the norm's part (none where the norm gains nothing) from them, then corrects the residual so that
+the simulated base MAE matches, and the curve's part (then the residual's cell share) so that the within-cell
+SD does.
 Read-only on the warehouse; it imports nothing of :mod:`bench.power`, which imports it.
 """
 
