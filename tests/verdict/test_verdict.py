@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats as sps
 
 from tests.repo_params import analysis_params
 from tests.verdict.helpers import synthetic_runs, warehouse_with
+from topometrics.execution import compute
 from topometrics.landscape.sublevel import SUMMARY_KEYS
 from topometrics.params import ParamsError, PrimaryParams
 from topometrics.verdict import inference, remedy, verdict
@@ -252,3 +255,21 @@ def test_a_baseline_whose_geometric_family_has_no_values_is_skipped_not_run_as_t
     assert len(geo) and (geo.status == "skipped").all()
     assert geo.reason.str.startswith("baseline norm+norms has no usable values; not used").all()
     assert (late[(late.baseline == "norm") & (late.family == "weights_vr")].status == "ok").all()
+
+
+def test_the_comparisons_run_in_a_process_pool_give_the_tables_they_give_here():
+    runs = synthetic_runs("topology").query("fraction != 0.3")
+    jobs = []
+
+    def counting(fn, js):
+        jobs.extend(js)
+        return [fn(job) for job in js]
+
+    here = verdict.incremental_validity(runs, PARAMS, FAMILIES, map_jobs=counting)
+    pool = functools.partial(compute.map_jobs, workers=2, label="verdict", unit="comparisons")
+    pooled = verdict.incremental_validity(runs, PARAMS, FAMILIES, map_jobs=pool)
+    assert len(jobs) >= 2 * compute.MIN_JOBS_PER_WORKER  # enough for map_jobs to start its two workers
+    for serial, other in zip(here, pooled, strict=True):
+        pd.testing.assert_frame_equal(serial, other)
+    default = verdict.incremental_validity(runs, PARAMS, FAMILIES)
+    pd.testing.assert_frame_equal(here[0], default[0])

@@ -57,6 +57,7 @@ def each_result(
     workers: int,
     label: str,
     compute: ComputeParams | None = None,
+    unit: str = "checkpoints",
 ) -> Iterator[tuple[int, Result | BaseException]]:
     """``(index, fn(jobs[index]))`` for every job as it completes, with progress on stderr; a
     failed job gives its exception (one failed job does not stop the others, and a caller can keep
@@ -68,8 +69,9 @@ def each_result(
     jobs : the jobs, e.g. one per checkpoint
     workers : local processes to use; with 1, or fewer than ``MIN_JOBS_PER_WORKER`` jobs per worker,
         everything runs in this process. Not used on a cluster (its workers are its own).
-    label : what the progress line calls the work (``features: 12/51 checkpoints, 3.0 s``)
+    label : what the progress line calls the work (``features: 12/51 checkpoints, 3.0 s, 4.0/s, ETA 10 s``)
     compute : the ``compute`` params; None or ``cluster: local`` is this machine
+    unit : what the progress line calls one job
 
     Notes
     -----
@@ -86,7 +88,7 @@ def each_result(
     one-line error naming it); a job whose workers all died is a
     :class:`topometrics.execution.cluster.CheckpointJobError` (``WorkerLost``, ``WorkerOutOfMemory``).
     """
-    progress = _Progress(len(jobs), label)
+    progress = _Progress(len(jobs), label, unit)
     if compute is not None and compute.cluster != "local":
         with connect(compute.cluster, compute.security, compute.connect_timeout_s) as client:
             for i, result in map_on_cluster(client, functools.partial(_in_one_thread, fn), list(jobs)):
@@ -128,6 +130,11 @@ def whole_job_executor(
     with connect(compute.cluster, compute.security, compute.connect_timeout_s) as client:
         check_workers(client, compute.cluster, [Path(p).resolve() for p in visible], resources or {})
         yield client.get_executor(pure=False, resources=resources)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def job_print(line: str) -> None:
@@ -268,8 +275,8 @@ def one_thread():
 class _Progress:
     """tqdm on a TTY, otherwise a plain stderr line about every 10% (CI and DVC logs)."""
 
-    def __init__(self, total: int, label: str) -> None:
-        self.total, self.label, self.done, self.start = total, label, 0, time.monotonic()
+    def __init__(self, total: int, label: str, unit: str = "checkpoints") -> None:
+        self.total, self.label, self.unit, self.done, self.start = total, label, unit, 0, time.monotonic()
         self.bar = None
         if sys.stderr.isatty():
             from tqdm import tqdm
@@ -282,7 +289,10 @@ class _Progress:
             self.bar.update(1)
         elif self.done == self.total or self.done % max(1, self.total // 10) == 0:
             elapsed = time.monotonic() - self.start
-            print(f"{self.label}: {self.done}/{self.total} checkpoints, {elapsed:.1f} s", file=sys.stderr, flush=True)
+            rate = self.done / max(elapsed, 1e-9)
+            eta = f", ETA {(self.total - self.done) / rate:.0f} s" if self.done < self.total else ""
+            print(f"{self.label}: {self.done}/{self.total} {self.unit}, {elapsed:.1f} s, {rate:.2f}/s{eta}",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
     def close(self) -> None:
         if self.bar is not None:

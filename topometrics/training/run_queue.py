@@ -44,7 +44,7 @@ import torch
 from topometrics.atomic import write_text
 from topometrics.errors import NO_SPACE, TopometricsError, disk_full
 from topometrics.execution.cluster import LOCAL, ClusterError, describe
-from topometrics.execution.compute import job_print, whole_job_executor
+from topometrics.execution.compute import job_print, usable_cores, whole_job_executor
 from topometrics.execution.lifeline import die_with
 from topometrics.models.checkpoints import CheckpointError, list_checkpoints, verify_checkpoint
 from topometrics.models.model import GPT, count_parameters
@@ -104,11 +104,6 @@ class Pool:
         if self.compute is not None and self.compute.cluster != LOCAL:
             return f"the Dask cluster at {describe(self.compute.cluster)} ({self.threads} thread(s) per run, {where})"
         return f"{self.workers} processes x {self.threads} thread(s) on {where}"
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (the affinity mask, not the machine's total)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def plan_pool(device: str, workers: int, threads: int, n_runs: int, compute: ComputeParams | None = None) -> Pool:

@@ -36,6 +36,7 @@ Why over 400 lines: the comparisons and the words they earn are one definition (
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -158,7 +159,10 @@ def primary_comparison(params: AnalysisParams, families: dict[str, tuple[str, ..
 
 
 def incremental_validity(
-    inputs: pd.DataFrame, params: AnalysisParams, families: dict[str, tuple[str, ...]] | None = None
+    inputs: pd.DataFrame,
+    params: AnalysisParams,
+    families: dict[str, tuple[str, ...]] | None = None,
+    map_jobs: Callable[[Callable, list], list] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every comparison at every fraction and cross-validation scheme, with its verdict.
 
@@ -172,6 +176,10 @@ def incremental_validity(
     params : the analysis params (``permutations``, ``seed``, ``alpha``, ``min_effect``,
         ``equivalence_margin``, ``primary``): params.yaml's ``analysis``
     families : family name -> layer-'all' feature names (default the vocabulary's, ``verdict_families()``)
+    map_jobs : ``map_jobs(fn, jobs) -> [fn(job) for job in jobs]``, in order: where the comparisons run (the
+        analysis stage passes the execution seam's process pool, :func:`topometrics.execution.compute.map_jobs`;
+        default: here, one after another). Each comparison's numbers depend only on its job, so the tables are
+        the same wherever they run.
 
     Returns
     -------
@@ -179,7 +187,7 @@ def incremental_validity(
     errors : DataFrame with :data:`ERROR_COLUMNS`, the paired per-run predictions behind each ok row
     """
     check_primary(params, families)
-    rows, errors = [], []
+    rows, jobs = [], []
     plan, primary = comparisons(families), primary_comparison(params, families)
     for scheme in SCHEMES:
         for fraction, g in inputs.groupby("fraction", sort=True):
@@ -190,16 +198,29 @@ def incremental_validity(
                     here = [primary, *plan]
                 for spec in (s | {"permutations": _permutations(s, plan, inputs, params)} for s in here):
                     row = {"cv": scheme, "level": level, "fraction": float(fraction)}
-                    row |= {k: spec[k] for k in VERDICT_COLUMNS if k in spec}
+                    rows.append(row | {k: spec[k] for k in VERDICT_COLUMNS if k in spec})
                     if why is not None:
-                        rows.append(row | {"n": 0, "status": "skipped", "reason": why})
+                        rows[-1] |= {"n": 0, "status": "skipped", "reason": why}
                         continue
-                    result, errs = _compare(g, scheme, spec, params, level)
-                    rows.append(row | result)
-                    keys = {"cv": scheme, "level": level, "fraction": float(fraction), "family": spec["family"]}
-                    errors += [e | keys | {"comparison": spec["comparison"]} for e in errs]
+                    jobs.append((len(rows) - 1, (g, scheme, spec, params, level)))
+    results = (map_jobs or _one_by_one)(compare_job, [job for _, job in jobs])
+    errors = []
+    for (i, _), (result, errs) in zip(jobs, results, strict=True):
+        rows[i] |= result
+        keys = {k: rows[i][k] for k in ("cv", "level", "fraction", "family", "comparison")}
+        errors += [e | keys for e in errs]
     verdict = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
     return judge(verdict, params), pd.DataFrame(errors, columns=ERROR_COLUMNS)
+
+
+def compare_job(job: tuple) -> tuple[dict, list[dict]]:
+    """One comparison, ``job = (inputs at one fraction, scheme, spec, params, level)``: :func:`_compare`'s
+    numbers and per-run predictions (module-level, so that a process pool can run it)."""
+    return _compare(*job)
+
+
+def _one_by_one(fn: Callable, jobs: list) -> list:
+    return [fn(job) for job in jobs]
 
 
 def _is_primary(primary, scheme: str, level: str, fraction: float) -> bool:
