@@ -347,7 +347,7 @@ def _within_fitted(m: Model, change: float) -> Model:
         return dataclasses.replace(m, seen=float(np.sqrt(seen_var)))
     run_var = max(m.residual**2 * (1 - m.cell_share) + seen_var, 0.0)
     share = 1 - run_var / m.residual**2 if m.residual > 0 else m.cell_share
-    return dataclasses.replace(m, seen=0.0, cell_share=float(min(max(share, 0.0), 0.99)))
+    return dataclasses.replace(m, seen=0.0, cell_share=float(min(max(share, 0.0), 1.0)))
 
 
 def cells_needed(comp: dict, m: Model, reps: int, n_perm: int, target: float = 80.0, most: int = 64) -> dict:

@@ -95,6 +95,10 @@ def test_calibration_reads_the_scheme_and_baseline_asked_for(tmp_path):
          "run_sd": 0.0398, "norm_gain": -1.4e-7},
         {"shape": (3, 4, 8), "cv": "variant", "base_mae": 0.1049, "seed_sd": 0.0237, "cell_sd": 0.1144,
          "run_sd": 0.0354, "norm_gain": 0.0046},
+        # the BPE confirmation sweep retrained, its own question: the norm's run-level part alone is near the
+        # whole within-cell SD, so the residual's must go to (almost) nothing
+        {"shape": (3, 4, 8), "cv": "seed", "base_mae": 0.0360, "seed_sd": 0.0067, "cell_sd": 0.0310,
+         "run_sd": 0.0357, "norm_gain": 0.0043},
     ],
 )  # fmt: skip
 def test_the_calibrated_simulation_fits_the_base_mae_and_within_cell_sd_within_15_percent(comp):
@@ -103,7 +107,7 @@ def test_the_calibrated_simulation_fits_the_base_mae_and_within_cell_sd_within_1
     model, sim = power.calibrated_model(comp)
     assert sim["base_mae"] == pytest.approx(comp["base_mae"], rel=0.15)
     assert sim["seed_sd"] == pytest.approx(comp["seed_sd"], rel=0.15)
-    assert 0 <= model.cell_share < 1 and model.seen >= 0
+    assert 0 <= model.cell_share <= 1 and model.seen >= 0
     assert (model.norm == 0) == (comp["norm_gain"] <= 0)
 
 
