@@ -76,3 +76,26 @@ def test_the_stopping_decisions_view_reads_the_table():
     back = con.execute("SELECT * FROM stopping_decisions ORDER BY scope, kill_share, predictor").df()
     assert len(back) == len(table) == 2 * 3 * 3
     assert set(back["decision"]) <= {"helps decide", "no evidence", "baseline", "not enough cells"}
+
+
+@pytest.mark.parametrize("scope_groups", [1, 3])
+def test_the_bootstraps_at_once_equal_outcome_of_each_draw_to_the_bit(scope_groups):
+    rng = np.random.default_rng(scope_groups)
+    n = 40
+    predicted = rng.integers(0, 6, n).astype(float)  # ties on purpose: the stable order decides them
+    actual = rng.integers(0, 8, n) / 4.0
+    steps = rng.choice([800.0, 1000.0], n)
+    groups = rng.integers(0, scope_groups, n)
+    groups[:2] = scope_groups  # a group of two runs: too few to stop any
+    draws = [rng.integers(0, n, rng.integers(0, 50)) for _ in range(60)] + [np.arange(n)]
+    matrix = stopping.draw_matrix(draws)
+    matrix[rng.random(matrix.shape) < 0.1] = -1  # runs the predictor does not rank
+    got = stopping.bootstrap_outcomes(predicted, actual, steps, groups, 0.5, 0.2, matrix)
+    for i, row in enumerate(matrix):
+        runs = row[row >= 0]
+        want = stopping.outcome(predicted[runs], actual[runs], steps[runs], groups[runs], 0.5, 0.2)
+        for key in ("saved", "best_killed", "gap"):
+            assert np.array_equal(got[key][i], want[key], equal_nan=True), (i, key)
+    assert np.isfinite(got["best_killed"]).sum() > 40 and np.isnan(got["saved"]).any()  # both cases met
+    empty = stopping.bootstrap_outcomes(predicted, actual, steps, groups, 0.5, 0.2, np.full((3, 0), -1))
+    assert all(np.isnan(v).all() and v.shape == (3,) for v in empty.values())
