@@ -14,7 +14,7 @@ from tests.repo_params import analysis_params, raw_params
 from tests.verdict.helpers import SWEEP_LAYOUT, synthetic_runs, warehouse_with
 from topometrics.params import AnalysisParams, ParamsError, PrimaryParams, parse_params
 from topometrics.report import contents, frames, html
-from topometrics.report.answer import _families, answer
+from topometrics.report.answer import _families, answer, calibrate_command
 from topometrics.verdict import remedy, verdict
 
 FAMILIES = {"weights_vr": ("vr_tp0", "vr_tp1"), "scale_free": ("vr_unit_tp0",), "heavy_tail": ("w_alpha", "rep_alpha")}
@@ -122,7 +122,8 @@ def test_the_pre_registered_endpoint_leads_and_every_other_row_is_labelled_explo
     got = answer(view(synthetic_runs("topology"), analysis_params(permutations=49, primary=primary)), meta())
     assert got.sentences[1].startswith("Pre-registered endpoint: At 50% of training, adding the scale-free family")
     assert got.sentences[1].endswith(": adds.") and "one-sided p=0.02" in got.sentences[1]
-    assert got.sentences[2].startswith("Power: ") and "--layouts 2x1x1" in got.sentences[2]
+    assert got.sentences[2].startswith("Power: ")
+    assert "`python -m bench power --calibrate data/warehouse.duckdb`" in got.sentences[2]
     assert got.sentences[3].startswith("Exploratory (topology rows Holm-corrected per scheme")
 
 
@@ -155,17 +156,19 @@ def test_no_verdict_view_says_so_and_points_at_dvc_repro(frame):
 @pytest.mark.parametrize(
     ("power", "needed", "said"),
     [
-        (0.84, None, "with 84 % power (`python -m bench power --layouts 2x1x1`, recorded with the endpoint)."),
-        (0.62, 144, "with 62 % power (`python -m bench power --layouts 2x1x1`, recorded with the endpoint). This "
+        (0.84, None, "with 84 % power (recorded with the endpoint; `python -m bench power --calibrate "
+         "data/warehouse.duckdb --fraction 0.5 --cv seed` measures it on this sweep)."),
+        (0.62, 144, "with 62 % power (recorded with the endpoint; `python -m bench power --calibrate "
+         "data/warehouse.duckdb --fraction 0.5 --cv seed` measures it on this sweep). This "
          "sweep is too small for the 80 % target: the bench says it would need 144 runs."),
-        (0.62, None, "This sweep is too small for the 80 % target: `python -m bench power --layouts 2x1x1 --need 0.8` "
-         "finds the runs it would need."),
+        (0.62, None, "This sweep is too small for the 80 % target: `python -m bench power --calibrate "
+         "data/warehouse.duckdb --fraction 0.5 --cv seed` finds the cells it would need."),
     ],
 )  # fmt: skip
 def test_the_power_recorded_with_the_endpoint_sits_beside_its_verdict(power, needed, said):
     primary = PrimaryParams(family="scale_free", fraction=0.5, cv="seed", power=power)
     frame = view(synthetic_runs("topology"), analysis_params(permutations=49, primary=primary))
-    recorded = {"family": "scale_free", "power": power, "needed_runs": needed}
+    recorded = {"family": "scale_free", "fraction": 0.5, "cv": "seed", "power": power, "needed_runs": needed}
     got = answer(frame, meta(analysis={"fractions": [0.2, 0.3, 0.5], "primary": recorded}))
     assert got.sentences[2].startswith("Power: this sweep detects a family explaining >= 30 % of the residual")
     assert said in got.sentences[2] and "declared runs" not in got.sentences[2]
@@ -234,3 +237,13 @@ def test_the_answer_projects_the_training_from_the_runs_measured_throughput_or_n
     assert without.endswith(
         "`python -m bench train --sweep tiny,small,medium:15:2:1000` projects their training time on this machine."
     )
+
+
+def test_the_calibrate_command_names_the_endpoints_fraction_scheme_and_base():
+    norm = {"fraction": 0.2, "cv": "seed", "baseline": "norm+curvature"}
+    assert calibrate_command(norm) == (
+        "python -m bench power --calibrate data/warehouse.duckdb --fraction 0.2 --cv seed --baseline norm"
+    )
+    recipe = {"fraction": 0.3, "cv": "variant", "baseline": "recipe+curvature"}
+    assert calibrate_command(recipe).endswith("--fraction 0.3 --cv variant")
+    assert calibrate_command({}) == "python -m bench power --calibrate data/warehouse.duckdb"

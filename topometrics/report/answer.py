@@ -147,33 +147,43 @@ def _permutations(params: dict) -> int:
 
 def _power(params: dict, n: int) -> str:
     """The sweep's power as recorded with its endpoint (``analysis.primary.power``), else where it comes from:
-    the bench's machinery at the sweep's own layout. A power below 80 % says the sweep is too small, with the
-    runs the bench says it would need (``needed_runs``) or the command that finds them; fewer runs in the
-    verdict (``n``) than the layout declares says the recorded power overstates it."""
+    the bench's simulation fitted to this sweep's own variance components (:func:`calibrate_command`). A power
+    below 80 % says the sweep is too small, with the runs the bench says it would need (``needed_runs``) or the
+    command that finds the cells; fewer runs in the verdict (``n``) than the layout declares says the recorded
+    power overstates it."""
     layout = (len(params["ladder"]), 1 + len(params.get("variants") or {}), len(params["train"]["seeds"]))
-    shape, declared = "x".join(map(str, layout)), math.prod(layout)
+    declared = math.prod(layout)
     primary = params["analysis"].get("primary") or {}
-    power, needed = primary.get("power"), primary.get("needed_runs")
+    power, needed, command = primary.get("power"), primary.get("needed_runs"), calibrate_command(primary)
     if power is None:
         return (
-            "Power: the share of simulated sweeps of this layout in which a family explaining >= 30 % of the "
-            f"residual variance is called 'adds' is measured by `python -m bench power --layouts {shape}` "
-            "(docs/results.md)."
+            "Power: the share of simulated sweeps like this one in which a family explaining >= 30 % of the "
+            f"residual variance is called 'adds' is measured by `{command}` (the simulation fitted to this "
+            "sweep's own variance components; docs/results.md)."
         )
     said = (
         f"Power: this sweep detects a family explaining >= 30 % of the residual variance with {100 * power:.0f} % "
-        f"power (`python -m bench power --layouts {shape}`, recorded with the endpoint)."
+        f"power (recorded with the endpoint; `{command}` measures it on this sweep)."
     )
     if power < 0.8:
-        need = (
-            f"the bench says it would need {needed} runs"
-            if needed
-            else f"`python -m bench power --layouts {shape} --need 0.8` finds the runs it would need"
-        )
+        need = f"the bench says it would need {needed} runs" if needed else f"`{command}` finds the cells it would need"
         said += f" This sweep is too small for the 80 % target: {need}."
     if n < declared:
         said += f" Only {n} of the {declared} declared runs reached the verdict, so the power is lower than stated."
     return said
+
+
+def calibrate_command(primary: dict) -> str:
+    """``python -m bench power --calibrate`` on this project's warehouse for the primary endpoint's fraction,
+    scheme and base (the loss curve + norm where its baseline starts with ``norm``)."""
+    command = "python -m bench power --calibrate data/warehouse.duckdb"
+    if primary.get("fraction"):
+        command += f" --fraction {primary['fraction']:g}"
+    if primary.get("cv") in ("variant", "seed", "rung"):
+        command += f" --cv {primary['cv']}"
+    if str(primary.get("baseline", "recipe")).split("+")[0] == "norm":
+        command += " --baseline norm"
+    return command
 
 
 def _not_computable(verdict: pd.DataFrame, params: dict | None) -> Answer:
