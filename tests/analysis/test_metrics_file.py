@@ -42,3 +42,12 @@ def test_metrics_follow_the_params_and_equal_the_stages_file(pipeline):
         final = dict(c.execute("SELECT rung, val_loss FROM final_checkpoints").fetchall())
     assert list(fewer["rho"]) == ["vr_tp1"]
     assert fewer["final_val_loss"] == pytest.approx(final, rel=1e-5)
+
+
+def test_the_verdicts_comparisons_go_to_the_seams_pool_from_32_declared_runs():
+    from topometrics.execution import compute
+
+    assert metrics_file.comparisons_map(metrics_file.POOL_MIN_RUNS - 1) is None  # a small project: here
+    pooled = metrics_file.comparisons_map(metrics_file.POOL_MIN_RUNS)
+    assert pooled.func is compute.map_jobs and pooled.keywords["workers"] == compute.usable_cores()
+    assert pooled(lambda x: x, []) == []  # it maps: nothing in, nothing out

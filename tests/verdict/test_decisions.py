@@ -204,7 +204,7 @@ def test_a_family_that_marks_the_outlier_runs_early_is_flagged_before_the_loss_c
     assert late["auroc_without"] == 1.0 and late["verdict"] == "no evidence"  # the loss curve sees them by now
     assert rows.loc[(0.3, "weights_np"), "verdict"] == "no evidence"
     ok = rows[rows["status"] == "ok"]
-    holm = decisions.verdict.holm(ok["p_value"].to_numpy())
+    holm = decisions.inference.holm(ok["p_value"].to_numpy())
     np.testing.assert_allclose(ok["p_adjusted"].to_numpy(), holm)  # Holm over the outlier rows only
 
 

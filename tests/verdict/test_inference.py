@@ -127,7 +127,7 @@ def test_a_1e7_difference_is_never_adds():
 
 
 def test_holm_matches_a_hand_worked_case():
-    got = verdict.holm([0.01, 0.04, np.nan, 0.03, 0.2])
+    got = inference.holm([0.01, 0.04, np.nan, 0.03, 0.2])
     # sorted 0.01, 0.03, 0.04, 0.2 (m = 4): 0.04, 0.09, max(0.09, 0.08), 0.2
     assert got[[0, 3, 1, 4]] == pytest.approx([0.04, 0.09, 0.09, 0.2]) and np.isnan(got[2])
 

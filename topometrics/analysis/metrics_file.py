@@ -4,6 +4,7 @@ of them that ``dvc exp show`` and ``dvc metrics diff`` compare (a column per run
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -18,6 +19,10 @@ from topometrics.atomic import write_parquet, write_text
 from topometrics.execution.shards import params_digest
 from topometrics.params import AnalysisParams, Params
 from topometrics.verdict import live, verdict
+
+# Declared runs from which the verdict's comparisons go to a process pool: a 96-run sweep's 409 comparisons take
+# about 0.5 s each on one thread, a small test project's a few milliseconds beside a worker's 1-2 s start.
+POOL_MIN_RUNS = 32
 
 
 def write_analysis(params: Params, sources: warehouse.Sources, out: Path, metrics: Path, log=print) -> str:
@@ -40,7 +45,7 @@ def write_analysis(params: Params, sources: warehouse.Sources, out: Path, metric
     # process against 0.1 ms on one)
     with threadpool_limits(limits=1):
         tables = analysis.run_analysis(con, params.analysis)
-        tables |= analysis.between_run_tables(cons["all"], params.analysis)
+        tables |= analysis.between_run_tables(cons["all"], params.analysis, comparisons_map(len(params.runs())))
     Path(out).mkdir(parents=True, exist_ok=True)
     inputs = tables.pop("verdict_inputs")  # the live forecaster's runs: one JSON file, no pickle
     corpus = sources.corpus_source
@@ -53,6 +58,17 @@ def write_analysis(params: Params, sources: warehouse.Sources, out: Path, metric
     Path(metrics).parent.mkdir(parents=True, exist_ok=True)
     write_text(metrics, metrics_json(build_metrics(con, params.analysis)))
     return predict.prediction_summary(tables["predictions"])
+
+
+def comparisons_map(runs: int):
+    """Where the verdict's comparisons run: from :data:`POOL_MIN_RUNS` declared runs, the execution seam's
+    process pool over this machine's usable cores (each comparison on one BLAS thread, so the numbers are the
+    same as here); with fewer, here (None), where a comparison takes milliseconds and a worker's start seconds."""
+    if runs < POOL_MIN_RUNS:
+        return None
+    from topometrics.execution import compute  # only here: its torch import is 1.6 s of a small analysis
+
+    return functools.partial(compute.map_jobs, workers=compute.usable_cores(), label="verdict", unit="comparisons")
 
 
 def build_metrics(con, params: AnalysisParams) -> dict:

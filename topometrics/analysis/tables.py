@@ -12,7 +12,6 @@ run's curve and its cut at every fraction); apart, the fits and the tests could 
 
 from __future__ import annotations
 
-import functools
 import json
 
 import numpy as np
@@ -27,9 +26,6 @@ from topometrics.verdict import baselines, decisions, verdict
 from topometrics.vocabulary import kind, lookup, run_level, verdict_families
 
 LOSS_ONLY = "loss_power_law"
-# Runs from which the verdict's comparisons go to a process pool: the 96-run sweep's 1,500 comparisons take
-# about 0.3 s each on one thread, a small test project's a few milliseconds beside a worker's 1-2 s start.
-POOL_MIN_RUNS = 32
 # A checkpoint's validation loss in analysis.loss_unit (as final_checkpoints.loss): the loss curves the
 # predictions extrapolate and the verdict's targets are then in the same unit as the final loss.
 CHOSEN_LOSS = "CASE WHEN (SELECT any_value(loss_unit) FROM settings) = 'bpb' THEN val_bpb ELSE val_loss END"
@@ -57,29 +53,19 @@ def run_analysis(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
     return {name: frame.assign(variant=params.variant) for name, frame in tables.items()}
 
 
-def between_run_tables(con, params: AnalysisParams) -> dict[str, pd.DataFrame]:
+def between_run_tables(con, params: AnalysisParams, map_jobs=None) -> dict[str, pd.DataFrame]:
     """The ``incremental_validity`` and ``incremental_errors`` tables (:mod:`topometrics.verdict.verdict`, and the
     outlier rows of :func:`topometrics.verdict.decisions.outlier_verdict`) over every run in ``con``, all recipe
     variants together (leave-one-variant-out needs them), and the decisions drawn from them
     (:func:`topometrics.analysis.decide.decision_tables`); ``verdict_inputs``, the per run x fraction inputs
-    (not a warehouse table: the analysis stage fits the live forecaster on them)."""
+    (not a warehouse table: the analysis stage fits the live forecaster on them). ``map_jobs``: where the
+    verdict's comparisons run (:func:`topometrics.verdict.verdict.incremental_validity`; None: here)."""
     _, _, inputs = _predictions_and_inputs(con, params, learned=False)
-    validity, errors = verdict.incremental_validity(inputs, params, map_jobs=comparisons_map(inputs))
+    validity, errors = verdict.incremental_validity(inputs, params, map_jobs=map_jobs)
     if len(inputs):
         validity = pd.concat([validity, decisions.outlier_verdict(inputs, params)], ignore_index=True)
     tables = {"incremental_validity": validity, "incremental_errors": errors, "verdict_inputs": inputs}
     return tables | decide.decision_tables(con, inputs, validity, errors, params)  # intervals, stopping
-
-
-def comparisons_map(inputs: pd.DataFrame):
-    """Where the verdict's comparisons run: from :data:`POOL_MIN_RUNS` runs, the execution seam's process pool
-    over this machine's usable cores (each comparison on one BLAS thread, so the numbers are the same as here);
-    with fewer, here (None), where a comparison takes milliseconds and a worker's start seconds."""
-    if len(inputs.drop_duplicates([c for c in verdict.RUN_KEYS if c in inputs])) < POOL_MIN_RUNS:
-        return None
-    from topometrics.execution import compute  # only here: its torch import is 1.6 s of a small analysis
-
-    return functools.partial(compute.map_jobs, workers=compute.usable_cores(), label="verdict", unit="comparisons")
 
 
 def partial_tests(con, params: AnalysisParams) -> pd.DataFrame:

@@ -377,7 +377,7 @@ def judge_outliers(rows: pd.DataFrame, params: AnalysisParams) -> pd.DataFrame:
     out = rows.copy()
     ok = out["status"] == "ok"
     out["p_adjusted"] = np.nan
-    out.loc[ok, "p_adjusted"] = verdict.holm(out.loc[ok, "p_value"].to_numpy(float))
+    out.loc[ok, "p_adjusted"] = inference.holm(out.loc[ok, "p_value"].to_numpy(float))
     level = params.alpha / max(int(ok.sum()), 1)
     out["verdict"] = [_outlier_word(r, level, params) if r["status"] == "ok" else f"skipped: {r['reason']}"
                       for _, r in out.iterrows()]  # fmt: skip

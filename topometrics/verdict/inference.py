@@ -359,3 +359,14 @@ def pair_agreement(predicted: np.ndarray, actual: np.ndarray, cells=None, within
     if not differ.any():
         return np.nan
     return float(np.mean(np.sign(predicted[i] - predicted[j])[differ] == np.sign(actual[i] - actual[j])[differ]))
+
+
+def holm(p_values) -> np.ndarray:
+    """Holm step-down adjusted p-values over the finite ones: max over j <= rank of (m - j + 1) p_(j), capped at 1."""
+    p = np.asarray(p_values, float)
+    finite = np.flatnonzero(np.isfinite(p))
+    order = finite[np.argsort(p[finite], kind="stable")]
+    m = len(order)
+    adjusted = np.full(len(p), np.nan)
+    adjusted[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    return adjusted

@@ -176,10 +176,8 @@ def incremental_validity(
     params : the analysis params (``permutations``, ``seed``, ``alpha``, ``min_effect``,
         ``equivalence_margin``, ``primary``): params.yaml's ``analysis``
     families : family name -> layer-'all' feature names (default the vocabulary's, ``verdict_families()``)
-    map_jobs : ``map_jobs(fn, jobs) -> [fn(job) for job in jobs]``, in order: where the comparisons run (the
-        analysis stage passes the execution seam's process pool, :func:`topometrics.execution.compute.map_jobs`;
-        default: here, one after another). Each comparison's numbers depend only on its job, so the tables are
-        the same wherever they run.
+    map_jobs : ``map_jobs(fn, jobs) -> [fn(job) for job in jobs]``: where the comparisons run (default here; the
+        stage passes the execution seam's pool). A comparison depends only on its job: the same tables anywhere.
 
     Returns
     -------
@@ -203,7 +201,8 @@ def incremental_validity(
                         rows[-1] |= {"n": 0, "status": "skipped", "reason": why}
                         continue
                     jobs.append((len(rows) - 1, (g, scheme, spec, params, level)))
-    results = (map_jobs or _one_by_one)(compare_job, [job for _, job in jobs])
+    todo = [job for _, job in jobs]
+    results = map_jobs(compare, todo) if map_jobs else [compare(job) for job in todo]
     errors = []
     for (i, _), (result, errs) in zip(jobs, results, strict=True):
         rows[i] |= result
@@ -211,16 +210,6 @@ def incremental_validity(
         errors += [e | keys for e in errs]
     verdict = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
     return judge(verdict, params), pd.DataFrame(errors, columns=ERROR_COLUMNS)
-
-
-def compare_job(job: tuple) -> tuple[dict, list[dict]]:
-    """One comparison, ``job = (inputs at one fraction, scheme, spec, params, level)``: :func:`_compare`'s
-    numbers and per-run predictions (module-level, so that a process pool can run it)."""
-    return _compare(*job)
-
-
-def _one_by_one(fn: Callable, jobs: list) -> list:
-    return [fn(job) for job in jobs]
 
 
 def _is_primary(primary, scheme: str, level: str, fraction: float) -> bool:
@@ -247,7 +236,7 @@ def judge(verdict: pd.DataFrame, params: AnalysisParams) -> pd.DataFrame:
     tested = out[(out["role"] == "topology") & (out["status"] == "ok")]
     level_of = out["level"].fillna("between") if "level" in out else pd.Series("between", index=out.index)
     for _, idx in tested.groupby(["cv", level_of]).groups.items():
-        out.loc[idx, "p_adjusted"] = holm(out.loc[idx, "p_value"].to_numpy(float))
+        out.loc[idx, "p_adjusted"] = inference.holm(out.loc[idx, "p_value"].to_numpy(float))
         level[idx] = params.alpha / len(idx)  # Holm's first step: the level the smallest p must pass
     out["verdict"] = [
         word(r, r["p_adjusted"], params.alpha, params.equivalence_margin, params.min_effect, level[i])
@@ -256,17 +245,6 @@ def judge(verdict: pd.DataFrame, params: AnalysisParams) -> pd.DataFrame:
         for i, r in out.iterrows()
     ]
     return out
-
-
-def holm(p_values) -> np.ndarray:
-    """Holm step-down adjusted p-values over the finite ones: max over j <= rank of (m - j + 1) p_(j), capped at 1."""
-    p = np.asarray(p_values, float)
-    finite = np.flatnonzero(np.isfinite(p))
-    order = finite[np.argsort(p[finite], kind="stable")]
-    m = len(order)
-    adjusted = np.full(len(p), np.nan)
-    adjusted[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
-    return adjusted
 
 
 def word(row, p: float, alpha: float, margin: float, min_effect: float, level: float | None = None) -> str:
@@ -354,9 +332,10 @@ def usable_columns(g: pd.DataFrame, columns: tuple[str, ...]) -> tuple[list[str]
     return keep, dropped
 
 
-def _compare(g: pd.DataFrame, scheme: str, spec: dict, params: AnalysisParams, level: str = "between"):
-    """One comparison's numbers and its per-run predictions (``level`` 'within': cell means removed from the
-    target and every input, runs of one-seed cells left out, seeds shuffled within cells)."""
+def compare(job: tuple) -> tuple[dict, list[dict]]:
+    """One comparison's numbers and per-run predictions; ``job``: (inputs at one fraction, scheme, spec, params,
+    level), a pool's job. ``level`` 'within': cell means removed, one-seed cells left out, seeds shuffled."""
+    g, scheme, spec, params, level = job
     g = g[g["n_seen"] >= MIN_CHECKPOINTS].reset_index(drop=True)
     base_cols, base_dropped = usable_columns(g, spec["base"])
     extra_cols, extra_dropped = usable_columns(g, spec["extra"])
