@@ -54,7 +54,7 @@ from bench.features import SURFACE_MODELS
 from bench.monitor import measure
 from bench.train import project, time_rung
 from topometrics.atomic import write_text
-from topometrics.execution.compute import one_thread
+from topometrics.execution.compute import one_thread, usable_cores
 from topometrics.features.checkpoint import checkpoint_features
 from topometrics.features.forward import surface_batch, validation_batch
 from topometrics.features.gradient_cloud import gradient_batch
@@ -66,7 +66,7 @@ from topometrics.params import FEATURE_FAMILIES, FeaturesParams, ParamsError, lo
 from topometrics.series.checkpoint import series_checkpoint_features
 from topometrics.series.hub import SeriesCheckpoint
 from topometrics.training.corpus import offline_text
-from topometrics.training.run_queue import RunFiles, plan_pool, train_runs, usable_cores
+from topometrics.training.run_queue import RunFiles, plan_pool, train_runs
 from topometrics.training.train import build_run_config
 
 TINY_STEPS = 40

@@ -75,11 +75,12 @@ from bench.schedule import (
     queue_makespan,
     sweep_projection,
 )
+from topometrics.execution.compute import usable_cores
 from topometrics.models.checkpoints import save_checkpoint
 from topometrics.models.model import GPT, pick_device
 from topometrics.params import ParamsError, load_params
 from topometrics.training.run_dir import save_resume
-from topometrics.training.run_queue import estimated_flops, usable_cores
+from topometrics.training.run_queue import estimated_flops
 from topometrics.training.sketch import sketch
 from topometrics.training.train import (
     RunConfig,

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from tests.repo_params import features_params
 from tests.run_helpers import config, corpus, files
 from tests.training.helpers import quiet
+from topometrics.execution.compute import usable_cores
 from topometrics.features.monitor import RunMonitors
 from topometrics.models.bpe import TokenizerError
 from topometrics.models.checkpoints import CheckpointError, list_checkpoints
@@ -32,7 +33,6 @@ from topometrics.training.run_queue import (
     plan_pool,
     train_declared,
     train_runs,
-    usable_cores,
 )
 from topometrics.training.train import RunConfig, recipe_fingerprint, train_run
 
@@ -124,6 +124,7 @@ sys.path.insert(0, {repo!r})  # the repository, for tests.<folder>.helpers
 from pathlib import Path
 from tests.repo_params import features_params
 from topometrics.training.run_queue import Pool, train_runs
+from topometrics.execution.compute import usable_cores
 from topometrics.features.monitor import RunMonitors
 from tests.run_helpers import config, files
 from tests.training.helpers import quiet
