@@ -166,6 +166,37 @@ def test_compute_shards_records_a_failed_checkpoint_and_writes_the_others(tmp_pa
     assert not ShardKey("tiny", "base", 1, 200).folder(tmp_path).exists()
 
 
+def test_compute_shards_computes_tasks_of_one_fingerprint_once_when_it_can_relabel_and_each_otherwise(tmp_path):
+    """Given ``relabel``, tasks of equal fingerprints (in other roots: other runs of a sweep) are computed once and
+    written for each through it; a failure is every such task's; without it each task is computed."""
+    calls = []
+
+    def counted(job):
+        calls.append(job)
+        return double(job)
+
+    def relabel(result, key):
+        return {"features": result["features"].assign(seed=key.seed)}
+
+    twins = [
+        Task(ShardKey("tiny", v, s, 0), Fingerprint("w", "p1", "c1"), 0, tmp_path / v) for v, s in (("a", 1), ("b", 2))
+    ]
+    bad = [Task(ShardKey("tiny", v, 1, 50), Fingerprint("bad", "p1", "c1"), -1, tmp_path / v) for v in ("a", "b")]
+    run = compute_shards(None, twins + bad, counted, in_process, ("features",), relabel)
+    assert calls == [0, -1] and run.computed == [t.key for t in twins] and run.copied == [twins[1].key]
+    assert run.failed == {t.key: "negative job -1" for t in bad}
+    a, b = (pd.read_parquet(t.key.folder(t.root) / "features.parquet") for t in twins)
+    assert (
+        b.equals(a.assign(seed=2))
+        and stored_fingerprint(twins[1].key.folder(tmp_path / "b") / "features.parquet") == twins[1].fingerprint
+    )
+    calls.clear()
+    again = compute_shards(
+        None, [Task(t.key, t.fingerprint, t.job, tmp_path / "c") for t in twins], counted, in_process, ("features",)
+    )
+    assert calls == [0, 0] and not again.copied
+
+
 def flip_a_page_byte(path):
     """Flip one bit in the last data page of a Parquet file; the footer (and so the fingerprint) stays whole."""
     data = bytearray(path.read_bytes())

@@ -31,8 +31,45 @@ def test_one_sweep_over_several_runs_writes_each_runs_shards_as_alone_and_names_
         same_rows(got_diagrams.assign(seed=42), diagrams, ["step", "source", "layer", "dim", "birth", "death"])
     assert "features@a: 4 checkpoints, 4 computed, 0 already current, 0 failed" in lines[0]
     assert lines[-1].startswith("features: 3 runs, 8 checkpoints, 0 failed, 1 runs without checkpoints")
+    # b's weights are a's: its shards were written from a's results, not computed again
+    assert lines[-1].endswith("; 4 the same as another run's (equal weights), computed once")
 
     lines = []  # every shard current: nothing computed, no line per run, one summary
     done = sweep_shards(runs[:2], root / "corpus", PARAMS, progress=lines.append)
     assert all(not r.computed and {k.step for k in r.reused} == set(STEPS) for r in done.values())
     assert len(lines) == 1 and lines[0].startswith("features: 2 runs, 8 checkpoints, 0 failed, 0 runs without")
+
+
+def test_checkpoints_of_several_runs_with_equal_weights_are_computed_once_and_a_changed_config_is_not_equal(
+    tiny, tmp_path
+):
+    """A sweep's recipes of one rung and seed share their initial weights: the first checkpoint is computed once
+    and written for each run. The config is part of what is equal: the same bytes read with another number of
+    the residual stream cut are another model (and another shard, before and after)."""
+    import json
+    import shutil
+
+    from topometrics.features.sweep import RunShards, sweep_shards
+
+    root, features, _ = tiny
+    for name, seed, residual in (("same", 7, True), ("cut", 9, False)):
+        shutil.copytree(root / "run", tmp_path / name)
+        for sidecar in (tmp_path / name).glob("step_*.json"):
+            meta = json.loads(sidecar.read_text())
+            sidecar.write_text(json.dumps(meta | {"seed": seed, "config": meta["config"] | {"residual": residual}}))
+    runs = [RunShards(tmp_path / name, tmp_path / "out" / name) for name in ("same", "cut")]
+    done = sweep_shards(runs, root / "corpus", PARAMS)
+    for name in ("same", "cut"):  # (computed: the checkpoints' shards, then their distances')
+        assert {k.step for k in done[tmp_path / name].computed} == set(STEPS) and not done[tmp_path / name].copied
+    same, _ = read_back(tmp_path / "out" / "same")
+    same_rows(same.assign(seed=42), features, ["step", "layer", "feature"])
+    cut, _ = read_back(tmp_path / "out" / "cut")
+    losses = [frame.query("feature == 'batch_loss'").sort_values("step")["value"].to_numpy() for frame in (cut, same)]
+    assert (abs(losses[0] - losses[1]) > 1e-5).all()  # 100x float32 rounding: near-uniform at a random init
+    for sidecar in (tmp_path / "cut").glob("step_*.json"):  # the residual stream back: now equal to 'same'
+        meta = json.loads(sidecar.read_text())
+        sidecar.write_text(json.dumps(meta | {"config": meta["config"] | {"residual": True}}))
+    again = sweep_shards(runs, root / "corpus", PARAMS)
+    assert {k.step for k in again[tmp_path / "cut"].computed} == set(STEPS)  # the config is in the fingerprint
+    cut, _ = read_back(tmp_path / "out" / "cut")
+    same_rows(cut.assign(seed=42), features, ["step", "layer", "feature"])

@@ -306,10 +306,11 @@ class ShardRun:
     reused: list[ShardKey] = field(default_factory=list)
     failed: dict[ShardKey, str] = field(default_factory=dict)
     damaged: dict[ShardKey, str] = field(default_factory=dict)
+    copied: list[ShardKey] = field(default_factory=list)  # computed ones written from another task's result
 
     def merge(self, other: ShardRun) -> ShardRun:
         return ShardRun(self.computed + other.computed, self.reused + other.reused, self.failed | other.failed,
-                        self.damaged | other.damaged)  # fmt: skip
+                        self.damaged | other.damaged, self.copied + other.copied)  # fmt: skip
 
     def damage_note(self) -> str:
         """``; N damaged shards recomputed (step S: <why>)`` for a progress line ('' when none)."""
@@ -325,6 +326,7 @@ def compute_shards(
     fn: Callable,
     map_jobs: Callable[[Callable, list], Iterator[tuple[int, object]]],
     tables: tuple[str, ...],
+    relabel: Callable[[dict, ShardKey], dict] | None = None,
 ) -> ShardRun:
     """Compute the shards of ``tasks`` that are not current; reuse the rest.
 
@@ -334,7 +336,10 @@ def compute_shards(
     yields ``(index, result)``. Each result is written as soon as it arrives, so a killed run keeps
     what it finished. A shard whose pages changed after it was written is recomputed and listed in
     ``damaged``. A task with its own ``root`` is written there (``root`` may then be None): the jobs of
-    every run of a sweep share one pool.
+    every run of a sweep share one pool. ``relabel(result, key)``: ``result`` as the tables of ``key``; given,
+    tasks with equal fingerprints (equal inputs, params and code: equal shards but for their keys) are computed
+    once and the others written from that result through it, listed in ``copied`` too (a sweep's recipes that
+    start from the same initial weights).
     """
     for folder in {task.root or root for task in tasks}:
         remove_temporaries(folder)
@@ -347,14 +352,32 @@ def compute_shards(
         todo.append(task)
         if state != "stale":
             run.damaged[task.key] = state
-    for i, result in map_jobs(fn, [t.job for t in todo]):
-        task = todo[i]
-        if isinstance(result, BaseException):
-            run.failed[task.key] = str(result)
-            continue
-        write_shard(task.root or root, task.key, task.fingerprint, {t: result[t] for t in tables}, result.get("info"))
-        run.computed.append(task.key)
+    unique, copies = _once_each(todo, relabel is not None)
+    for i, result in map_jobs(fn, [t.job for t in unique]):
+        for task in (unique[i], *copies[i]):
+            if isinstance(result, BaseException):
+                run.failed[task.key] = str(result)
+                continue
+            found = result if task is unique[i] else relabel(result, task.key)
+            write_shard(task.root or root, task.key, task.fingerprint, {t: found[t] for t in tables}, found.get("info"))
+            run.computed.append(task.key)
+            if task is not unique[i]:
+                run.copied.append(task.key)
     return run
+
+
+def _once_each(tasks: list[Task], share: bool) -> tuple[list[Task], list[list[Task]]]:
+    """``(unique, copies)``: the tasks to compute, and for each the later tasks of its fingerprint (all of them
+    unique, none copies, unless ``share``)."""
+    unique, copies, first = [], [], {}
+    for task in tasks:
+        if share and task.fingerprint in first:
+            copies[first[task.fingerprint]].append(task)
+            continue
+        first[task.fingerprint] = len(unique)
+        unique.append(task)
+        copies.append([])
+    return unique, copies
 
 
 # ---------------------------------------------------------------------------

@@ -232,6 +232,14 @@ def distance_tables(job: DistanceJob) -> dict:
     return {"distances": features_frame(result, job.key.rung, job.key.seed, job.key.step).assign(**job.extra)}
 
 
+def relabelled(tables: dict, key: ShardKey) -> dict:
+    """:func:`checkpoint_tables`' result as ``key``'s: the same rows under its rung, seed and step (a checkpoint
+    of another run with the same fingerprint: its features do not depend on which run holds it; the variant is
+    the shard's folder, not a column)."""
+    labels = {"rung": key.rung, "seed": key.seed, "step": key.step}
+    return tables | {name: tables[name].assign(**labels) for name in TABLES}
+
+
 def frames(result: CheckpointFeatures, key: ShardKey, extra: dict) -> dict:
     """A checkpoint's shard tables, and its ``info``: the checkpoint's trajectory iterate, when computed."""
     out = {

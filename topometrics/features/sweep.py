@@ -33,6 +33,7 @@ from topometrics.features.run_shards import (
     distance_tables,
     distance_tasks,
     mapper,
+    relabelled,
     run_iterates,
     verified_weights,
 )
@@ -93,7 +94,8 @@ def sweep_shards(
         except CheckpointError as err:
             missing[run.run_dir] = str(err)
     todo = [t for tasks, failed, _ in planned.values() for t in tasks if t.key not in failed]
-    own = compute_shards(None, todo, checkpoint_tables, mapper(params, compute, "features"), TABLES)
+    # a sweep's recipes of one rung and seed start from the same weights: their first checkpoints are computed once
+    own = compute_shards(None, todo, checkpoint_tables, mapper(params, compute, "features"), TABLES, relabelled)
     distances = []
     for run in (r for r in runs if r.run_dir in planned):
         tasks, failed, layers = planned[run.run_dir]
@@ -145,9 +147,9 @@ def _plan_run(run: RunShards, inputs: dict, params: FeaturesParams, progress) ->
         name, variant, seed = record.get("rung") or run.run_dir.name, record.get("variant"), record.get("seed")
         key = ShardKey(str(name), variant or BASE_VARIANT, -1 if seed is None else int(seed), step)
         due = index % params.landscape_every == 0  # in the inputs: a removed checkpoint shifts the others
-        fingerprint = Fingerprint(
-            f"weights {weights[ckpt.path]} tokens {inputs['batch']} surface {due}", inputs["digest"], inputs["code"]
-        )
+        # the config too: a change of heads alone keeps the weights' bytes (an initialisation) but not the model
+        described = f"weights {weights[ckpt.path]} config {ckpt.config} tokens {inputs['batch']} surface {due}"
+        fingerprint = Fingerprint(described, inputs["digest"], inputs["code"])
         job = CheckpointJob(ckpt, key, inputs["tokens"], params, index, inputs["lengths"])
         tasks.append(Task(key, fingerprint, job, run.out))
         if ckpt.path in damaged:
@@ -163,6 +165,7 @@ def _run_part(run: ShardRun, keys: set[ShardKey], failed: dict) -> ShardRun:
         [k for k in run.reused if k in keys],
         failed | {k: v for k, v in run.failed.items() if k in keys},
         {k: v for k, v in run.damaged.items() if k in keys},
+        [k for k in run.copied if k in keys],
     )
 
 
@@ -180,9 +183,11 @@ def _finish(runs: list[RunShards], results: dict, missing: dict, seconds: float,
     failed = {(path, key): why for path, run in results.items() for key, why in run.failed.items()}
     if len(runs) > 1:
         n = sum(len(set(r.computed) | set(r.reused) | set(r.failed)) for r in results.values())
+        copied = sum(len(r.copied) for r in results.values())
+        shared = f"; {copied} the same as another run's (equal weights), computed once" if copied else ""
         progress(
             f"features: {len(runs)} runs, {n} checkpoints, {len(failed)} failed, {len(missing)} runs without "
-            f"checkpoints, {seconds:.1f} s ({seconds / max(1, len(runs)):.2f} s per run)"
+            f"checkpoints, {seconds:.1f} s ({seconds / max(1, len(runs)):.2f} s per run){shared}"
         )
     if missing:
         first, reason = next(iter(missing.items()))
