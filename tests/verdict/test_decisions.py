@@ -208,6 +208,45 @@ def test_a_family_that_marks_the_outlier_runs_early_is_flagged_before_the_loss_c
     np.testing.assert_allclose(ok["p_adjusted"].to_numpy(), holm)  # Holm over the outlier rows only
 
 
+def one_refit_at_a_time(base, extra, target, anchor, flagged, labels, refits):
+    """The outlier test's p and refits done, each refit fitted alone in the order of its draws (the reference the
+    stacked refits must equal)."""
+    inference = decisions.inference
+    folds = inference.base_folds(base, target, labels.groups)
+    paired = np.isfinite(folds.without)
+    flag = flagged & paired
+
+    def auroc(pred):
+        return decisions.within_cell_auroc(np.where(paired, anchor + pred, np.nan), flag, labels.cells)
+
+    before = auroc(folds.without)
+    observed = auroc(inference.with_family(folds, extra, labels.groups)) - before
+    rng, hits, done = np.random.default_rng(refits.seed), 0, 0
+    while done < refits.n_perm:
+        moved = extra[decisions.within_cell_permutation(labels.cells, rng)]
+        hits += auroc(inference.with_family(folds, moved, labels.groups)) - before >= observed - 1e-12
+        done += 1
+        if refits.stop and hits >= refits.stop:
+            return hits / done, done
+    return (1 + hits) / (1 + done), done
+
+
+@pytest.mark.parametrize("family", ["vr_tp0", "np_norm"])  # the planted family (every refit), noise (an early stop)
+def test_the_outlier_tests_refits_in_stacks_give_the_p_of_one_refit_at_a_time(family):
+    g = outlier_sweep(fractions=(0.3,))
+    cells = (g["rung"] + "/" + g["variant"]).to_numpy()
+    flagged = outlier_runs(g["actual"].to_numpy(), cells)
+    labels = decisions.inference.RunLabels(g["seed"].to_numpy(), g["rung"].to_numpy(), cells, g["seed"].to_numpy())
+    base = g[["loss_drop", "weight_norm_level", "weight_norm_rate"]].to_numpy()
+    extra = g[[f"{family}_level", f"{family}_rate"]].to_numpy()
+    target, anchor = (g["actual"] - g["anchor"]).to_numpy(), g["anchor"].to_numpy()
+    refits = decisions.inference.Refits(199, 5, stop=10)
+    test = decisions.outlier_test(base, extra, target, anchor, flagged, labels, refits, n_boot=10)
+    p, done = one_refit_at_a_time(base, extra, target, anchor, flagged, labels, refits)
+    assert (test.p_value, test.n_perm) == (p, done)
+    assert done == 199 if family == "vr_tp0" else done < 100
+
+
 def test_a_noise_family_is_not_flagged_beyond_its_nominal_rate():
     params = analysis_params()
     p = [

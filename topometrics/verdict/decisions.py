@@ -42,10 +42,7 @@ def pair_order_accuracy(predicted, final, within=None) -> float:
     counts one half (a coin flip). A pair with a non-finite value in either array is not counted.
     Without ties the share is (1 + tau) / 2, tau = Kendall's rank correlation of the two arrays.
 
-    Returns
-    -------
-    float
-        In [0, 1]; NaN when no pair is counted.
+    Returns a float in [0, 1]; NaN when no pair is counted.
     """
     p, f = np.asarray(predicted, dtype=float), np.asarray(final, dtype=float)
     if p.shape != f.shape or p.ndim != 1:
@@ -259,7 +256,7 @@ def outlier_test(
     refits = inference.Refits() if refits is None else refits
     groups, cells, n_perm, seed, stop = labels.groups, labels.cells, refits.n_perm, refits.seed, refits.stop
     base, extra, target, anchor = (np.asarray(a, float) for a in (base, extra, target, anchor))
-    folds = inference.base_folds(base, target, groups, candidates)
+    folds = inference.shared_base_folds(base, target, groups, candidates)  # every family's at this fraction
     with_ = inference.with_family(folds, extra, groups)
     paired = np.isfinite(folds.without) & np.isfinite(with_)
     flag = np.asarray(outlier, bool) & paired
@@ -277,12 +274,14 @@ def outlier_test(
         return OutlierTest(before, after, low, high, float("nan"), 0, min_p)
     rng = np.random.default_rng(seed)
     hits = done = 0
-    while done < n_perm:
-        moved = extra[within_cell_permutation(cells, rng)]
-        hits += auroc(inference.with_family(folds, moved, groups)) - before >= observed - 1e-12
-        done += 1
-        if stop and hits >= stop:
-            return OutlierTest(before, after, low, high, hits / done, done, min_p)
+    while done < n_perm:  # in stacks, the draws and their order those of one refit at a time (as family_test)
+        size = min(inference.REFIT_STACK, n_perm - done)
+        moved = extra[np.array([within_cell_permutation(cells, rng) for _ in range(size)])]
+        for refit in inference.with_family(folds, moved, groups):
+            hits += auroc(refit) - before >= observed - 1e-12
+            done += 1
+            if stop and hits >= stop:
+                return OutlierTest(before, after, low, high, hits / done, done, min_p)
     return OutlierTest(before, after, low, high, (1 + hits) / (1 + done), done, min_p)
 
 
