@@ -131,6 +131,18 @@ def test_distances_equal_persim(sizes):
     assert bottleneck_distance(a, b) == pytest.approx(persim.bottleneck(a, b), abs=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_bottleneck_of_nearby_diagrams_equals_persims(seed):
+    """Consecutive checkpoints' diagrams: each bar moves a little, so the bounds the search starts from (each bar's
+    cheaper of its nearest partner and the diagonal; the longest half lifetime) are tight."""
+    rng = np.random.default_rng(seed)
+    a = random_diagram(rng, 40)
+    b = np.vstack([a[:-3] + rng.normal(0, 0.01, (37, 2)), random_diagram(rng, 2)])
+    b[:, 1] = np.maximum(b[:, 1], b[:, 0])
+    assert bottleneck_distance(a, b) == pytest.approx(persim.bottleneck(a, b), abs=1e-12)
+    assert bottleneck_distance(b, a) == bottleneck_distance(a, b)
+
+
 def test_infinite_bars_are_dropped_explicitly():
     a = np.array([[0.0, 1.0], [0.0, np.inf]])
     b = np.array([[0.0, 1.5], [0.0, np.inf]])

@@ -270,11 +270,13 @@ def _digest(windows: tuple[Iterates | str, ...]) -> str:
 
 def _diagrams(frame: pd.DataFrame) -> CheckpointFeatures:
     """The diagrams of a diagram shard back as ``{(source, layer): [H0 bars, H1 bars]}`` (finite bars)."""
-    out = CheckpointFeatures()
-    for (source, layer), part in frame.groupby(["source", "layer"], sort=False):
-        out.diagrams[(source, layer)] = [
-            part.loc[part["dim"] == dim, ["birth", "death"]].to_numpy(np.float64) for dim in (0, 1)
-        ]
+    out, rows = CheckpointFeatures(), {}
+    for i, key in enumerate(zip(frame["source"].tolist(), frame["layer"].tolist(), strict=True)):
+        rows.setdefault(key, []).append(i)  # first appearance order, rows in order (a groupby's, 5x faster)
+    dims, bars = frame["dim"].to_numpy(), frame[["birth", "death"]].to_numpy(np.float64)
+    for key, index in rows.items():
+        index = np.asarray(index)
+        out.diagrams[key] = [bars[index[dims[index] == dim]] for dim in (0, 1)]
     return out
 
 
