@@ -19,7 +19,9 @@ Builds a project from this checkout's pipeline in one of two layouts, then times
 The phases:
 
 1. ``dvc repro train``: training;
-2. ``dvc repro``: everything after it (the features of every run, the series, analysis, warehouse, report);
+2. everything after it: ``dvc repro features`` (the features of every run), then ``dvc repro`` (the series,
+   analysis, warehouse, report), timed apart (``features_stage_s``, ``after_features_s``; the second DVC start
+   costs a second or two), with the checkpoints the features stage wrote from another run's (``shared``);
 3. ``dvc repro -f features`` with every shard current: the stage's whole cost when nothing is computed
    (DVC's hashing and lock, the process, the checkpoints' hashing), per run;
 4. ``python stages/features.py`` alone, every shard current: the same without DVC, per run.
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -134,6 +137,12 @@ def timed(cmd: list[str], project: Path, log: Path) -> float:
     return seconds
 
 
+def shared_checkpoints(log: str) -> int:
+    """The checkpoints the last features stage in ``log`` wrote from another run's (its summary line's count)."""
+    found = re.findall(r"^features: \d+ runs, .*?(?:; (\d+) the same as another run's.*)?$", log, re.MULTILINE)
+    return int(found[-1] or 0) if found else 0
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench sweep", description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=4, help="seeds per rung (runs = 2 x seeds)")
@@ -153,12 +162,13 @@ def main(argv: list[str]) -> int:
         params = layout_params(args.layout, args.seeds, args.steps, args.ckpt_every, args.corpus)
         runs = make_project(project, params)
         stage = [sys.executable, "stages/features.py", "--runs", "data/runs", "--corpus", "data/corpus"]
-        phases = {
-            "train_s": timed(["dvc", "repro", "train"], project, log),
-            "post_training_s": timed(["dvc", "repro"], project, log),
-            "current_dvc_s": timed(["dvc", "repro", "-f", "features"], project, log),
-            "current_stage_s": timed([*stage, "--out", "data/features"], project, log),
-        }
+        phases = {"train_s": timed(["dvc", "repro", "train"], project, log)}
+        phases["features_stage_s"] = timed(["dvc", "repro", "features"], project, log)
+        shared = shared_checkpoints(log.read_text())
+        phases["after_features_s"] = timed(["dvc", "repro"], project, log)
+        phases["post_training_s"] = phases["features_stage_s"] + phases["after_features_s"]
+        phases["current_dvc_s"] = timed(["dvc", "repro", "-f", "features"], project, log)
+        phases["current_stage_s"] = timed([*stage, "--out", "data/features"], project, log)
         for name, seconds in phases.items():
             print(f"sweep: {name} {seconds:.1f} s ({runs} runs)")
         result = {
@@ -169,6 +179,7 @@ def main(argv: list[str]) -> int:
             "corpus": params["data"]["corpus"],
             **{k: round(v, 2) for k, v in phases.items()},
             "post_over_train": round(phases["post_training_s"] / phases["train_s"], 3),
+            "shared_checkpoints": shared,
             "current_s_per_run": round(phases["current_dvc_s"] / runs, 3),
             "current_stage_s_per_run": round(phases["current_stage_s"] / runs, 3),
             "load_average": os.getloadavg(),

@@ -1,6 +1,9 @@
 """bench sweep's projects: the tiny layout and the 96-run character sweep's, as params.yaml declares them."""
 
+import json
 from pathlib import Path
+
+import pytest
 
 from bench.sweep import layout_params, make_project
 from topometrics.params import load_params
@@ -45,3 +48,25 @@ def test_the_bpe96_layout_declares_the_bpe_confirmation_sweeps_runs_and_its_own_
     )
     assert primary.baseline == "norm+curvature" and params.features.hessian_exact_max == 0
     assert params.data.corpus == str(text.resolve())
+
+
+def test_the_shared_checkpoints_are_read_from_the_features_stages_summary_line():
+    from bench.sweep import shared_checkpoints
+
+    head = "features: 96 runs, 2016 checkpoints, 0 failed, 0 runs without checkpoints, 505.9 s (5.27 s per run)"
+    log = f"Running stage 'features':\n{head}; 120 the same as another run's (equal weights), computed once\n"
+    assert shared_checkpoints(log) == 120
+    assert shared_checkpoints(log + f"{head}\n") == 0  # the last stage's line counts
+    assert shared_checkpoints("features@a: 4 checkpoints, 4 computed\n") == 0  # one run: no summary line
+
+
+@pytest.mark.slow
+def test_a_tiny_sweep_times_its_features_stage_and_the_rest_apart(tmp_path: Path, capsys):
+    from bench.sweep import main
+
+    assert main(["--seeds", "3", "--steps", "20", "--ckpt-every", "10", "--keep", str(tmp_path)]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert result["runs"] == 6 and result["shared_checkpoints"] == 0  # two rungs, no recipes: nothing shared
+    assert result["post_training_s"] == pytest.approx(result["features_stage_s"] + result["after_features_s"], abs=0.02)
+    assert result["post_over_train"] == pytest.approx(result["post_training_s"] / result["train_s"], abs=2e-3)
+    assert (tmp_path / "project" / "data" / "warehouse.duckdb").is_file()  # the rest ran after the features
