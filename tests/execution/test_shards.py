@@ -195,6 +195,12 @@ def test_compute_shards_computes_tasks_of_one_fingerprint_once_when_it_can_relab
         None, [Task(t.key, t.fingerprint, t.job, tmp_path / "c") for t in twins], counted, in_process, ("features",)
     )
     assert calls == [0, 0] and not again.copied
+    # one of its fingerprint already current (a recipe added to a finished sweep): read back, nothing computed
+    added = Task(ShardKey("tiny", "d", 3, 0), twins[0].fingerprint, 0, tmp_path / "d")
+    third = compute_shards(None, [twins[0], added], counted, in_process, ("features",), relabel)
+    assert calls == [0, 0] and third.reused == [twins[0].key] and third.computed == third.copied == [added.key]
+    d = pd.read_parquet(added.key.folder(tmp_path / "d") / "features.parquet")
+    assert d.equals(a.assign(seed=3)) and is_current(tmp_path / "d", added.key, added.fingerprint, ("features",))
 
 
 def flip_a_page_byte(path):

@@ -73,3 +73,30 @@ def test_checkpoints_of_several_runs_with_equal_weights_are_computed_once_and_a_
     assert {k.step for k in again[tmp_path / "cut"].computed} == set(STEPS)  # the config is in the fingerprint
     cut, _ = read_back(tmp_path / "out" / "cut")
     same_rows(cut.assign(seed=42), features, ["step", "layer", "feature"])
+
+
+def test_a_run_added_to_a_finished_sweep_reads_its_shared_checkpoints_back_byte_for_byte(tiny, tmp_path):
+    """A recipe added to a finished sweep starts from weights the sweep has: their current shards are read back
+    and written under the new run's keys, the same bytes (the trajectory iterate in the footer included) as a
+    sweep of both runs at once writes from the computed result."""
+    import json
+    import shutil
+
+    from topometrics.features.sweep import RunShards, sweep_shards
+
+    root, _, _ = tiny
+    shutil.copytree(root / "run", tmp_path / "b")
+    for sidecar in (tmp_path / "b").glob("step_*.json"):
+        sidecar.write_text(json.dumps(json.loads(sidecar.read_text()) | {"seed": 7}))
+    shutil.copytree(root / "expected", tmp_path / "later" / "a")  # the finished sweep: a's shards, current
+
+    def sweep(out):
+        return sweep_shards([RunShards(root / "run", out / "a"), RunShards(tmp_path / "b", out / "b")],
+                            root / "corpus", PARAMS)  # fmt: skip
+
+    later, together = sweep(tmp_path / "later"), sweep(tmp_path / "together")
+    assert not later[root / "run"].computed and {k.step for k in later[tmp_path / "b"].copied} == set(STEPS)
+    assert {k.step for k in together[tmp_path / "b"].copied} == set(STEPS)
+    files = sorted(p.relative_to(tmp_path / "together") for p in (tmp_path / "together" / "b").rglob("*.parquet"))
+    assert len(files) == 3 * len(STEPS)  # features, diagrams, distances
+    assert all((tmp_path / "later" / f).read_bytes() == (tmp_path / "together" / f).read_bytes() for f in files)

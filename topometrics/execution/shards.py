@@ -167,9 +167,8 @@ def write_shard(
 def _hashed_parquet(table: pa.Table, metadata: dict[bytes, bytes]) -> bytes:
     """The Parquet file of ``table`` whose footer holds ``metadata`` and its content hash (:func:`_content_sha256`).
 
-    The pages come before the footer and do not depend on its key-value metadata, so the file is
-    encoded twice in memory: once to hash the pages, once with the hash in the footer (shards are
-    small; the check that both encodings hold the same pages keeps that assumption honest).
+    The pages come before the footer and do not depend on its key-value metadata, so the file is encoded twice in
+    memory: to hash the pages, then with the hash in the footer (a check that both hold the same pages keeps it so).
     """
     pages = _pages_sha256(_parquet_bytes(table, metadata))
     data = _parquet_bytes(table, metadata | {CONTENT_KEY.encode(): _content_sha256(pages, metadata).encode()})
@@ -198,8 +197,7 @@ def _pages_sha256(data: bytes) -> str:
 
 
 def content_problem(path: Path) -> str | None:
-    """``<file>: <why>`` when a shard file's data pages, fingerprint and info are not those its footer hashes,
-    else None.
+    """``<file>: <why>`` when a shard file's pages, fingerprint and info are not those its footer hashes, else None.
 
     Reads the whole file (a footer-only read cannot see a changed page). A file without the hash
     was written before shards carried one, and one whose hash covers its pages only before it covered
@@ -299,8 +297,7 @@ class Task:
 
 @dataclass
 class ShardRun:
-    """What :func:`compute_shards` did: keys computed, reused (already current) and failed (with why),
-    and the shards found damaged (with why), which were recomputed."""
+    """What :func:`compute_shards` did: keys computed, reused (current), failed and found damaged (recomputed)."""
 
     computed: list[ShardKey] = field(default_factory=list)
     reused: list[ShardKey] = field(default_factory=list)
@@ -336,39 +333,57 @@ def compute_shards(
     yields ``(index, result)``. Each result is written as soon as it arrives, so a killed run keeps
     what it finished. A shard whose pages changed after it was written is recomputed and listed in
     ``damaged``. A task with its own ``root`` is written there (``root`` may then be None): the jobs of
-    every run of a sweep share one pool. ``relabel(result, key)``: ``result`` as the tables of ``key``; given,
-    tasks with equal fingerprints (equal inputs, params and code: equal shards but for their keys) are computed
-    once and the others written from that result through it, listed in ``copied`` too (a sweep's recipes that
-    start from the same initial weights).
+    every run of a sweep share one pool. ``relabel(result, key)``, ``result`` as ``key``'s tables: given, tasks of
+    one fingerprint (equal shards but for their keys: a sweep's recipes from the same initial weights) are
+    computed once, or read back from a current shard of it, and written for the others through it (``copied``).
     """
     for folder in {task.root or root for task in tasks}:
         remove_temporaries(folder)
-    run, todo = ShardRun(), []
+    run, todo, current = ShardRun(), [], {}
     for task in tasks:
         state = shard_state(task.root or root, task.key, task.fingerprint, tables)
         if state is None:
             run.reused.append(task.key)
+            current.setdefault(task.fingerprint, task)
             continue
         todo.append(task)
         if state != "stale":
             run.damaged[task.key] = state
-    unique, copies = _once_each(todo, relabel is not None)
-    for i, result in map_jobs(fn, [t.job for t in unique]):
-        for task in (unique[i], *copies[i]):
+
+    def write(source: Task | None, result, tasks: list[Task]) -> None:  # source: whose result it is (None: read)
+        for task in tasks:
             if isinstance(result, BaseException):
                 run.failed[task.key] = str(result)
                 continue
-            found = result if task is unique[i] else relabel(result, task.key)
+            found = result if task is source else relabel(result, task.key)
             write_shard(task.root or root, task.key, task.fingerprint, {t: found[t] for t in tables}, found.get("info"))
             run.computed.append(task.key)
-            if task is not unique[i]:
-                run.copied.append(task.key)
+            run.copied += [] if task is source else [task.key]
+
+    unique, copies = _once_each(todo, relabel is not None)
+    jobs = [i for i, task in enumerate(unique) if relabel is None or task.fingerprint not in current]
+    for i in sorted(set(range(len(unique))) - set(jobs)):
+        held = current[unique[i].fingerprint]
+        write(None, read_shard(held.root or root, held.key, tables), [unique[i], *copies[i]])
+    for j, result in map_jobs(fn, [unique[i].job for i in jobs]):
+        write(unique[jobs[j]], result, [unique[jobs[j]], *copies[jobs[j]]])
     return run
 
 
+def read_shard(root: Path, key: ShardKey, tables: Iterable[str]) -> dict:
+    """A shard's tables by name and its ``info`` (if any) as its job returned them: written again, the same bytes
+    (the columns its writer held as Python objects are objects again, not the strings pandas would infer)."""
+    out = {}
+    for name in tables:
+        table = pq.read_table(key.folder(root) / f"{name}.parquet")
+        held = json.loads(table.schema.metadata[b"pandas"])["columns"]
+        out[name] = table.to_pandas().astype({c["name"]: object for c in held if c["numpy_type"] == "object"})
+    info = stored_info(key.folder(root) / f"{name}.parquet")
+    return out if info is None else out | {"info": info}
+
+
 def _once_each(tasks: list[Task], share: bool) -> tuple[list[Task], list[list[Task]]]:
-    """``(unique, copies)``: the tasks to compute, and for each the later tasks of its fingerprint (all of them
-    unique, none copies, unless ``share``)."""
+    """``(unique, copies)``: one task per fingerprint, and for each the others of it (unless ``share``: none)."""
     unique, copies, first = [], [], {}
     for task in tasks:
         if share and task.fingerprint in first:
@@ -399,9 +414,7 @@ class ShardScan:
         if not self.other:
             return None
         n = sum(map(len, self.other.values()))
-        kinds = ", ".join(
-            f"{len(files)} with params {digest} (e.g. {files[0]})" for digest, files in self.other.items()
-        )
+        kinds = ", ".join(f"{len(f)} with params {digest} (e.g. {f[0]})" for digest, f in self.other.items())
         return f"{self.root}: {n} {self.table} shards computed with other feature params are not read: {kinds}"
 
     def relation(self) -> str:
@@ -413,10 +426,9 @@ class ShardScan:
 
 
 def scan(con, root: str | Path, table: str, params: str) -> ShardScan:
-    """Find ``<root>/**/<table>.parquet`` with DuckDB and split the files by feature-params digest.
-
-    ``root`` may be a local folder or an object-store URL (``s3://bucket/prefix``; DuckDB's httpfs,
-    credentials from a DuckDB secret, never from params.yaml). Only footers are read.
+    """Find ``<root>/**/<table>.parquet`` with DuckDB and split the files by feature-params digest; only footers
+    are read. ``root``: a local folder or an object-store URL (``s3://bucket/prefix``; DuckDB's httpfs, credentials
+    from a DuckDB secret, never from params.yaml).
     """
     pattern = f"{str(root).rstrip('/')}/**/{table}.parquet"
     files = sorted(r[0] for r in con.execute("SELECT file FROM glob(?)", [pattern]).fetchall())
