@@ -274,14 +274,11 @@ def outlier_test(
         return OutlierTest(before, after, low, high, float("nan"), 0, min_p)
     rng = np.random.default_rng(seed)
     hits = done = 0
-    while done < n_perm:  # in stacks, the draws and their order those of one refit at a time (as family_test)
-        size = min(inference.REFIT_STACK, n_perm - done)
-        moved = extra[np.array([within_cell_permutation(cells, rng) for _ in range(size)])]
-        for refit in inference.with_family(folds, moved, groups):
-            hits += auroc(refit) - before >= observed - 1e-12
-            done += 1
-            if stop and hits >= stop:
-                return OutlierTest(before, after, low, high, hits / done, done, min_p)
+    for refit in inference.stacked_refits(folds, extra, groups, lambda: within_cell_permutation(cells, rng), n_perm):
+        hits += auroc(refit) - before >= observed - 1e-12
+        done += 1
+        if stop and hits >= stop:
+            return OutlierTest(before, after, low, high, hits / done, done, min_p)
     return OutlierTest(before, after, low, high, (1 + hits) / (1 + done), done, min_p)
 
 

@@ -314,21 +314,30 @@ def family_test(
     # route than the observed one's (equal to ~1e-10), and an identity permutation must still reach it
     tie = TIE * float(np.nanmean((y - folds.without) ** 2))
     hits = low = done = 0
-    while done < n_perm:
-        # the refits in stacks (the same draws in the same order as one at a time; a stack's draws past an
-        # early stop are never counted): the Python work is per stack, not per refit
-        size = min(REFIT_STACK, n_perm - done)
-        orders = [within_cell_permutation(cells, rng) if within else cell_permutation(rungs, cells, seeds, rng)
-                  for _ in range(size)]  # fmt: skip
-        for refit in with_family(folds, extra[np.array(orders)], groups):
-            moved = clark_west(y, folds.without, refit)
-            hits += moved >= observed - tie
-            low += moved <= observed + tie
-            done += 1
-            if stop and hits >= stop and low >= stop:
-                return FamilyTest(folds.without.copy(), with_, observed, hits / done, done, min_p, low / done)
+
+    def draw():
+        return within_cell_permutation(cells, rng) if within else cell_permutation(rungs, cells, seeds, rng)
+
+    for refit in stacked_refits(folds, extra, groups, draw, n_perm):
+        moved = clark_west(y, folds.without, refit)
+        hits += moved >= observed - tie
+        low += moved <= observed + tie
+        done += 1
+        if stop and hits >= stop and low >= stop:
+            return FamilyTest(folds.without.copy(), with_, observed, hits / done, done, min_p, low / done)
     return FamilyTest(folds.without.copy(), with_, observed, (1 + hits) / (1 + done), done, min_p,
                       (1 + low) / (1 + done))  # fmt: skip
+
+
+def stacked_refits(folds: Folds, extra: np.ndarray, groups, draw, n_perm: int):
+    """The ``n_perm`` refits of :func:`with_family` with ``extra``'s rows in the orders ``draw()`` gives, one
+    (n,) prediction at a time, fitted :data:`REFIT_STACK` at a time: the same draws in the same order as one
+    refit at a time (a stack's draws past a caller's early stop are never used), the Python work per stack."""
+    done = 0
+    while done < n_perm:
+        size = min(REFIT_STACK, n_perm - done)
+        yield from with_family(folds, extra[np.array([draw() for _ in range(size)])], groups)
+        done += size
 
 
 def cell_bounds(difference, cells, level: float = 0.95) -> tuple[float, float, float, int]:
