@@ -361,10 +361,10 @@ def compute_shards(
             run.copied += [] if task is source else [task.key]
 
     unique, copies = _once_each(todo, relabel is not None)
-    jobs = [i for i, task in enumerate(unique) if relabel is None or task.fingerprint not in current]
-    for i in sorted(set(range(len(unique))) - set(jobs)):
-        held = current[unique[i].fingerprint]
-        write(None, read_shard(held.root or root, held.key, tables), [unique[i], *copies[i]])
+    held = [current.get(task.fingerprint) if relabel else None for task in unique]  # a current shard of it
+    for i, source in ((i, h) for i, h in enumerate(held) if h is not None):
+        write(None, read_shard(source.root or root, source.key, tables), [unique[i], *copies[i]])
+    jobs = [i for i, source in enumerate(held) if source is None]
     for j, result in map_jobs(fn, [unique[i].job for i in jobs]):
         write(unique[jobs[j]], result, [unique[jobs[j]], *copies[jobs[j]]])
     return run
@@ -378,8 +378,8 @@ def read_shard(root: Path, key: ShardKey, tables: Iterable[str]) -> dict:
         table = pq.read_table(key.folder(root) / f"{name}.parquet")
         held = json.loads(table.schema.metadata[b"pandas"])["columns"]
         out[name] = table.to_pandas().astype({c["name"]: object for c in held if c["numpy_type"] == "object"})
-    info = stored_info(key.folder(root) / f"{name}.parquet")
-    return out if info is None else out | {"info": info}
+    info = table.schema.metadata.get(INFO_KEY.encode())  # every file of a shard holds it: the last one read
+    return out if info is None else out | {"info": json.loads(info)}
 
 
 def _once_each(tasks: list[Task], share: bool) -> tuple[list[Task], list[list[Task]]]:
