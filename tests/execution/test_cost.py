@@ -87,3 +87,13 @@ def test_families_that_do_not_fit_are_taken_out_with_the_gb_they_need(tmp_path):
     assert all(f"{family} skipped on every checkpoint: needs ~" in "\n".join(lines) for family in largest)
     plenty, _ = affordable("s", checkpoints, params, lines.append, available=64 * cost.GIB)
     assert plenty is params
+
+
+def test_on_cuda_the_plan_says_its_seconds_are_the_cpus_rates_only_when_a_family_runs_the_model():
+    costs = cost.checkpoint_costs(85_000_000, ["np", "gradient", "landscape"])
+    assert "cuda" not in cost.plan_line(85_000_000, costs, device="cpu")
+    line = cost.plan_line(85_000_000, costs, device="cuda")
+    assert "(gradient, landscape will run on cuda: these are one CPU thread's rates" in line
+    assert line.startswith(cost.plan_line(85_000_000, costs))  # the same numbers, the caveat appended
+    weights_only = cost.checkpoint_costs(85_000_000, ["np", "vr"])
+    assert cost.plan_line(85_000_000, weights_only, device="cuda") == cost.plan_line(85_000_000, weights_only)

@@ -61,6 +61,8 @@ BYTES_PER_PARAMETER = {
 }
 FIXED_BYTES = 1 * GIB  # the interpreter, torch, transformers, the tokenizer
 GROUP = {name: "weights" for name in ("np", "vr", "spectral", "scale_free", "heavy_tail")}
+# The rated families that run the model, on ``features.device`` (the others read weights on the CPU).
+MODEL_RUNNING = ("gradient", "gradient_topology", "landscape", "curvature")
 
 
 @dataclass(frozen=True)
@@ -111,16 +113,27 @@ def skipped_families(families: Iterable[str], too_big: dict[str, str]) -> tuple[
     return tuple(f for f in families if GROUP.get(f, f) in too_big)
 
 
-def plan_line(parameters: int, costs: list[FamilyCost], checkpoints: int = 1, surface_every: int = 1) -> str:
+def plan_line(
+    parameters: int, costs: list[FamilyCost], checkpoints: int = 1, surface_every: int = 1, device: str = "cpu"
+) -> str:
     """One line: the model's size, each family's seconds and peak GB, and the total for ``checkpoints``, of which
-    every ``surface_every``-th from the first has the loss surface (``features.landscape_every``)."""
+    every ``surface_every``-th from the first has the loss surface (``features.landscape_every``).
+
+    ``device``: where the families that run the model run (``features.device`` resolved). On ``cuda`` the line
+    says that its seconds are the CPU's rates: no GPU rate has been measured, so it claims none."""
     parts = ", ".join(f"{c.family} {c.seconds:.0f} s / {c.peak_bytes / GIB:.1f} GB" for c in costs)
     surfaced = -(-checkpoints // surface_every)
     total = sum(c.seconds * (surfaced if c.family in ("landscape", "curvature") else checkpoints) for c in costs)
     peak = max((c.peak_bytes for c in costs), default=FIXED_BYTES)
+    on_gpu = [c.family for c in costs if c.family in MODEL_RUNNING]
+    caveat = (
+        f" ({', '.join(on_gpu)} will run on cuda: these are one CPU thread's rates, no GPU rate is measured yet)"
+        if device == "cuda" and on_gpu
+        else ""
+    )
     return (
         f"estimate for {parameters / 1e6:.1f}M parameters (one thread, per checkpoint): {parts}; "
-        f"{checkpoints} checkpoint(s): ~{total / 3600:.2f} h, peak ~{peak / GIB:.1f} GB"
+        f"{checkpoints} checkpoint(s): ~{total / 3600:.2f} h, peak ~{peak / GIB:.1f} GB{caveat}"
     )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from topometrics.atomic import file_sha256
 from topometrics.dynamics.trajectory import SERIES_SKETCH
@@ -192,7 +193,9 @@ def affordable(
         return params, why
     costs = cost.checkpoint_costs(sum(sizes), params.families)
     count = sum(not isinstance(c, dict) for c in checkpoints)
-    progress(f"{name}: {cost.plan_line(sum(sizes), costs, count, params.landscape_every)}")
+    cuda = params.device == "cuda" or (params.device == "auto" and torch.cuda.is_available())  # no raise here
+    device = "cuda" if cuda else "cpu"
+    progress(f"{name}: {cost.plan_line(sum(sizes), costs, count, params.landscape_every, device)}")
     too_big = cost.unaffordable(costs, available)
     for family, why in too_big.items():
         progress(f"{name}: {family} skipped on every checkpoint: {why}")
