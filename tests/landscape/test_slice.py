@@ -214,3 +214,19 @@ def test_an_exact_float32_product_reads_the_vector_in_place_and_is_linear():
     assert np.array_equal(v, before)
     np.testing.assert_allclose(hvp(3 * v), 3 * product, rtol=1e-4, atol=1e-6 * np.abs(product).max())
     assert np.array_equal(hvp(np.zeros(dim, dtype=np.float32)), np.zeros(dim))
+
+
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_the_grids_coefficients_live_on_the_weights_device(chunk):
+    # The meta device stands in for CUDA (no GPU here): like CUDA, it will not combine a CPU tensor of shape (1,)
+    # or a vmapped CPU coefficient with its own tensors, only a 0-dim CPU scalar.
+    params = {"w": torch.zeros(2, 3, device="meta"), "b": torch.zeros(3, device="meta")}
+    d1 = {k: torch.ones_like(v) for k, v in params.items()}
+    seen = []
+
+    def loss(moved):
+        seen.extend(v.device.type for v in moved.values())
+        return torch.zeros(())  # a CPU number: the meta tensors hold no values to sum
+
+    grid = loss_grid(loss, params, d1, d1, radius=1.0, n=3, chunk=chunk)
+    assert grid.shape == (3, 3) and set(seen) == {"meta"}

@@ -80,7 +80,9 @@ def filter_normalised(direction: Params, params: Params) -> Params:
 
 def loss_grid(loss: LossOfParams, params: Params, d1: Params, d2: Params, radius: float, n: int, chunk: int = 32):
     """``(n, n)`` float64 array of ``loss(theta + a d1 + b d2)`` on the grid; see the module docstring."""
-    steps = torch.linspace(-radius, radius, n, dtype=torch.float64)
+    # On the weights' device: CUDA combines a CPU tensor with its own only when it is a 0-dim scalar, and
+    # neither a (1,) slice of the loop nor vmap's batched coefficient is one.
+    steps = torch.linspace(-radius, radius, n, dtype=torch.float64, device=next(iter(params.values())).device)
     a, b = (t.reshape(-1) for t in torch.meshgrid(steps, steps, indexing="ij"))
     base = {k: v.detach() for k, v in params.items()}
 
@@ -107,7 +109,8 @@ def flat_hvp(loss: LossOfParams, params: Params) -> tuple[Callable[[np.ndarray],
 
     def hvp(v: np.ndarray) -> np.ndarray:
         tangent = unflatten(v, base)
-        _, product = jvp(grad(loss), (base,), (tangent,))
+        with sdpa_kernel(SDPBackend.MATH):  # the fused attention kernels have no forward-mode derivative on CUDA
+            _, product = jvp(grad(loss), (base,), (tangent,))
         return torch.cat([product[k].reshape(-1) for k in base]).double().cpu().numpy()
 
     return hvp, dim
@@ -185,7 +188,8 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
     ``v`` as the first backward pass reaches it and dropped, each part of ``H v`` is added into the result as
     the second pass produces it (``register_post_accumulate_grad_hook``). Memory: the model, ``v`` and the
     result (which ``v`` and the result may share with the caller: ``v`` is viewed, not copied), one window's
-    activations twice over, and one parameter's gradients. Attention runs on PyTorch's math kernel (the fused
+    activations twice over, and one parameter's gradients (on a GPU, ``v`` and the result there too, the result copied
+    back once per product). Attention runs on PyTorch's math kernel (the fused
     ones have no double backward). Agrees with the float64 products to about 1e-6 relative (tests).
     """
     leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}  # views of the weights: no copy
@@ -199,7 +203,9 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
         flat = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(device)
         tangent = {k: t.view_as(p) for (k, p), t in zip(leaves.items(), torch.split(flat, sizes), strict=True)}
         out = np.zeros(dim, dtype=np.float32)
-        parts = torch.split(torch.from_numpy(out), sizes)
+        # on a GPU the product is summed there and copied once: a copy per parameter and window waits each time
+        into = torch.from_numpy(out) if device.type == "cpu" else torch.zeros(dim, device=device)
+        parts = torch.split(into, sizes)
         result = {k: t.view_as(p) for (k, p), t in zip(leaves.items(), parts, strict=True)}
         terms: list[torch.Tensor] = []
 
@@ -208,7 +214,7 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
             p.grad = None  # also breaks the cycle a create_graph gradient on a leaf makes
 
         def added(p: torch.Tensor) -> None:  # second pass: this loss's share of H v
-            result[names[id(p)]].add_(p.grad.cpu(), alpha=1.0 / len(losses))
+            result[names[id(p)]].add_(p.grad, alpha=1.0 / len(losses))
             p.grad = None
 
         for loss in losses:
@@ -218,6 +224,8 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
                 total = torch.stack(terms).sum()
                 terms.clear()
                 torch.autograd.backward(total, inputs=list(leaves.values()))
+        if device.type != "cpu":
+            out[:] = into.cpu().numpy()
         _return_freed_heap()
         return out
 
