@@ -10,7 +10,9 @@ next still runs (a GPU session is short: one broken path must not hide the other
             (CPython's pydoc topics: nothing downloaded): runs per device, each run's status, tokens/s and
             final validation loss, the queue's wall time; beside it the CPU projection of the same runs, measured
             here: each rung's serial step on one CPU thread (bench.train), its whole run, and the longest-first
-            schedule of those runs over this machine's usable cores
+            schedule of those runs over this machine's usable cores; then the first run trained again, every
+            checkpoint compared bit for bit with the first training's (``retrained_bit_identical``: resuming a
+            run and moving it between workers rely on it; on CUDA, models.model.deterministic_on)
   features  every checkpoint of those runs through the features stage's path
             (topometrics.features.sweep.sweep_shards) with ``features.device``; then the last checkpoint of
             each run on the CPU and on the device: per feature, the largest relative difference
@@ -26,6 +28,10 @@ next still runs (a GPU session is short: one broken path must not hide the other
             surface's two for what a checkpoint costs without it)
   monitor   a Pythia-70m-shaped training loop with the TopologyMonitor against the same loop without it
             (bench.monitor.measure)
+
+At the full size the loss surface's trace is Hutchinson's with at most 16 probes on every model
+(:data:`FULL_FEATURES`, in the JSON as ``features_overrides``), so that the check fits one GPU session. The JSON
+is written after every section: a check stopped by a time limit keeps the sections it finished.
 
 ``--tiny`` runs the same code at a tiny size (the first two rungs for 40 steps, xl instead of the Pythia shapes,
 20 monitored steps, 5 × 5 slices, ≤ 6 Lanczos steps, windows of 32 tokens in the series): what the test runs on
@@ -76,6 +82,11 @@ SERIES_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads"
 # --tiny's feature settings: the same families on fewer points (the exact trace of the tiny rungs, one product per
 # parameter, and 338 slice points would make the CPU test minutes long)
 TINY_FEATURES = {"landscape_grid": 5, "hessian_iters": 6, "hessian_exact_max": 0, "hessian_probes_max": 16}
+# The full size's trace: Hutchinson's with at most 16 probes on every model. At params.yaml's settings the tiny and
+# small rungs take the exact trace (2,936 and 7,408 products a loss-surface checkpoint) and a random init's adaptive
+# trace up to 400: tens of minutes of small products that say nothing more about the device than 16 do, in a
+# check that must fit one GPU session. The JSON names the settings; a product's cost scales to the others.
+FULL_FEATURES = {"hessian_exact_max": 0, "hessian_probes_max": 16}
 
 
 def offline_corpus(root: Path) -> Path:
@@ -112,6 +123,7 @@ def train_section(params, root: Path, device: str, tiny: bool) -> dict:
     start = time.perf_counter()
     summaries = train_runs(runs, corpus, pool, log=print)
     wall = time.perf_counter() - start
+    same = retrained_identically(runs[0], corpus, device, root / "again")
     # one thread (run_section): as each process of the CPU queue runs
     cpu_run_s = {c.name: project(c, time_rung(c, "serial", 5, 2, torch.device("cpu"))) for c in cfgs}
     cores = usable_cores()
@@ -129,9 +141,25 @@ def train_section(params, root: Path, device: str, tiny: bool) -> dict:
         "cpu_queue_s": round(cpu_queue_s, 2),
         "cpu_cores": cores,
         "speedup_over_cpu_queue": round(cpu_queue_s / wall, 2) if wall > 0 else None,
+        "retrained_bit_identical": same,
         "run_dirs": [str(r.run_dir) for r in runs],
         "corpus": str(corpus),
     }
+
+
+def retrained_identically(run: RunFiles, corpus: Path, device: str, root: Path) -> dict:
+    """``run`` trained again into ``root`` on ``device``: whether every checkpoint's tensors equal the first
+    training's bit for bit (what resuming and moving a run between workers rely on), and how many differ."""
+    again = RunFiles(run.config, root / run.run_dir.name, root / "metrics.json", root / "curves.csv")
+    train_runs([again], corpus, plan_pool(device, 1, 0, 1), log=lambda line: None)
+    first, second = list_checkpoints(run.run_dir), list_checkpoints(again.run_dir)
+    differ = [a.step for a, b in zip(first, second, strict=True) if not _equal_states(a.path, b.path)]
+    return {"run": run.config.name, "checkpoints": len(first), "identical": not differ, "differ_at_steps": differ}
+
+
+def _equal_states(a: Path, b: Path) -> bool:
+    left, right = load_state(a), load_state(b)
+    return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
 
 
 def features_section(run_dirs: list[Path], corpus: Path, features: FeaturesParams, root: Path) -> dict:
@@ -301,27 +329,35 @@ def main(argv: list[str]) -> int:
         ap.error(str(err))
     params = load_params(args.params)
     features = dataclasses.replace(params.features, device=device.type, workers=max(1, usable_cores()))
-    if args.tiny:
-        features = dataclasses.replace(features, **TINY_FEATURES)
+    overrides = TINY_FEATURES if args.tiny else FULL_FEATURES
+    features = dataclasses.replace(features, **overrides)
     big, small = ("xl", "xl") if args.tiny else ("pythia-160m-shaped", "pythia70m")
-    report = {"tiny": args.tiny, "environment": environment(device)}
+    report = {"tiny": args.tiny, "environment": environment(device), "features_overrides": overrides}
+
+    def save() -> None:  # after every section: a check stopped by its time limit keeps what it finished
+        write_text(args.out, json.dumps(report, indent=1, default=str) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="bench-device-") as tmp:
         root = Path(tmp)
         trained = None
         if "train" in sections:
             trained = run_section(report, "train", train_section, params, root, device.type, args.tiny)
+            save()
         if trained is not None and "features" in sections:
             run_dirs, corpus = [Path(d) for d in trained["run_dirs"]], Path(trained["corpus"])
             run_section(report, "features", features_section, run_dirs, corpus, features, root)
+            save()
         if "series" in sections:
             seq_len = 32 if args.tiny else params.data.seq_len
             run_section(report, "series", series_section, root, features, seq_len)
+            save()
         if "families" in sections:
             one = dataclasses.replace(features, workers=1)
             run_section(report, "families", families_section, big, offline_corpus(root / "corpus"), one, families)
+            save()
         if "monitor" in sections:
             run_section(report, "monitor", monitor_section, small, device, args.tiny)
-    write_text(args.out, json.dumps(report, indent=1, default=str) + "\n")
+    save()
     seconds = ", ".join(f"{k} {v['section_s']:.0f} s" + (" (failed)" if "error" in v else "")
                         for k, v in report.items() if isinstance(v, dict) and "section_s" in v)  # fmt: skip
     print(f"device: wrote {args.out} ({report['environment']['device']}): {seconds}")

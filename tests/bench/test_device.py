@@ -29,6 +29,10 @@ def test_the_tiny_check_runs_every_section_and_its_numbers_follow_from_their_par
     assert {r["status"] for r in train["runs"].values()} == {"complete"} and len(train["runs"]) == 2
     assert all(r["tokens_per_s"] > 0 and r["checkpoints"] == 3 for r in train["runs"].values())
     assert train["runs_per_device"] == train["pool"]["workers"] / len(train["pool"]["devices"])
+    again = train["retrained_bit_identical"]  # the CPU's kernels are deterministic: the same run, the same bytes
+    assert again == {"run": again["run"], "checkpoints": 3, "identical": True, "differ_at_steps": []}
+    assert report["features_overrides"] == {"landscape_grid": 5, "hessian_iters": 6, "hessian_exact_max": 0,
+                                            "hessian_probes_max": 16}  # fmt: skip
     assert train["cpu_queue_s"] == pytest.approx(
         longest_first_s(list(train["cpu_run_s_one_thread"].values()), train["cpu_cores"]), abs=0.02
     )
@@ -88,3 +92,17 @@ def test_cuda_without_a_gpu_and_an_unknown_section_are_usage_errors(capsys):
     with pytest.raises(SystemExit):
         main(["--sections", "train,gpu"])
     assert "--sections: unknown ['gpu']" in capsys.readouterr().err
+
+
+def test_a_check_stopped_part_way_keeps_the_sections_it_finished(tmp_path, monkeypatch):
+    import bench.device as device
+
+    def stopped(*args):  # what a time limit's kill leaves: nothing after this point runs
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(device, "monitor_section", stopped)
+    out = tmp_path / "device.json"
+    with pytest.raises(KeyboardInterrupt):
+        main(["--tiny", "--device", "cpu", "--sections", "families,monitor", "--families", "np,vr", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert "monitor" not in report and set(report["families"]["seconds"]) == {"np", "vr"}

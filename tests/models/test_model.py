@@ -1,5 +1,9 @@
 """The GPT ladder: exact parameter counts (paper Table 1), causality, and learning."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -153,3 +157,19 @@ def test_the_residual_switch_leaves_default_metadata_unchanged_and_rebuilds_a_mo
     h = model.tok_emb(x) + model.pos_emb(torch.arange(8))
     torch.testing.assert_close(rebuilt.hidden_states(x), block.mlp(block.ln2(block.attn(block.ln1(h)))))
     assert "residual" not in json.dumps(default.to_dict())
+
+
+def test_deterministic_kernels_are_set_for_cuda_only_and_warn_rather_than_stop():
+    # process-wide settings: checked in a fresh interpreter, so no other test runs under them
+    script = (
+        "import os, torch\n"
+        "from topometrics.models.model import deterministic_on\n"
+        "deterministic_on(torch.device('cpu'))\n"
+        "print(torch.are_deterministic_algorithms_enabled(), os.environ.get('CUBLAS_WORKSPACE_CONFIG'))\n"
+        "deterministic_on(torch.device('cuda'))\n"  # sets flags only: no CUDA device is needed for that
+        "print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),"
+        " os.environ.get('CUBLAS_WORKSPACE_CONFIG'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.splitlines() == ["False None", "True True :4096:8"]

@@ -22,6 +22,7 @@ State-dict keys (also the checkpoint tensor names)::
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -204,6 +205,16 @@ def linear_modules(model: GPT) -> dict[str, nn.Linear]:
         for i, block in enumerate(model.blocks)
         for part, module in _LINEAR_PARTS.items()
     }
+
+
+def deterministic_on(device: torch.device) -> None:
+    """On CUDA, the kernels that make a run recompute bit-identically (a resumed run, a run moved to another worker):
+    cuBLAS's fixed workspace (read when its handle is made, at the first product: so before it) and PyTorch's
+    deterministic algorithms, process-wide (the memory-efficient attention's backward then takes its deterministic
+    path; ``warn_only``: an op without one warns rather than stopping the run). The CPU's kernels already are."""
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def pick_device(requested: str, key: str = "train.device") -> torch.device:

@@ -9,8 +9,10 @@ the data sampler's RNG state, and in its metadata the step, rung, seed and recip
 is written to ``resume.safetensors`` by one rename. A killed run restarts from the last
 checkpoint and, because the learning rate is a pure function of the step and no other
 randomness exists, ends with weights bit-identical to an uninterrupted run on the same device
-and thread count. Everything is checked before the run directory is touched, and the directory
-itself by topometrics.training.run_dir (whose run it is, whether its checkpoints are whole).
+and thread count (on CUDA with its deterministic kernels, ``models.model.deterministic_on``; ``python -m bench
+device`` trains a run twice there and compares every checkpoint's bytes). Everything is checked before the run
+directory is touched, and the directory itself by topometrics.training.run_dir (whose run it is, whether its
+checkpoints are whole).
 
 Observers (:class:`Observer`, e.g. a live monitor) watch a run train: they see the weights after
 every update and the validation loss of every checkpoint, and nothing they do reaches the run.
@@ -38,7 +40,7 @@ from tqdm import tqdm
 from topometrics.atomic import write_text
 from topometrics.models.checkpoints import list_checkpoints, save_checkpoint
 from topometrics.models.lr_schedule import DEFAULT_DECAY_FRACTION, DEFAULT_SHAPE, Schedule
-from topometrics.models.model import GPT, GPTConfig, count_parameters, pick_device
+from topometrics.models.model import GPT, GPTConfig, count_parameters, deterministic_on, pick_device
 from topometrics.models.tokens import bits_per_byte
 from topometrics.params import BASE_VARIANT, ParamsError, run_name
 from topometrics.params_variants import RECIPE_KEYS
@@ -303,6 +305,7 @@ def setup_run(
     """
     r = cfg.recipe
     dev = pick_device(device)
+    deterministic_on(dev)
     check_split_sizes("the prepared corpus (data.corpus)", int(train_ids.size), int(val_ids.size), cfg.model.context)
     check_step_memory(cfg.model, cfg.recipe.batch_size, cfg.name, cfg.variant, dev)
     fingerprint = recipe_fingerprint(cfg, corpus_sha256, tokenizer)
