@@ -16,13 +16,14 @@ from safetensors.torch import load_file
 from tests.repo_params import features_params
 from tests.run_helpers import config, corpus, files
 from tests.training.helpers import quiet
-from topometrics.execution.compute import usable_cores
+from topometrics.execution.compute import usable_cores, whole_job_executor
 from topometrics.features.monitor import RunMonitors
 from topometrics.models.bpe import TokenizerError
 from topometrics.models.checkpoints import CheckpointError, list_checkpoints
 from topometrics.models.model import GPTConfig
 from topometrics.models.tokens import load_tokens
 from topometrics.params import ParamsError, load_params
+from topometrics.training import run_queue
 from topometrics.training.corpus import offline_text
 from topometrics.training.monitor_log import read_log
 from topometrics.training.run_queue import (
@@ -47,6 +48,20 @@ def test_the_pool_fills_the_usable_cores_with_one_thread_each():
     assert plan_pool("cpu", 0, 0, 1000) == Pool(usable_cores(), 1, ("cpu",))
     assert plan_pool("cpu", 0, 0, 1).workers == 1  # never more processes than runs
     assert plan_pool("cpu", 3, 2, 10) == Pool(3, 2, ("cpu",))
+
+
+def _process_device(_):
+    time.sleep(0.05)  # long enough that every process of the pool takes jobs
+    return os.getpid(), run_queue._PROCESS_DEVICE
+
+
+def test_each_process_of_the_pool_holds_one_device_and_each_device_its_share_of_processes():
+    # labels only: nothing runs on them (no GPU here); what is checked is which process holds which
+    devices = ("cuda:0", "cuda:1")
+    init = (1, os.getpid(), run_queue.process_devices(devices, 4))
+    with whole_job_executor(None, 4, run_queue._init_worker, init) as pool:
+        held = dict(pool.map(_process_device, range(40)))
+    assert sorted(held.values()) == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]  # one per process, two per GPU
 
 
 def test_the_longest_runs_go_first_and_a_resumed_run_counts_what_is_left():

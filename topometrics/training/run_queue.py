@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -95,7 +96,7 @@ class Pool:
 
     workers: int
     threads: int
-    devices: tuple[str, ...]  # assigned round-robin to the runs in queue order
+    devices: tuple[str, ...]  # one per process, round-robin over the processes (a run takes its process's)
     compute: ComputeParams | None = None  # compute.cluster names a Dask cluster: the runs are its tasks
     resources: dict[str, float] | None = None  # what each run's task declares there (a share of a GPU)
 
@@ -202,11 +203,28 @@ def latest_monitored(run_dir: Path) -> dict | None:
     return latest_measurement(folder) if folder.is_dir() else None
 
 
-def _init_worker(threads: int, caller: int) -> None:
+# The device of this process of the local pool (None elsewhere: a Dask worker's runs take the device submitted).
+_PROCESS_DEVICE: str | None = None
+
+
+def process_devices(devices: Sequence[str], workers: int):
+    """A queue of ``workers`` device slots, ``devices`` round-robin, that the local pool's processes take one
+    each as they start: a process, not a run, holds a GPU, so each GPU has its share of processes whatever
+    order the runs finish in (runs placed by their position in the queue piled up on one GPU when the runs
+    before them on the other finished first)."""
+    slots = multiprocessing.get_context("spawn").Queue()
+    for i in range(workers):
+        slots.put(devices[i % len(devices)])
+    return slots
+
+
+def _init_worker(threads: int, caller: int, slots=None) -> None:
     # A SIGKILLed train stage runs no cleanup: without this its training processes (0.9-2 GB each) and,
     # through them, their monitors' workers would train on. The features pool's lifeline, reused.
+    global _PROCESS_DEVICE
     die_with(caller)
     torch.set_num_threads(threads)
+    _PROCESS_DEVICE = None if slots is None else slots.get(timeout=60)
 
 
 def _train_one(
@@ -221,6 +239,7 @@ def _train_one(
     training ends), then write its checkpoint table and summary into its run directory. Sets its own torch
     threads (a Dask worker runs no initializer); its lines reach the caller (``job_print``)."""
     torch.set_num_threads(threads)
+    device = _PROCESS_DEVICE or device
     with contextlib.ExitStack() as opened:
         observers = []
         for factory in observe:
@@ -322,12 +341,13 @@ def train_runs(
             run.run_dir.parent.mkdir(parents=True, exist_ok=True)
         corpus, parents = corpus_dir.resolve(), sorted({r.run_dir.parent.resolve() for r in todo})
         where = {"visible": [corpus, *parents], "resources": pool.resources}
-        init = (pool.threads, os.getpid())
+        local = pool.compute is None or pool.compute.cluster == LOCAL
+        init = (pool.threads, os.getpid(), process_devices(pool.devices, workers) if local else None)
         with whole_job_executor(pool.compute, workers, _init_worker, init, **where) as executor:
             futures: dict[Future, RunFiles] = {
                 executor.submit(_train_one, replace(r, run_dir=r.run_dir.resolve()), corpus, sha,
                                 pool.devices[i % len(pool.devices)], observe, pool.threads): r
-                for i, r in enumerate(todo)
+                for i, r in enumerate(todo)  # the device here serves a Dask worker; a local process has its own
             }  # fmt: skip
             pending = set(futures)
             while pending:
