@@ -16,7 +16,9 @@ next still runs (a GPU session is short: one broken path must not hide the other
   features  every checkpoint of those runs through the features stage's path
             (topometrics.features.sweep.sweep_shards) with ``features.device``; then the last checkpoint of
             each run on the CPU and on the device: per feature, the largest relative difference
-            (``cpu_vs_device``; the tolerance docs/features.md states)
+            (``cpu_vs_device``; the tolerance docs/features.md states), and the seconds of each side
+            (``last_checkpoints_s``: whether ``features.device: auto`` should send the ladder's small models to a
+            GPU at all, where a kernel launch may cost more than their arithmetic)
   series    a Hugging Face checkpoint folder (a GPT-NeoX saved here with save_pretrained and a byte-level BPE
             tokenizer trained on the offline text) through the series path
             (topometrics.series.checkpoint.series_checkpoint_features) on the CPU and on the device: seconds of
@@ -171,12 +173,14 @@ def features_section(run_dirs: list[Path], corpus: Path, features: FeaturesParam
     n_ckpts = sum(len(list_checkpoints(d)) for d in run_dirs)
     tokens = load_tokens(corpus, "val")
     worst: dict[str, float] = {}
+    seconds = {"cpu": 0.0, "device": 0.0}  # the same checkpoints one at a time: is the device faster for them?
     for run_dir in run_dirs:
         last = list_checkpoints(run_dir)[-1]
-        rows = {
-            side: _rows(load_state(last.path), last.config, tokens, dataclasses.replace(features, device=device))
-            for side, device in (("cpu", "cpu"), ("device", features.device))
-        }
+        rows = {}
+        for side, device in (("cpu", "cpu"), ("device", features.device)):
+            start = time.perf_counter()
+            rows[side] = _rows(load_state(last.path), last.config, tokens, dataclasses.replace(features, device=device))
+            seconds[side] += time.perf_counter() - start
         for key, (a, b) in _paired(rows["cpu"], rows["device"]).items():
             worst[key[1]] = max(worst.get(key[1], 0.0), relative_difference(a, b))
     return {
@@ -184,6 +188,7 @@ def features_section(run_dirs: list[Path], corpus: Path, features: FeaturesParam
         "checkpoints": n_ckpts,
         "wall_s": round(wall, 2),
         "s_per_checkpoint": round(wall / max(1, n_ckpts), 3),
+        "last_checkpoints_s": {side: round(v, 2) for side, v in seconds.items()},  # one thread; with the surface
         "cpu_vs_device": dict(sorted(worst.items(), key=lambda kv: -kv[1])),
         "largest_difference": max(worst.values(), default=0.0),
     }

@@ -41,6 +41,7 @@ def test_the_tiny_check_runs_every_section_and_its_numbers_follow_from_their_par
     assert features["device"] == "cpu" and features["checkpoints"] == 6
     # the CPU against itself: the same code on the same checkpoint gives the same values, bit for bit
     assert features["largest_difference"] == 0.0
+    assert set(features["last_checkpoints_s"]) == {"cpu", "device"} and min(features["last_checkpoints_s"].values()) > 0
     assert {"np_norm", "grad_norm", "ls_rand_range", "hess_eig1", "hess_trace"} <= set(features["cpu_vs_device"])
 
     series = report["series"]
