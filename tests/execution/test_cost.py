@@ -5,6 +5,7 @@ import tracemalloc
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from safetensors.numpy import save_file
 
 from tests.repo_params import features_params
@@ -97,3 +98,20 @@ def test_on_cuda_the_plan_says_its_seconds_are_the_cpus_rates_only_when_a_family
     assert line.startswith(cost.plan_line(85_000_000, costs))  # the same numbers, the caveat appended
     weights_only = cost.checkpoint_costs(85_000_000, ["np", "vr"])
     assert cost.plan_line(85_000_000, weights_only, device="cuda") == cost.plan_line(85_000_000, weights_only)
+
+
+def test_the_curvature_is_told_at_its_least_and_most_probes_and_the_plan_gives_both_totals():
+    rated = cost.checkpoint_costs(85_000_000, ["np", "curvature"])
+    weights, curvature = cost.checkpoint_costs(85_000_000, ["np", "curvature"], probes=(8, 400))
+    assert weights == rated[0] and weights.seconds_max is None
+    # the rate is of 50 products (42 + 8 probes): at 8 probes the same seconds, at 400 the products of 442
+    assert curvature.seconds == pytest.approx(rated[1].seconds, rel=1e-12)
+    assert curvature.seconds_max == pytest.approx(rated[1].seconds * 442 / 50, rel=1e-12)
+    assert cost.checkpoint_costs(85_000_000, ["curvature"], probes=(16, 16))[0].seconds == pytest.approx(
+        rated[1].seconds * 58 / 50, rel=1e-12
+    )
+    line = cost.plan_line(85_000_000, [weights, curvature], checkpoints=19, surface_every=5)
+    assert f"curvature {curvature.seconds:.0f} s (up to {curvature.seconds_max:.0f} s at a random init)" in line
+    low, high = (19 * weights.seconds + 4 * s for s in (curvature.seconds, curvature.seconds_max))
+    assert f"~{low / 3600:.2f} h (up to ~{high / 3600:.2f} h if every trace takes its most probes)" in line
+    assert "up to" not in cost.plan_line(85_000_000, rated[:1])

@@ -65,25 +65,39 @@ GROUP = {name: "weights" for name in ("np", "vr", "spectral", "scale_free", "hea
 MODEL_RUNNING = ("gradient", "gradient_topology", "landscape", "curvature")
 
 
+# The curvature rate's products (see SECONDS_PER_MILLION): two Lanczos passes and the deflation's, then one a probe.
+CURVATURE_FIXED_PRODUCTS, RATED_PROBES = 42, 8
+
+
 @dataclass(frozen=True)
 class FamilyCost:
     family: str  # a rate's key ("weights" stands for the five weight families)
     seconds: float  # one thread, one checkpoint
     peak_bytes: int  # the process's peak while it runs
+    seconds_max: float | None = None  # the most it can take (the curvature's trace at its most probes), if more
 
 
-def checkpoint_costs(parameters: int, families: Iterable[str], surface: bool = True) -> list[FamilyCost]:
+def checkpoint_costs(
+    parameters: int, families: Iterable[str], surface: bool = True, probes: tuple[int, int] | None = None
+) -> list[FamilyCost]:
     """The cost of each rated family among ``families`` for one checkpoint of ``parameters`` parameters.
 
     ``surface`` False leaves out landscape and curvature (a checkpoint off ``features.landscape_every``).
     Families without a rate (representation, distance: one forward pass, or distances of kept iterates)
-    are not listed."""
+    are not listed. ``probes``: ``features.hessian_probes`` and ``hessian_probes_max``; the curvature then costs
+    its products at the least probes (a trained checkpoint's trace stops there) and, as ``seconds_max``, at
+    the most (a random initialisation's can take them all), at the rate's cost per product."""
     keys = dict.fromkeys(GROUP.get(f, f) for f in families)
     keys = [k for k in keys if k in SECONDS_PER_MILLION and (surface or k not in ("landscape", "curvature"))]
-    return [
+    costs = [
         FamilyCost(k, SECONDS_PER_MILLION[k] * parameters / 1e6, FIXED_BYTES + BYTES_PER_PARAMETER[k] * parameters)
         for k in keys
     ]
+    if probes is None:
+        return costs
+    product = SECONDS_PER_MILLION["curvature"] * parameters / 1e6 / (CURVATURE_FIXED_PRODUCTS + RATED_PROBES)
+    least, most = ((CURVATURE_FIXED_PRODUCTS + n) * product for n in probes)
+    return [FamilyCost(c.family, least, c.peak_bytes, most) if c.family == "curvature" else c for c in costs]
 
 
 def available_bytes() -> int:
@@ -121,9 +135,19 @@ def plan_line(
 
     ``device``: where the families that run the model run (``features.device`` resolved). On ``cuda`` the line
     says that its seconds are the CPU's rates: no GPU rate has been measured, so it claims none."""
-    parts = ", ".join(f"{c.family} {c.seconds:.0f} s / {c.peak_bytes / GIB:.1f} GB" for c in costs)
+    parts = ", ".join(
+        f"{c.family} {c.seconds:.0f} s"
+        + (f" (up to {c.seconds_max:.0f} s at a random init)" if c.seconds_max else "")
+        + f" / {c.peak_bytes / GIB:.1f} GB"
+        for c in costs
+    )
     surfaced = -(-checkpoints // surface_every)
-    total = sum(c.seconds * (surfaced if c.family in ("landscape", "curvature") else checkpoints) for c in costs)
+
+    def total_of(seconds) -> float:
+        return sum(seconds(c) * (surfaced if c.family in ("landscape", "curvature") else checkpoints) for c in costs)
+
+    total, most = total_of(lambda c: c.seconds), total_of(lambda c: c.seconds_max or c.seconds)
+    upto = f" (up to ~{most / 3600:.2f} h if every trace takes its most probes)" if most > total else ""
     peak = max((c.peak_bytes for c in costs), default=FIXED_BYTES)
     on_gpu = [c.family for c in costs if c.family in MODEL_RUNNING]
     caveat = (
@@ -133,7 +157,7 @@ def plan_line(
     )
     return (
         f"estimate for {parameters / 1e6:.1f}M parameters (one thread, per checkpoint): {parts}; "
-        f"{checkpoints} checkpoint(s): ~{total / 3600:.2f} h, peak ~{peak / GIB:.1f} GB{caveat}"
+        f"{checkpoints} checkpoint(s): ~{total / 3600:.2f} h{upto}, peak ~{peak / GIB:.1f} GB{caveat}"
     )
 
 

@@ -177,10 +177,10 @@ class TopologyMonitor:
     def estimate_line(self, model: nn.Module) -> str:
         """The cost of one measurement of ``model`` (:mod:`topometrics.execution.cost`): the weight families, and
         the loss surface when it is on, with what does not fit the available memory."""
-        parameters = sum(p.numel() for p in model.parameters())
+        parameters, p = sum(t.numel() for t in model.parameters()), self.params
         families = [f for f in self.params.families if f in cost.GROUP]
         families += ["landscape", "curvature"] if self.surface is not None else []
-        costs = cost.checkpoint_costs(parameters, families)
+        costs = cost.checkpoint_costs(parameters, families, probes=(p.hessian_probes, p.hessian_probes_max))
         too_big = cost.unaffordable(costs, cost.available_bytes())
         return cost.plan_line(parameters, costs) + "".join(f"; {f} will not fit: {why}" for f, why in too_big.items())
 

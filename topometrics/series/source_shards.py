@@ -191,7 +191,9 @@ def affordable(
     if why := cost.one_layer_line(max(sizes, default=0), available):
         progress(f"{name}: skipped: {why}")
         return params, why
-    costs = cost.checkpoint_costs(sum(sizes), params.families)
+    costs = cost.checkpoint_costs(
+        sum(sizes), params.families, probes=(params.hessian_probes, params.hessian_probes_max)
+    )
     count = sum(not isinstance(c, dict) for c in checkpoints)
     cuda = params.device == "cuda" or (params.device == "auto" and torch.cuda.is_available())  # no raise here
     device = "cuda" if cuda else "cpu"
