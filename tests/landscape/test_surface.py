@@ -202,6 +202,36 @@ def test_a_slice_curvature_that_uses_up_its_directions_gives_the_same_value_and_
     assert used == ({}, {}) and all(len(d) == len(params) for d in kept)
 
 
+def test_a_used_up_slice_curvature_holds_one_direction_in_memory_through_each_product():
+    import tracemalloc
+
+    from topometrics.landscape.surface import slice_curvature
+
+    n = 100_000  # float32 tensors over numpy arrays, so tracemalloc sees every direction's bytes
+    rng = np.random.default_rng(0)
+
+    held = []
+
+    def hvp(v):  # H = diag(1..2n): d^T H d known; records what is allocated as each product starts
+        held.append(tracemalloc.get_traced_memory()[0])
+        return v * np.arange(1, v.size + 1, dtype=np.float32)
+
+    kept = tuple({k: torch.from_numpy(rng.standard_normal(n).astype(np.float32)) for k in "ab"} for _ in "12")
+    expected = np.mean([sum(float((t.double() ** 2 * torch.arange(1, 2 * n + 1)[i * n : (i + 1) * n]).sum())
+                            for i, t in enumerate(d.values())) for d in kept])  # fmt: skip
+    tracemalloc.start()
+    try:
+        used = tuple({k: torch.from_numpy(t.numpy().copy()) for k, t in d.items()} for d in kept)
+        value, reason = slice_curvature(hvp, used, np.float32, consume=True)
+    finally:
+        tracemalloc.stop()
+    vector = 2 * n * 4  # bytes of one flat direction
+    assert reason is None and value == pytest.approx(expected, rel=1e-5) and used == ({}, {})
+    # the first product: the first direction, flat (its tensors gone, the second in a file), not two directions
+    assert len(held) == 2 and all(h < 1.25 * vector for h in held)
+    assert value == slice_curvature(hvp, kept, np.float32)[0]  # bit for bit what the kept directions give
+
+
 def test_the_slice_curvature_is_null_with_the_hess_slices_reason_when_lanczos_did_not_converge():
     landscape, _ = surface_values(*mlp_loss(), SETTINGS._replace(iters=3))
     assert np.isnan(landscape.values["hess_curv"]) and landscape.reasons["hess_curv"] == landscape.reasons["hess_range"]
