@@ -10,7 +10,8 @@ Provenance. Seconds: one-thread CPU seconds of each family alone on one random-i
 the Pythia block shapes (our 128-character vocabulary; ``python -m bench features --models
 pythia-70m-shaped,pythia-160m-shaped,pythia-410m-shaped``, docs/performance.md, "Every family at the Pythia
 shapes"), divided by the parameters in millions, at the largest shape measured: 410M (302.6M parameters) for
-the weight, gradient, gradient-cloud and trajectory families, 160M (85.3M) for the landscape. The weight families'
+the weight, gradient, gradient-cloud, trajectory and landscape families (the landscape's was 7.5 s per million at
+160M, 8.3 at 410M). The weight families'
 rate is the earlier measurement on a Pythia-160M-shaped GPT-NeoX (vocabulary 50,304; 162.3M parameters), which
 the five measured alone at 410M confirm (0.15 s per million without ``heavy_tail``'s forward pass). The
 curvature's is from its exact float32 products on the 410M shape (below), counted at the most Lanczos products
@@ -38,7 +39,7 @@ SECONDS_PER_MILLION = {
     "trajectory": 7.0 / 302.6,  # the sparse projection of the iterate and the two fits
     "gradient": 47.4 / 302.6,  # one forward+backward of 16 x 128 tokens
     "gradient_topology": 86.9 / 302.6,  # its own forward+backward with the per-example clouds
-    "landscape": 643.2 / 85.3,  # the slices' 338 loss evaluations and the top eigenpairs they follow (160M shape)
+    "landscape": 2518.1 / 302.6,  # the slices' 338 loss evaluations and the top eigenpairs they follow (410M shape)
     # <= 20 Lanczos steps (two passes: <= 39 products) + 3 deflation products + 8 probes: 50 exact float32 products
     # one window at a time (landscape/slice.py's exact_hvp, the path of every model this estimate serves): 3,483 s
     # of one thread on the 410M shape (302.6M parameters, a random init, all 20 steps; ~70 s a product at load
