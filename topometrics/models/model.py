@@ -217,11 +217,17 @@ def deterministic_on(device: torch.device) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+def device_kind(requested: str) -> str:
+    """``'cuda'`` or ``'cpu'``: where a params device (``auto``: CUDA when present, ``cpu`` or ``cuda``) sends the
+    work, without checking that a requested CUDA is there (:func:`pick_device` does)."""
+    return "cuda" if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()) else "cpu"
+
+
 def pick_device(requested: str, key: str = "train.device") -> torch.device:
     """The torch device a params ``key`` (``auto``: CUDA when present, ``cpu`` or ``cuda``) names; a
     :class:`ParamsError` naming the key when it asks for CUDA and none is visible."""
     if requested == "cuda" and not torch.cuda.is_available():
         raise ParamsError(f"{key}=cuda but no CUDA device is visible; set {key}: auto or cpu")
     if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(device_kind(requested))
     return torch.device(requested)

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from topometrics.atomic import file_sha256
 from topometrics.dynamics.trajectory import SERIES_SKETCH
@@ -29,6 +28,7 @@ from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table, shard_iterates
 from topometrics.models.architectures import LAYERS_FIX
 from topometrics.models.checkpoints import CheckpointError
+from topometrics.models.model import device_kind
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams, SeriesParams, SeriesSource
 from topometrics.series.checkpoint import SHAPE_ATTRIBUTES, checkpoint_shape, series_checkpoint_features
@@ -195,8 +195,7 @@ def affordable(
         sum(sizes), params.families, probes=(params.hessian_probes, params.hessian_probes_max)
     )
     count = sum(not isinstance(c, dict) for c in checkpoints)
-    cuda = params.device == "cuda" or (params.device == "auto" and torch.cuda.is_available())  # no raise here
-    device = "cuda" if cuda else "cpu"
+    device = device_kind(params.device)  # no raise here: pick_device checks CUDA where the model runs
     progress(f"{name}: {cost.plan_line(sum(sizes), costs, count, params.landscape_every, device)}")
     too_big = cost.unaffordable(costs, available)
     for family, why in too_big.items():

@@ -48,7 +48,7 @@ from topometrics.execution.cluster import LOCAL, ClusterError, describe
 from topometrics.execution.compute import job_print, usable_cores, whole_job_executor
 from topometrics.execution.lifeline import die_with
 from topometrics.models.checkpoints import CheckpointError, list_checkpoints, verify_checkpoint
-from topometrics.models.model import GPT, count_parameters
+from topometrics.models.model import GPT, count_parameters, device_kind
 from topometrics.models.tokens import load_tokens, read_record, token_bytes, tokenizer_sha256, vocab_size
 from topometrics.params import Params, ParamsError
 from topometrics.params_sources import ComputeParams
@@ -119,8 +119,7 @@ def plan_pool(device: str, workers: int, threads: int, n_runs: int, compute: Com
     if compute is not None and compute.cluster != LOCAL:
         gpu = {"GPU": 1 / GPU_RUNS_PER_DEVICE} if device == "cuda" else None
         return Pool(n_runs, threads or 1, (device,), compute, gpu)
-    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if cuda:
+    if device_kind(device) == "cuda":
         gpus = max(1, torch.cuda.device_count())
         devices = tuple(f"cuda:{i}" for i in range(gpus))
         auto = GPU_RUNS_PER_DEVICE * gpus
