@@ -201,7 +201,7 @@ def slice_curvature(
     instead, comparable with the eigenvalues but not with the slice. ``dtype``: the products' vectors'.
     ``consume``: each direction's tensors leave its dict as they are flattened (the directions are used up), so a
     direction exists once, flat or not, and every direction but the first waits in an unnamed temporary file
-    through the products before its own: a large model holds two model-sized vectors fewer through the first
+    through the products before its own: a large model holds one model-sized vector fewer through the first
     product (the 410M shape's loss surface peaked at 8,651 MiB with the second direction in memory)."""
     if isinstance(directions, str):
         return np.nan, directions
