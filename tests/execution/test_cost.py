@@ -115,3 +115,37 @@ def test_the_curvature_is_told_at_its_least_and_most_probes_and_the_plan_gives_b
     low, high = (19 * weights.seconds + 4 * s for s in (curvature.seconds, curvature.seconds_max))
     assert f"~{low / 3600:.2f} h (up to ~{high / 3600:.2f} h if every trace takes its most probes)" in line
     assert "up to" not in cost.plan_line(85_000_000, rated[:1])
+
+
+def test_on_a_gpu_the_families_that_run_the_model_must_fit_its_free_memory_too():
+    costs = cost.checkpoint_costs(302_573_568, ["np", "gradient", "landscape"])  # the 410M shape
+    landscape = next(c for c in costs if c.family == "landscape")
+    gpu_need = landscape.peak_bytes - cost.FIXED_BYTES
+    assert cost.unaffordable(costs, 64 * cost.GIB, gpu_need) == {}
+    too_big = cost.unaffordable(costs, 64 * cost.GIB, gpu_need - 1)
+    assert list(too_big) == ["landscape"]  # the gradient's pass needs less; the weight families stay on the host
+    assert too_big["landscape"] == (
+        f"needs ~{gpu_need / cost.GIB:.1f} GB of GPU memory, {(gpu_need - 1) / cost.GIB:.1f} GB free on the GPU "
+        "(estimated)"
+    )
+    host_short = cost.unaffordable(costs, gpu_need - 1, 0)  # short on both: the host's reason is the one told
+    assert "GB available" in host_short["landscape"] and "GPU" in host_short["gradient"]
+    assert "weights" not in cost.unaffordable(costs, 64 * cost.GIB, 0)
+
+
+def test_a_series_on_a_gpu_too_small_for_the_largest_model_running_families_keeps_every_other_family(tmp_path):
+    lines = []
+    params = features_params()
+    checkpoints = checkpoints_of(tmp_path, 64, 32)
+    parameters = 64 * 32 + 32
+    most = max(cost.BYTES_PER_PARAMETER[f] for f in cost.MODEL_RUNNING)
+    largest = {f for f in cost.MODEL_RUNNING if cost.BYTES_PER_PARAMETER[f] == most}
+    gpu = parameters * (most - 1)  # room on the GPU for every model-running family but those
+    kept, why = affordable("s", checkpoints, params, lines.append, available=64 * cost.GIB, gpu_available=gpu)
+    assert why is None and largest <= set(params.families) and "landscape" in largest
+    assert set(kept.families) == set(params.families) - largest
+    assert (
+        "s: landscape skipped on every checkpoint: needs ~0.0 GB of GPU memory, 0.0 GB free on the GPU "
+        "(estimated)" in lines
+    )
+    assert affordable("s", checkpoints, params, lines.append, available=64 * cost.GIB)[0] is params  # CPU: no GPU

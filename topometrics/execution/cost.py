@@ -113,14 +113,28 @@ def available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def unaffordable(costs: list[FamilyCost], available: int) -> dict[str, str]:
+def unaffordable(costs: list[FamilyCost], available: int, gpu_available: int | None = None) -> dict[str, str]:
     """Family key -> why it is skipped: what it adds to the running process (its peak less :data:`FIXED_BYTES`,
-    already resident) exceeds ``available`` bytes (one line, with the GB)."""
-    return {
+    already resident) exceeds ``available`` bytes of host memory (one line, with the GB).
+
+    ``gpu_available``: the free bytes of the GPU the model-running families (:data:`MODEL_RUNNING`) run on. Each
+    of them must then fit there too: the model, its working set and the products' vectors on the GPU are bounded
+    by the same estimate, and the host keeps its check (the loaded checkpoint, the Lanczos vectors, the drawn
+    directions and the spilled ones stay there). No GPU rate is measured: the bytes are the CPU's."""
+    too_big = {
         c.family: f"needs ~{c.peak_bytes / GIB:.1f} GB at peak, {available / GIB:.1f} GB available (estimated)"
         for c in costs
         if c.peak_bytes - FIXED_BYTES > available
     }
+    if gpu_available is None:
+        return too_big
+    on_gpu = {
+        c.family: f"needs ~{(c.peak_bytes - FIXED_BYTES) / GIB:.1f} GB of GPU memory, {gpu_available / GIB:.1f} GB "
+        "free on the GPU (estimated)"
+        for c in costs
+        if c.family in MODEL_RUNNING and c.family not in too_big and c.peak_bytes - FIXED_BYTES > gpu_available
+    }
+    return too_big | on_gpu
 
 
 def skipped_families(families: Iterable[str], too_big: dict[str, str]) -> tuple[str, ...]:

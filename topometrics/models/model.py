@@ -223,6 +223,12 @@ def device_kind(requested: str) -> str:
     return "cuda" if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()) else "cpu"
 
 
+def free_gpu_bytes(kind: str) -> int | None:
+    """The current CUDA device's free memory in bytes (``torch.cuda.mem_get_info``) when ``kind`` (a
+    :func:`device_kind`) is ``'cuda'``; None on the CPU."""
+    return torch.cuda.mem_get_info()[0] if kind == "cuda" else None
+
+
 def pick_device(requested: str, key: str = "train.device") -> torch.device:
     """The torch device a params ``key`` (``auto``: CUDA when present, ``cpu`` or ``cuda``) names; a
     :class:`ParamsError` naming the key when it asks for CUDA and none is visible."""

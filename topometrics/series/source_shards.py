@@ -28,7 +28,7 @@ from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table, shard_iterates
 from topometrics.models.architectures import LAYERS_FIX
 from topometrics.models.checkpoints import CheckpointError
-from topometrics.models.model import device_kind
+from topometrics.models.model import device_kind, free_gpu_bytes
 from topometrics.params import BASE_VARIANT, FeaturesParams
 from topometrics.params_sources import ComputeParams, SeriesParams, SeriesSource
 from topometrics.series.checkpoint import SHAPE_ATTRIBUTES, checkpoint_shape, series_checkpoint_features
@@ -177,12 +177,18 @@ def series_shards(
 
 
 def affordable(
-    name: str, checkpoints: list, params: FeaturesParams, progress: Callable[[str], None], available: int | None = None
+    name: str,
+    checkpoints: list,
+    params: FeaturesParams,
+    progress: Callable[[str], None],
+    available: int | None = None,
+    gpu_available: int | None = None,
 ) -> tuple[FeaturesParams, str | None]:
     """``(params, None)`` with the families this machine's memory cannot hold taken out (said in one line each,
     with the GB they need), after the estimate's line; ``(params, reason)`` when not even the largest tensor of
     a checkpoint fits. The model's shape is read from the first local checkpoint's safetensors headers (a hub
-    revision is fetched by its job: no estimate before)."""
+    revision is fetched by its job: no estimate before). ``available`` / ``gpu_available``: free host and GPU
+    bytes (default: the machine's; the GPU's only when ``features.device`` sends the model there)."""
     first = next((c[2] for c in checkpoints if not isinstance(c, dict) and c[2] is not None), None)
     if first is None:
         return params, None
@@ -197,7 +203,8 @@ def affordable(
     count = sum(not isinstance(c, dict) for c in checkpoints)
     device = device_kind(params.device)  # no raise here: pick_device checks CUDA where the model runs
     progress(f"{name}: {cost.plan_line(sum(sizes), costs, count, params.landscape_every, device)}")
-    too_big = cost.unaffordable(costs, available)
+    gpu_available = free_gpu_bytes(device) if gpu_available is None else gpu_available
+    too_big = cost.unaffordable(costs, available, gpu_available)
     for family, why in too_big.items():
         progress(f"{name}: {family} skipped on every checkpoint: {why}")
     if not too_big:
