@@ -199,6 +199,8 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
     device = next(iter(leaves.values())).device
 
     def hvp(v: np.ndarray) -> np.ndarray:
+        # what the loss grids' forward passes left on the heap would otherwise sit under this product's peak
+        _return_freed_heap()
         # on a GPU the vector goes there once; on the CPU it is viewed, not copied
         flat = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(device)
         tangent = {k: t.view_as(p) for (k, p), t in zip(leaves.items(), torch.split(flat, sizes), strict=True)}
@@ -238,7 +240,9 @@ def _return_freed_heap() -> None:
     A double backward frees many layer-sized buffers that glibc keeps on its heap; the next Lanczos vector is
     allocated elsewhere, so without this the kept heap and the vectors add up product after product (the peak
     crept by ~0.4 GB over 5 products on the 410M shape; trimmed, a 70M shape's process returns to within 25 MB
-    of where it was before a product)."""
+    of where it was before a product). Called before a product too: the loss grids' forward passes leave their
+    own freed buffers, and the slice curvature's first product stood on them (its peak at the 160M shape,
+    2,791 MiB, 2,523 with the heap handed back first)."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
 
