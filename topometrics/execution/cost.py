@@ -6,24 +6,23 @@ a fixed batch). :data:`SECONDS_PER_MILLION` and :data:`BYTES_PER_PARAMETER` are 
 :func:`checkpoint_costs` applies them, :func:`unaffordable` names the families a machine's available memory
 cannot hold (each with the GB it needs), :func:`plan_line` is the one line a stage prints before it starts.
 
-Provenance. Seconds: one-thread CPU seconds of each family alone on one random-init checkpoint of our GPT at
-the Pythia block shapes (our 128-character vocabulary; ``python -m bench features --models
+Provenance. Seconds: one-thread CPU seconds of each family alone on one random-init checkpoint of our GPT at the
+Pythia block shapes (our 128-character vocabulary; ``python -m bench features --models
 pythia-70m-shaped,pythia-160m-shaped,pythia-410m-shaped``, docs/performance.md, "Every family at the Pythia
-shapes"), divided by the parameters in millions, at the largest shape measured: 410M (302.6M parameters) for
-the weight, gradient, gradient-cloud, trajectory and landscape families (the landscape's was 7.5 s per million at
-160M, 8.3 at 410M). The weight families'
-rate is the earlier measurement on a Pythia-160M-shaped GPT-NeoX (vocabulary 50,304; 162.3M parameters), which
-the five measured alone at 410M confirm (0.15 s per million without ``heavy_tail``'s forward pass). The
-curvature's is from its exact float32 products on the 410M shape (below), counted at the most Lanczos products
-(two passes) and the trace's 3 deflation products — at the least probes, as on a trained checkpoint: the
-adaptive trace may take up to ``features.hessian_probes_max`` (a random init of the 70M shape took 3.3x this
-estimate), and the exact trace (at most ``features.hessian_exact_max`` parameters) one product per parameter,
-which is not linear in ``n``. Memory: bytes held per parameter, counted from the buffers each family keeps
-(float32 weights 4 B, a float64 copy 8 B), checked against the bench's measured peaks above ``FIXED_BYTES``
-(410M: 6.0 B per parameter for the weight families and the trajectory, 17.4 for a forward and backward pass,
-18.9 for the gradient clouds) and the curvature's on the 410M shape (7,542 MiB: 22.6 B per parameter with the
-model; it was 16 GB at 70M and 36-38 GB at 160M with a kept float64 Lanczos basis and float64 products;
-``python -m bench curvature``).
+shapes"), divided by the parameters in millions, at the largest shape measured: 410M (302.6M parameters) for the
+weight, gradient, gradient-cloud, trajectory and landscape families (the landscape's was 7.5 s per million at 160M,
+8.3 at 410M). The weight families' rate is the earlier measurement on a Pythia-160M-shaped GPT-NeoX (vocabulary
+50,304; 162.3M parameters), which the five measured alone at 410M confirm (0.15 s per million without
+``heavy_tail``'s forward pass). The curvature's is from its exact float32 products on the 410M shape (below),
+counted at the most Lanczos products (two passes) and the trace's 3 deflation products — at the least probes, as on
+a trained checkpoint: the adaptive trace may take up to ``features.hessian_probes_max`` (random inits took 3.3x this
+estimate at the 70M shape and 5.0x at the 160M shape: 4,882 s), and the exact trace (at most
+``features.hessian_exact_max`` parameters) one product per parameter, which is not linear in ``n``. Memory: bytes
+held per parameter, counted from the buffers each family keeps (float32 weights 4 B, a float64 copy 8 B), checked
+against the bench's measured peaks above ``FIXED_BYTES`` (410M: 6.0 B per parameter for the weight families and the
+trajectory, 17.4 for a forward and backward pass, 18.9 for the gradient clouds) and the curvature's on the 410M
+shape (7,542 MiB: 22.6 B per parameter with the model; it was 16 GB at 70M and 36-38 GB at 160M with a kept float64
+Lanczos basis and float64 products; ``python -m bench curvature``).
 """
 
 from __future__ import annotations
