@@ -3,6 +3,7 @@
 computed (a non-finite slice, an unconverged Lanczos run, fewer eigenvalues kept)."""
 
 import tempfile
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 
 from topometrics.landscape import surface as surface_module
-from topometrics.landscape.slice import functional_loss, loss_grid, random_direction
+from topometrics.landscape.slice import difference_hvp, functional_loss, loss_grid, random_direction
 from topometrics.landscape.sublevel import SUMMARY_KEYS
 from topometrics.landscape.surface import (
     CURVATURE_KEYS,
@@ -19,6 +20,7 @@ from topometrics.landscape.surface import (
     SurfaceSettings,
     curvature_values,
     grid_chunk,
+    slice_curvature,
     slice_values,
     surface_values,
 )
@@ -190,9 +192,6 @@ def test_the_slice_curvature_is_the_dense_hessians_and_the_slices_second_differe
 
 
 def test_a_slice_curvature_that_uses_up_its_directions_gives_the_same_value_and_empties_them():
-    from topometrics.landscape.slice import difference_hvp
-    from topometrics.landscape.surface import slice_curvature
-
     loss, params = mlp_loss()
     hvp, _ = difference_hvp(loss, params, one_sided=True)
     gen = torch.Generator().manual_seed(3)
@@ -203,10 +202,6 @@ def test_a_slice_curvature_that_uses_up_its_directions_gives_the_same_value_and_
 
 
 def test_a_used_up_slice_curvature_holds_one_direction_in_memory_through_each_product():
-    import tracemalloc
-
-    from topometrics.landscape.surface import slice_curvature
-
     n = 100_000  # float32 tensors over numpy arrays, so tracemalloc sees every direction's bytes
     rng = np.random.default_rng(0)
 
