@@ -22,6 +22,7 @@ from topometrics.landscape.slice import (
     loss_grid,
     random_direction,
 )
+from topometrics.landscape.vectors import file_rows, write_row
 from topometrics.models.model import GPT, GPTConfig
 
 
@@ -215,6 +216,17 @@ def test_an_exact_float32_product_reads_the_vector_in_place_and_is_linear():
     assert np.array_equal(v, before)
     np.testing.assert_allclose(hvp(3 * v), 3 * product, rtol=1e-4, atol=1e-6 * np.abs(product).max())
     assert np.array_equal(hvp(np.zeros(dim, dtype=np.float32)), np.zeros(dim))
+
+
+def test_an_exact_product_of_a_vector_in_a_file_is_the_product_of_the_vector_in_memory_bit_for_bit(tmp_path):
+    model, windows, _, _ = float32_gpt()
+    hvp, dim = exact_hvp(windows, {k: p.detach() for k, p in model.named_parameters()})
+    v = np.random.default_rng(6).standard_normal(dim).astype(np.float32)
+    in_file = file_rows(str(tmp_path), "v.f32", 1, dim)
+    write_row(in_file, 0, v)
+    assert np.array_equal(hvp(in_file), hvp(v))  # each parameter's share read as the first pass reaches it
+    with pytest.raises(ValueError, match=f"one row of {dim} values, not 2 x {dim}"):
+        hvp(file_rows(str(tmp_path), "two.f32", 2, dim))
 
 
 def test_an_exact_product_hands_the_freed_heap_back_before_its_passes_and_after(monkeypatch):

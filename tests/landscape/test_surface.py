@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from topometrics.landscape import surface as surface_module
-from topometrics.landscape.slice import difference_hvp, functional_loss, loss_grid, random_direction
+from topometrics.landscape.slice import exact_hvp, functional_loss, loss_grid, random_direction
 from topometrics.landscape.sublevel import SUMMARY_KEYS
 from topometrics.landscape.surface import (
     CURVATURE_KEYS,
@@ -24,6 +24,7 @@ from topometrics.landscape.surface import (
     slice_values,
     surface_values,
 )
+from topometrics.landscape.vectors import FileRows, read_part
 
 # dim = 3*6 + 6 + 6 + 1 = 31 <= iters: Lanczos converges (or exhausts the Krylov space) within its budget
 SETTINGS = SurfaceSettings(grid=7, radius=0.5, top=3, probes=4, iters=40, seed=0)
@@ -192,24 +193,30 @@ def test_the_slice_curvature_is_the_dense_hessians_and_the_slices_second_differe
 
 
 def test_a_slice_curvature_that_uses_up_its_directions_gives_the_same_value_and_empties_them():
-    loss, params = mlp_loss()
-    hvp, _ = difference_hvp(loss, params, one_sided=True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 1))  # float32, as a large model's products
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+    hvp, _ = exact_hvp([functional_loss(model, lambda call: ((call(x) - y) ** 2).mean())], params)
     gen = torch.Generator().manual_seed(3)
     kept = (random_direction(params, gen), random_direction(params, gen))
     used = tuple({k: v.clone() for k, v in d.items()} for d in kept)
-    assert slice_curvature(hvp, used, consume=True) == slice_curvature(hvp, kept)
+    # the products read each direction from its file, the dots a chunk at a time: the same float32 arithmetic
+    assert slice_curvature(hvp, used, np.float32, consume=True) == slice_curvature(hvp, kept, np.float32)
     assert used == ({}, {}) and all(len(d) == len(params) for d in kept)
 
 
-def test_a_used_up_slice_curvature_holds_one_direction_in_memory_through_each_product():
+def test_a_used_up_slice_curvature_holds_no_direction_in_memory_through_a_product():
     n = 100_000  # float32 tensors over numpy arrays, so tracemalloc sees every direction's bytes
     rng = np.random.default_rng(0)
-
+    scale = np.arange(1, 2 * n + 1, dtype=np.float32)
     held = []
 
     def hvp(v):  # H = diag(1..2n): d^T H d known; records what is allocated as each product starts
         held.append(tracemalloc.get_traced_memory()[0])
-        return v * np.arange(1, v.size + 1, dtype=np.float32)
+        if isinstance(v, FileRows):  # as slice.exact_hvp does: a part at a time into the result
+            return np.concatenate([scale[i : i + n] * read_part(v, 0, i, i + n) for i in (0, n)])
+        return v * scale
 
     kept = tuple({k: torch.from_numpy(rng.standard_normal(n).astype(np.float32)) for k in "ab"} for _ in "12")
     expected = np.mean([sum(float((t.double() ** 2 * torch.arange(1, 2 * n + 1)[i * n : (i + 1) * n]).sum())
@@ -222,8 +229,9 @@ def test_a_used_up_slice_curvature_holds_one_direction_in_memory_through_each_pr
         tracemalloc.stop()
     vector = 2 * n * 4  # bytes of one flat direction
     assert reason is None and value == pytest.approx(expected, rel=1e-5) and used == ({}, {})
-    # the first product: the first direction, flat (its tensors gone, the second in a file), not two directions
-    assert len(held) == 2 and all(h < 1.25 * vector for h in held)
+    # as each product starts: no direction (both in their files, their tensors gone), where one flat direction
+    # was held through its own product before
+    assert len(held) == 2 and all(h < 0.25 * vector for h in held)
     assert value == slice_curvature(hvp, kept, np.float32)[0]  # bit for bit what the kept directions give
 
 

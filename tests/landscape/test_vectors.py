@@ -18,7 +18,10 @@ from topometrics.landscape.vectors import (
     norm,
     orthonormalise,
     project_out,
+    read_part,
     read_row,
+    write_part,
+    write_row,
 )
 
 
@@ -84,3 +87,25 @@ def test_adding_to_rows_in_a_file_holds_a_chunk_not_the_rows(tmp_path):
     tracemalloc.stop()
     assert peak < 4 * vectors.CHUNK * 4  # a few float32 chunks (16 MB each), not a 32 MB row
     assert isinstance(rows, FileRows) and read_row(rows, 2)[-1] == 3.0
+
+
+def test_a_vector_in_a_file_dots_adds_and_sums_bit_for_bit_as_in_memory(tmp_path, small_chunks):
+    rng = np.random.default_rng(3)
+    x, y = (rng.standard_normal(4_321).astype(np.float32) for _ in range(2))
+    in_file = file_rows(str(tmp_path), "x.f32", 1, 4_321)
+    write_row(in_file, 0, x)
+    assert dot(in_file, y) == dot(x, y)  # the same chunks, the same float64 sum of float32 dots
+    assert np.array_equal(axpy(in_file, y.copy(), -0.7), axpy(x, y.copy(), -0.7))
+    sums, memory = file_rows(str(tmp_path), "s.f32", 2, 4_321), file_rows(str(tmp_path), "m.f32", 2, 4_321)
+    add_rows(sums, np.array([0.5, -2.0]), in_file)
+    add_rows(memory, np.array([0.5, -2.0]), x)
+    assert all(np.array_equal(read_row(sums, i), read_row(memory, i)) for i in range(2))
+
+
+def test_a_part_written_and_read_back_lands_at_its_offset_and_nowhere_else(tmp_path, small_chunks):
+    rows = file_rows(str(tmp_path), "p.f32", 2, 3_000)
+    part = np.arange(2_500, dtype=np.float32)  # longer than a chunk: written in three
+    write_part(rows, 1, 300, part)
+    assert np.array_equal(read_part(rows, 1, 300, 2_800), part)
+    assert not read_part(rows, 1, 0, 300).any() and not read_part(rows, 1, 2_800, 3_000).any()
+    assert not read_row(rows, 0).any()

@@ -18,10 +18,11 @@ and are tested against explicit matrices. Randomness comes only from ``seed``.
   products. With ``dtype`` float32 (the products of a model too large for float64 copies,
   :func:`topometrics.landscape.slice.exact_hvp`) the three vectors are float32 (dots accumulated in float64,
   :mod:`topometrics.landscape.vectors`), and with ``spill`` a folder the ``k`` Ritz vectors are summed in a file
-  there (:class:`~topometrics.landscape.vectors.FileRows`) instead of memory, and the previous Lanczos vector
-  waits in a file while each product runs (a large model's product is the run's peak), and the start vector is
-  drawn again for the second pass instead of kept: two float32 vectors of the model's size through a product,
-  three between products. Without full re-orthogonalisation a converged Ritz value can reappear as a spurious
+  there (:class:`~topometrics.landscape.vectors.FileRows`) instead of memory, the current and the previous
+  Lanczos vectors wait in two more files (the product reads the current one a part at a time, the recurrence
+  reads both a chunk at a time: a large model's product is the run's peak), and the start vector is drawn
+  again for the second pass instead of kept: one float32 vector of the model's size, the product's result, in
+  memory at any time. Without full re-orthogonalisation a converged Ritz value can reappear as a spurious
   copy (Paige); a vector whose cosine with a higher one exceeds ``sqrt(tol)`` is reported as not converged.
 - :func:`hutchinson_trace`: the mean of ``z^T H z`` over ``probes`` seeded Rademacher vectors
   (``E[z z^T] = I``, so the mean is unbiased; exact on a diagonal Hessian, whatever the probes),
@@ -37,6 +38,7 @@ import numpy as np
 
 from topometrics.landscape.vectors import (
     FileRows,
+    Vector,
     add_rows,
     axpy,
     dot,
@@ -48,7 +50,8 @@ from topometrics.landscape.vectors import (
     write_row,
 )
 
-Operator = Callable[[np.ndarray], np.ndarray]
+# ``v -> H v``; given a vector in a file (the two-pass path with a spill folder) it reads it a part at a time
+Operator = Callable[[Vector], np.ndarray]
 
 
 class Eigenpairs(NamedTuple):
@@ -156,16 +159,16 @@ def _two_pass(
     hvp: Operator, dim: int, start: Callable[[], np.ndarray], run: Lanczos, spill: str | None = None
 ) -> Eigenpairs:
     """Lanczos keeping three vectors (the dtype of ``start()``, the unit start vector): the recurrence for the
-    tridiagonal matrix, then again for the Ritz vectors (summed in a file in ``spill`` when given)."""
+    tridiagonal matrix, then again for the Ritz vectors. With ``spill`` a folder, the Lanczos vectors wait in
+    two files there (the current and the previous one, taking turns), ``hvp`` is given the current one's file
+    to read as it goes (:class:`~topometrics.landscape.vectors.FileRows`), the recurrence reads both a chunk at a
+    time, and the Ritz vectors are summed in a third file: the product's result is the one vector in memory."""
     k, steps, tol, _ = run
     alphas, betas = [], []
-    # with a spill folder the previous vector waits in a file while the product runs (the product's own
-    # working set is the run's peak): two vectors in memory through the product instead of three
-    parked = file_rows(spill, "previous.f32", 1, dim) if spill else None
-    previous, current = None, start()
+    kept = _keeper(spill, dim)
+    previous, current = None, kept(start(), 0)
     most = min(2 * steps, dim)
-    for _ in range(most):  # first pass: the coefficients only
-        previous = _park(previous, parked)
+    for j in range(most):  # first pass: the coefficients only
         alpha, w = _recurrence_step(hvp, previous, current, betas[-1] if betas else 0.0)
         alphas.append(alpha)
         betas.append(norm(w))
@@ -174,13 +177,13 @@ def _two_pass(
         if _stop(alphas, betas, run, last, genuine=True):
             break
         w /= betas[-1]
-        previous, current = current, w
+        previous, current, w = current, kept(w, j + 1), None  # w in a file now, with a spill folder: not held
     del previous, current, w
     theta, s, converged = _checked_ritz(alphas, betas, k, tol, genuine=True)
     m = len(alphas)
     # row i: Ritz vector i, summed as the vectors come back
     sums = file_rows(spill, "ritz.f32", k, dim) if spill else np.zeros((k, dim), dtype=np.float32)
-    previous, current = None, start()
+    previous, current = None, kept(start(), 0)
     for j in range(m):  # second pass: the same vectors (the same products), summed with the Ritz coordinates
         if spill:
             add_rows(sums, s[j], current)
@@ -188,10 +191,9 @@ def _two_pass(
             for i in range(k):
                 sums[i] += np.float32(s[j, i]) * current.astype(np.float32)
         if j + 1 < m:
-            previous = _park(previous, parked)
             _, w = _recurrence_step(hvp, previous, current, betas[j - 1] if j else 0.0)
             w /= betas[j]
-            previous, current = current, w
+            previous, current, w = current, kept(w, j + 1), None
     del previous, current
     if spill:
         products = gram(sums)
@@ -207,26 +209,31 @@ def _two_pass(
     return Eigenpairs(theta, vectors, converged, 2 * m - 1)
 
 
-def _park(previous: np.ndarray | None, parked: FileRows | None) -> np.ndarray | FileRows | None:
-    """``previous`` written to the file ``parked`` (returned in its stead), or ``previous`` itself without one."""
-    if parked is None or previous is None:
-        return previous
-    write_row(parked, 0, previous)
-    return parked
+def _keeper(spill: str | None, dim: int) -> Callable[[np.ndarray, int], Vector]:
+    """``(vector, j) -> `` the ``j``-th Lanczos vector as the recurrence keeps it: itself, or with a ``spill``
+    folder written to one of two files (``j`` even, ``j`` odd: vector ``j + 1`` overwrites ``j - 1``, which the
+    recurrence no longer needs) and the file in its stead."""
+    if spill is None:
+        return lambda vector, j: vector
+    files = [file_rows(spill, f"lanczos{i}.f32", 1, dim) for i in range(2)]
+
+    def kept(vector: np.ndarray, j: int) -> FileRows:
+        write_row(files[j % 2], 0, vector)
+        return files[j % 2]
+
+    return kept
 
 
-def _recurrence_step(
-    hvp: Operator, previous: np.ndarray | FileRows | None, current: np.ndarray, beta: float
-) -> tuple[float, np.ndarray]:
+def _recurrence_step(hvp: Operator, previous: Vector | None, current: Vector, beta: float) -> tuple[float, np.ndarray]:
     """``(alpha_j, w)``: ``w = H q_j - alpha_j q_j - beta_{j-1} q_{j-1}``, once more orthogonalised against both
     (local re-orthogonalisation keeps the two-pass vectors as orthogonal as floating point lets them be).
-    In place (BLAS axpy) in ``current``'s dtype: no temporary vector beyond the product itself. A ``previous``
-    parked in a file (:func:`_park`) is read back after the product."""
-    w = np.asarray(hvp(current), dtype=current.dtype)
-    if isinstance(previous, FileRows):
-        previous = read_row(previous, 0)
-    if not w.flags.c_contiguous or w.flags.writeable is False or np.may_share_memory(w, current):
-        w = np.array(w, dtype=current.dtype)  # never update the caller's (or our own) vector in place
+    In place (BLAS axpy) in ``current``'s dtype (float32 for a vector in a file, read a chunk at a time): no
+    temporary vector beyond the product itself."""
+    dtype = np.float32 if isinstance(current, FileRows) else current.dtype
+    w = np.asarray(hvp(current), dtype=dtype)
+    shared = not isinstance(current, FileRows) and np.may_share_memory(w, current)
+    if not w.flags.c_contiguous or w.flags.writeable is False or shared:
+        w = np.array(w, dtype=dtype)  # never update the caller's (or our own) vector in place
     alpha = dot(current, w)
     w = axpy(current, w, -alpha)
     if previous is not None:

@@ -40,6 +40,8 @@ import torch
 from torch.func import functional_call, grad, jvp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from topometrics.landscape.vectors import FileRows, Vector, read_part
+
 Params = dict[str, torch.Tensor]
 LossOfParams = Callable[[Params], torch.Tensor]
 
@@ -177,7 +179,7 @@ def difference_hvp(
     return hvp, dim
 
 
-def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[[np.ndarray], np.ndarray], int]:
+def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[[Vector], np.ndarray], int]:
     """``(hvp, dim)``: ``v -> H v`` exact in float32 (reverse-over-reverse), ``H`` the Hessian of the mean of
     ``losses`` (e.g. one per window of a batch) at ``params`` (float32), on flat float32 vectors in
     :func:`flat_hvp`'s order.
@@ -189,21 +191,22 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
     the second pass produces it (``register_post_accumulate_grad_hook``). Memory: the model, ``v`` and the
     result (which ``v`` and the result may share with the caller: ``v`` is viewed, not copied), one window's
     activations twice over, and one parameter's gradients (on a GPU, ``v`` and the result there too, the result copied
-    back once per product). Attention runs on PyTorch's math kernel (the fused
-    ones have no double backward). Agrees with the float64 products to about 1e-6 relative (tests).
+    back once per product). A ``v`` kept in a file (a one-row ``FileRows``) is read a parameter's share at a
+    time as the first pass reaches that parameter, so the product holds the result and not ``v`` (the 410M
+    shape's largest share, the embedding's, is 206 MB of its 1.2 GB). Attention runs on PyTorch's math kernel
+    (the fused ones have no double backward). Agrees with the float64 products to about 1e-6 relative (tests).
     """
     leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}  # views of the weights: no copy
     dim = sum(v.numel() for v in leaves.values())
     sizes = [p.numel() for p in leaves.values()]
     names = {id(p): k for k, p in leaves.items()}
     device = next(iter(leaves.values())).device
+    starts = dict(zip(leaves, np.cumsum([0, *sizes[:-1]]).tolist(), strict=True))
 
-    def hvp(v: np.ndarray) -> np.ndarray:
+    def hvp(v: Vector) -> np.ndarray:
         # what the loss grids' forward passes left on the heap would otherwise sit under this product's peak
         _return_freed_heap()
-        # on a GPU the vector goes there once; on the CPU it is viewed, not copied
-        flat = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(device)
-        tangent = {k: t.view_as(p) for (k, p), t in zip(leaves.items(), torch.split(flat, sizes), strict=True)}
+        tangent = _tangent(v, leaves, sizes, starts, device)
         out = np.zeros(dim, dtype=np.float32)
         # on a GPU the product is summed there and copied once: a copy per parameter and window waits each time
         into = torch.from_numpy(out) if device.type == "cpu" else torch.zeros(dim, device=device)
@@ -212,7 +215,7 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
         terms: list[torch.Tensor] = []
 
         def dotted(p: torch.Tensor) -> None:  # first pass: grad . v, a parameter at a time
-            terms.append((p.grad * tangent[names[id(p)]]).sum())
+            terms.append((p.grad * tangent(names[id(p)])).sum())
             p.grad = None  # also breaks the cycle a create_graph gradient on a leaf makes
 
         def added(p: torch.Tensor) -> None:  # second pass: this loss's share of H v
@@ -232,6 +235,23 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
         return out
 
     return hvp, dim
+
+
+def _tangent(v: Vector, leaves: Params, sizes: list[int], starts: dict[str, int], device) -> Callable:
+    """``name -> v``'s share for that parameter, shaped like it, on its device: viewed from ``v`` in memory (on a
+    GPU, the vector goes there once), or read from ``v``'s file each time it is asked for."""
+    if isinstance(v, FileRows):
+        if v.rows != 1 or v.dim != sum(sizes):
+            raise ValueError(f"a product's vector in a file is one row of {sum(sizes)} values, not {v.rows} x {v.dim}")
+
+        def read(name: str) -> torch.Tensor:
+            share = read_part(v, 0, starts[name], starts[name] + leaves[name].numel())
+            return torch.from_numpy(share).view_as(leaves[name]).to(device)
+
+        return read
+    flat = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(device)
+    viewed = {k: t.view_as(p) for (k, p), t in zip(leaves.items(), torch.split(flat, sizes), strict=True)}
+    return viewed.__getitem__
 
 
 def _return_freed_heap() -> None:

@@ -51,7 +51,7 @@ from topometrics.landscape.slice import (
 )
 from topometrics.landscape.sublevel import SUMMARY_KEYS, slice_summary
 from topometrics.landscape.trace import Probes, hessian_trace
-from topometrics.landscape.vectors import all_finite, dot
+from topometrics.landscape.vectors import FileRows, all_finite, dot, file_rows, write_part
 
 # Relative Lanczos residual bound under which a Ritz value counts as converged: 1e-3 of the eigenvalue
 # is far below the spread between checkpoints, and tens of steps reach it on our models' top eigenvalues.
@@ -199,22 +199,22 @@ def slice_curvature(
     The directions are the slice's own, unscaled, so this is the curvature the slice's grid shows at the
     weights (its second differences tend to it, tests); ``d^T H d / ||d||^2`` would be a Rayleigh quotient
     instead, comparable with the eigenvalues but not with the slice. ``dtype``: the products' vectors'.
-    ``consume``: each direction's tensors leave its dict as they are flattened (the directions are used up), so a
-    direction exists once, flat or not, and every direction but the first waits in an unnamed temporary file
-    through the products before its own: a large model holds one model-sized vector fewer through the first
-    product (the 410M shape's loss surface peaked at 8,651 MiB with the second direction in memory)."""
+    ``consume`` (a large model's float32 products, which read a vector from a file, ``slice.exact_hvp``): each
+    direction is written to a file in a temporary folder a tensor at a time, leaving its dict as it goes (the
+    directions are used up), before the first product; each product reads its direction from the file and the
+    dot product reads it again a chunk at a time, so no direction is in memory through a product (the 410M
+    shape's loss surface peaked at 8,651 MiB with both directions in memory, 7,775 with one)."""
     if isinstance(directions, str):
         return np.nan, directions
-    with contextlib.ExitStack() as files:
-        first, *rest = directions
-        if consume:  # written out before the first is flattened: only one direction is ever in memory
-            rest = [_spilled(d, dtype, files.enter_context(tempfile.TemporaryFile())) for d in rest]
+    with tempfile.TemporaryDirectory(prefix="topometrics-slice-") if consume else contextlib.nullcontext() as folder:
+        if consume:  # every direction written out before the first product
+            directions = [_written(d, folder, f"direction{i}.f32") for i, d in enumerate(directions)]
         try:
             values = []
-            for d in (first, *rest):
-                flat = _flattened(d, dtype, consume) if isinstance(d, dict) else _read_back(*d, dtype)
-                values.append(dot(flat, np.asarray(hvp(flat), dtype=dtype)))
-                del flat
+            for d in directions:
+                vector = d if isinstance(d, FileRows) else _flattened(d, dtype)
+                values.append(dot(vector, np.asarray(hvp(vector), dtype=dtype)))
+                del vector
         except FloatingPointError as err:
             return np.nan, str(err)
     return float(np.mean(values)), None
@@ -309,28 +309,25 @@ def grid_chunk(params: Params, grid: int) -> int:
     return max(1, min(grid * grid, GRID_PARAMETERS // max(size, 1)))
 
 
-def _flattened(direction: Params, dtype: type, consume: bool = False) -> np.ndarray:
-    """``direction`` as one flat array in its order; ``consume``: each tensor removed from the dict once copied."""
+def _flattened(direction: Params, dtype: type) -> np.ndarray:
+    """``direction`` as one flat array in its order."""
     flat, at = np.empty(sum(t.numel() for t in direction.values()), dtype=dtype), 0
-    for name in list(direction):
-        part = (direction.pop(name) if consume else direction[name]).detach().reshape(-1).cpu().numpy()
+    for t in direction.values():
+        part = t.detach().reshape(-1).cpu().numpy()
         flat[at : at + part.size] = part
         at += part.size
     return flat
 
 
-def _spilled(direction: Params, dtype: type, file) -> tuple:
-    """``(file, length)``: ``direction`` flattened into ``file`` (an unnamed temporary file: gone with the process,
-    however it ends) and used up; :func:`_read_back` reads it."""
-    flat = _flattened(direction, dtype, consume=True)
-    flat.tofile(file)
-    file.flush()
-    return file, flat.size
-
-
-def _read_back(file, length: int, dtype: type) -> np.ndarray:
-    file.seek(0)
-    return np.fromfile(file, dtype=dtype, count=length)
+def _written(direction: Params, folder: str, name: str) -> FileRows:
+    """``direction`` flattened (float32, its order) into the one-row file ``folder/name``, a tensor at a time, each
+    tensor leaving the dict as it is written (used up: the direction is never whole in memory twice)."""
+    rows, at = file_rows(folder, name, 1, sum(t.numel() for t in direction.values())), 0
+    for key in list(direction):
+        part = direction.pop(key).detach().reshape(-1).cpu().numpy()
+        write_part(rows, 0, at, part)
+        at += part.size
+    return rows
 
 
 def _finite(hvp):

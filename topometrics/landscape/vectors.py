@@ -27,8 +27,23 @@ from scipy.linalg.blas import daxpy, saxpy
 CHUNK = 1 << 22  # values per chunk: 16 MB of float32
 
 
-def dot(a: np.ndarray, b: np.ndarray) -> float:
-    """``a . b`` of two vectors, float64-accumulated over chunks when they are float32."""
+class FileRows(NamedTuple):
+    """``rows`` float32 vectors of length ``dim``, row-major in the file ``path``."""
+
+    path: str
+    rows: int
+    dim: int
+
+
+# A vector in memory, or one kept in a file (a one-row :class:`FileRows`) and read a chunk at a time.
+Vector = np.ndarray | FileRows
+
+
+def dot(a: Vector, b: np.ndarray) -> float:
+    """``a . b`` of two vectors, float64-accumulated over chunks when they are float32 (``a`` in a file: float32,
+    read a chunk at a time)."""
+    if isinstance(a, FileRows):
+        return float(sum(float(np.dot(part, b[i : i + len(part)])) for i, part in _parts(a)))
     if a.dtype == np.float64 and b.dtype == np.float64:
         return float(a @ b)
     return float(sum(float(np.dot(a[i : i + CHUNK], b[i : i + CHUNK])) for i in range(0, len(a), CHUNK)))
@@ -38,17 +53,37 @@ def norm(a: np.ndarray) -> float:
     return float(np.sqrt(dot(a, a)))
 
 
-def axpy(x: np.ndarray, y: np.ndarray, a: float) -> np.ndarray:
-    """``y + a x``, in place in ``y`` (both float32 or both float64, contiguous); returns ``y``."""
-    return (saxpy if y.dtype == np.float32 else daxpy)(x, y, a=a)
+def axpy(x: Vector, y: np.ndarray, a: float) -> np.ndarray:
+    """``y + a x``, in place in ``y`` (both float32 or both float64, contiguous; ``x`` in a file: ``y`` float32,
+    ``x`` read a chunk at a time); returns ``y``."""
+    if y.dtype == np.float64:
+        return daxpy(x, y, a=a)
+    # float32: a chunk at a time whether ``x`` is in memory or in a file, so both round alike (BLAS's vector
+    # body and its tail round differently: one call over the whole and calls over chunks differ in the last bit)
+    parts = _parts(x) if isinstance(x, FileRows) else ((i, x[i : i + CHUNK]) for i in range(0, len(x), CHUNK))
+    for i, part in parts:
+        y[i : i + len(part)] = saxpy(part, y[i : i + len(part)], a=a)
+    return y
 
 
-class FileRows(NamedTuple):
-    """``rows`` float32 vectors of length ``dim``, row-major in the file ``path``."""
+def _parts(vector: FileRows):
+    """``(start, values)`` of each chunk of a one-row file, read in turn (one chunk held at a time)."""
+    with open(vector.path, "rb") as f:
+        for start, stop in _chunks(vector):
+            yield start, _read(f, vector, 0, start, stop)
 
-    path: str
-    rows: int
-    dim: int
+
+def read_part(rows: FileRows, i: int, start: int, stop: int) -> np.ndarray:
+    """Values ``start:stop`` of row ``i``, float32 (a parameter's share of a vector, read as a product needs it)."""
+    with open(rows.path, "rb") as f:
+        return _read(f, rows, i, start, stop)
+
+
+def write_part(rows: FileRows, i: int, start: int, values: np.ndarray) -> None:
+    """Values ``start:start + len(values)`` of row ``i`` := ``values`` (float32)."""
+    with open(rows.path, "r+b") as f:
+        for at in range(0, len(values), CHUNK):
+            _write(f, rows, i, start + at, values[at : at + CHUNK])
 
 
 def file_rows(folder: str, name: str, rows: int, dim: int) -> FileRows:
@@ -77,11 +112,14 @@ def _write(f, rows: FileRows, i: int, start: int, values: np.ndarray) -> None:
     np.ascontiguousarray(values, dtype=np.float32).tofile(f)
 
 
-def add_rows(rows: FileRows, coefficients: np.ndarray, vector: np.ndarray) -> None:
+def add_rows(rows: FileRows, coefficients: np.ndarray, vector: Vector) -> None:
     """Row ``i`` += ``coefficients[i] * vector`` (float32 arithmetic, as an in-memory float32 sum would do)."""
     with open(rows.path, "r+b") as f:
         for start, stop in _chunks(rows):
-            part = vector[start:stop].astype(np.float32, copy=False)
+            if isinstance(vector, FileRows):
+                part = read_part(vector, 0, start, stop)
+            else:
+                part = vector[start:stop].astype(np.float32, copy=False)
             for i in range(rows.rows):
                 _write(f, rows, i, start, _read(f, rows, i, start, stop) + np.float32(coefficients[i]) * part)
 
