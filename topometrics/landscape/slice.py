@@ -40,7 +40,7 @@ import torch
 from torch.func import functional_call, grad, jvp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from topometrics.landscape.vectors import FileRows, Vector, read_part
+from topometrics.landscape.vectors import FileRows, Vector, parts, read_part
 
 Params = dict[str, torch.Tensor]
 LossOfParams = Callable[[Params], torch.Tensor]
@@ -239,17 +239,24 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
 
 def _tangent(v: Vector, leaves: Params, sizes: list[int], starts: dict[str, int], device) -> Callable:
     """``name -> v``'s share for that parameter, shaped like it, on its device: viewed from ``v`` in memory (on a
-    GPU, the vector goes there once), or read from ``v``'s file each time it is asked for."""
+    GPU, the vector goes there once), or on the CPU read from ``v``'s file each time it is asked for (once a window:
+    page-cache reads, a few per cent of a product's time). On a GPU a vector in a file goes there once, a chunk
+    at a time: the host holds a chunk, and the fast product does not wait for a read per window."""
     if isinstance(v, FileRows):
         if v.rows != 1 or v.dim != sum(sizes):
             raise ValueError(f"a product's vector in a file is one row of {sum(sizes)} values, not {v.rows} x {v.dim}")
+        if device.type == "cpu":
 
-        def read(name: str) -> torch.Tensor:
-            share = read_part(v, 0, starts[name], starts[name] + leaves[name].numel())
-            return torch.from_numpy(share).view_as(leaves[name]).to(device)
+            def read(name: str) -> torch.Tensor:
+                share = read_part(v, 0, starts[name], starts[name] + leaves[name].numel())
+                return torch.from_numpy(share).view_as(leaves[name])
 
-        return read
-    flat = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(device)
+            return read
+        flat = torch.empty(v.dim, device=device)
+        for start, part in parts(v):
+            flat[start : start + len(part)] = torch.from_numpy(part).to(device)
+    else:
+        flat = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(device)
     viewed = {k: t.view_as(p) for (k, p), t in zip(leaves.items(), torch.split(flat, sizes), strict=True)}
     return viewed.__getitem__
 

@@ -7,13 +7,16 @@ only float32 vectors and no temporary of a vector's size:
 - :func:`dot` accumulates in float64 over chunks of :data:`CHUNK` values (one float32 BLAS dot a chunk: its
   rounding stays that of a short sum, ~1e-7 relative, where one float32 dot of 3e8 values would lose ~1e-4);
   :func:`axpy` is BLAS's in-place ``y += a x`` in the vectors' precision. Float64 vectors take one BLAS call
-  (the curvature's float64 path is unchanged by these helpers).
+  (the curvature's float64 path is unchanged by these helpers); float32 ones a call a chunk. Either takes
+  for its first vector one kept in a file (:data:`Vector`: a one-row :class:`FileRows`), read a chunk at a
+  time (:func:`parts`), with the same chunks and so the same rounding as in memory.
 - :class:`FileRows`: ``rows`` float32 vectors of length ``dim`` in one file (row-major), read and written
   :data:`CHUNK` values at a time, so the process holds a chunk, not the rows (the page cache holds the rest,
   and the kernel may write it out instead of killing the process). :func:`add_rows` sums vectors into them,
   :func:`orthonormalise` makes them orthonormal in place (Cholesky QR: ``G = R R^T``, ``Q = L^-1 R`` with
   ``G = L L^T``, two passes; exact in exact arithmetic and accurate to ``cond(R)^2 eps`` otherwise, 1 for the
-  nearly orthonormal Ritz vectors it serves), :func:`project_out` applies ``I - Q^T Q`` to a vector.
+  nearly orthonormal Ritz vectors it serves), :func:`project_out` applies ``I - Q^T Q`` to a vector;
+  :func:`read_part` and :func:`write_part` serve a parameter's share of a row.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def dot(a: Vector, b: np.ndarray) -> float:
     """``a . b`` of two vectors, float64-accumulated over chunks when they are float32 (``a`` in a file: float32,
     read a chunk at a time)."""
     if isinstance(a, FileRows):
-        return float(sum(float(np.dot(part, b[i : i + len(part)])) for i, part in _parts(a)))
+        return float(sum(float(np.dot(part, b[i : i + len(part)])) for i, part in parts(a)))
     if a.dtype == np.float64 and b.dtype == np.float64:
         return float(a @ b)
     return float(sum(float(np.dot(a[i : i + CHUNK], b[i : i + CHUNK])) for i in range(0, len(a), CHUNK)))
@@ -60,14 +63,14 @@ def axpy(x: Vector, y: np.ndarray, a: float) -> np.ndarray:
         return daxpy(x, y, a=a)
     # float32: a chunk at a time whether ``x`` is in memory or in a file, so both round alike (BLAS's vector
     # body and its tail round differently: one call over the whole and calls over chunks differ in the last bit)
-    parts = _parts(x) if isinstance(x, FileRows) else ((i, x[i : i + CHUNK]) for i in range(0, len(x), CHUNK))
-    for i, part in parts:
+    chunks = parts(x) if isinstance(x, FileRows) else ((i, x[i : i + CHUNK]) for i in range(0, len(x), CHUNK))
+    for i, part in chunks:
         y[i : i + len(part)] = saxpy(part, y[i : i + len(part)], a=a)
     return y
 
 
-def _parts(vector: FileRows):
-    """``(start, values)`` of each chunk of a one-row file, read in turn (one chunk held at a time)."""
+def parts(vector: FileRows):
+    """``(start, values)`` of each float32 chunk of a one-row file, read in turn (one chunk held at a time)."""
     with open(vector.path, "rb") as f:
         for start, stop in _chunks(vector):
             yield start, _read(f, vector, 0, start, stop)
