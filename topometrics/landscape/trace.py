@@ -20,15 +20,25 @@ underestimate near the threshold; tests check that the realised error over many 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
 from topometrics.landscape.curvature import TraceEstimate
-from topometrics.landscape.vectors import FileRows, dot, orthonormalise, project_out, read_row
+from topometrics.landscape.vectors import (
+    FileRows,
+    Vector,
+    dot,
+    file_rows,
+    orthonormalise,
+    project_out,
+    read_row,
+    write_row,
+)
 
-Operator = Callable[[np.ndarray], np.ndarray]
+Operator = Callable[[Vector], np.ndarray]
 
 
 class Probes(NamedTuple):
@@ -62,18 +72,29 @@ def adaptive_trace(
 
     ``basis``: ``(dim, k)`` vectors to deflate with (orthonormalised here); ``products`` counts the ``k``
     exact ones too; rows in a file (the curvature's float32 path) are orthonormalised there, in place, and applied a
-    chunk at a time. ``dtype`` float32: the probes are float32 (a model too large for float64 copies; dots are
-    still accumulated in float64). ``stderr`` is the probes' standard error of the mean (ddof 1).
+    chunk at a time, and each vector ``hvp`` runs on is given to it in a file beside them (``hvp`` must read a
+    one-row :class:`~topometrics.landscape.vectors.FileRows`, as ``slice.exact_hvp`` does). ``dtype`` float32: the
+    probes are float32 (a model too large for float64 copies; dots are still accumulated in float64). ``stderr``
+    is the probes' standard error of the mean (ddof 1).
     """
     min_probes, rse, max_probes = probes
     if not 2 <= min_probes <= max_probes:
         raise ValueError(f"probes need 2 <= min_probes <= max_probes, got {min_probes} and {max_probes}")
     if rse <= 0:
         raise ValueError(f"the target relative standard error must be positive, got {rse}")
-    exact_part, project, spent = 0.0, (lambda v: v), 0
+    exact_part, project, kept, spent = 0.0, (lambda v: v), (lambda v: v), 0
     if isinstance(basis, FileRows):
         orthonormalise(basis)
-        exact_part = sum(dot(q, hvp(q)) for q in (read_row(basis, j) for j in range(basis.rows)))
+        # each vector a product runs on waits in a file beside the basis (the caller's temporary folder) and the
+        # product reads it in parts (slice.exact_hvp): the product's result is the one vector of the model's size
+        # held through a product
+        held = file_rows(os.path.dirname(basis.path), "probe.f32", 1, dim)
+
+        def kept(v: np.ndarray) -> FileRows:
+            write_row(held, 0, v)
+            return held
+
+        exact_part = sum(dot(q, hvp(q)) for q in (kept(read_row(basis, j)) for j in range(basis.rows)))
         spent = basis.rows
 
         def project(v: np.ndarray) -> np.ndarray:
@@ -97,7 +118,7 @@ def adaptive_trace(
             z = rng.integers(0, 2, dim, dtype=np.int8).astype(dtype)
             z *= 2
             z -= 1
-            z = project(z)
+            z = kept(project(z))
             sample = dot(z, np.asarray(hvp(z), dtype=dtype))
         n += 1
         delta = sample - mean
