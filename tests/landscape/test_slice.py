@@ -218,6 +218,25 @@ def test_an_exact_float32_product_reads_the_vector_in_place_and_is_linear():
     assert np.array_equal(hvp(np.zeros(dim, dtype=np.float32)), np.zeros(dim))
 
 
+def test_a_gradient_dotted_with_its_share_keeps_no_share_and_differentiates_as_autograds_product_to_the_bit():
+    import weakref
+
+    torch.manual_seed(8)
+    w, values = torch.randn(50, requires_grad=True), torch.randn(50)
+    given = []
+
+    def share():  # a fresh tensor each call, as a share read from a file is
+        t = values.clone()
+        given.append(weakref.ref(t))
+        return t
+
+    term = slice_module._DotWithShare.apply(torch.tanh(w) * 3, share)
+    assert len(given) == 1 and given[0]() is None  # the forward's share is not kept for the backward
+    (ours,) = torch.autograd.grad(term, w)
+    (theirs,) = torch.autograd.grad((torch.tanh(w) * 3 * values).sum(), w)
+    assert len(given) == 2 and torch.equal(ours, theirs) and term.item() == float((torch.tanh(w) * 3 * values).sum())
+
+
 def test_an_exact_product_of_a_vector_in_a_file_is_the_product_of_the_vector_in_memory_bit_for_bit(tmp_path):
     model, windows, _, _ = float32_gpt()
     hvp, dim = exact_hvp(windows, {k: p.detach() for k, p in model.named_parameters()})
