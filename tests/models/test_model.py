@@ -11,6 +11,7 @@ from topometrics.models.model import (
     GPT,
     GPTConfig,
     count_parameters,
+    gpt_on,
     linear_layer_names,
     linear_modules,
     linear_weights,
@@ -54,6 +55,20 @@ def test_head_is_tied_to_token_embedding():
     x = torch.randint(0, 128, (2, 10))
     manual = model.ln_f(model.hidden_states(x)) @ model.tok_emb.weight.T
     torch.testing.assert_close(model(x), manual)
+
+
+def test_a_gpt_on_a_state_runs_on_its_tensors_gives_the_copied_models_logits_and_rejects_a_missing_one():
+    source = make(16, 1, 2)
+    state = {k: v.detach().clone() for k, v in source.state_dict().items()}
+    model = gpt_on(state, source.cfg)
+    # every parameter is the state's tensor itself: the weights are held once (the head is the token embedding)
+    assert all(p.data_ptr() == state[name].data_ptr() for name, p in model.named_parameters())
+    assert all(p.requires_grad for p in model.parameters())
+    x = torch.randint(0, 128, (2, 10))
+    assert torch.equal(model(x), source(x))
+    del state["ln_f.bias"]
+    with pytest.raises(RuntimeError, match="ln_f.bias"):
+        gpt_on(state, source.cfg)
 
 
 def test_changing_a_future_token_leaves_earlier_logits_unchanged():

@@ -40,7 +40,7 @@ from topometrics.measures.persistence import (
 )
 from topometrics.measures.representation import representation_topology
 from topometrics.measures.spectral import covariance_spectrum
-from topometrics.models.model import GPT, GPTConfig, linear_layer_names, linear_weights, pick_device
+from topometrics.models.model import GPTConfig, gpt_on, linear_layer_names, linear_weights, pick_device
 from topometrics.params import FeaturesParams
 from topometrics.vocabulary import (
     ALL,
@@ -301,9 +301,7 @@ def checkpoint_features(
         warnings.warn(reason, RuntimeWarning, stacklevel=2)
         return null_features(linear_layer_names(config.layers), params, reason)
     device = pick_device(params.device, "features.device")
-    model = GPT(config)
-    model.load_state_dict(state)
-    model.to(device)
+    model = gpt_on(state, config).to(device)  # on the CPU the state's own tensors: the weights held once
     loaders, global_max = in_memory(linear_weights(state, config.layers))
     batches = [on_device(b, device) for b in (batch, surface, gradients)]
     return linear_and_forward_features(

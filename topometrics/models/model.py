@@ -157,6 +157,15 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1)), states
 
 
+def gpt_on(state: dict[str, torch.Tensor], cfg: GPTConfig) -> GPT:
+    """Our GPT whose parameters are ``state``'s own tensors, not copies of them (``assign``): a caller that keeps
+    the state while the model runs holds the weights once (a Pythia-410M shape's 1.2 GB); nothing that measures
+    a checkpoint writes to its weights. Loaded strictly: a missing or unexpected tensor raises."""
+    model = GPT(cfg)
+    model.load_state_dict(state, assign=True)
+    return model
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
