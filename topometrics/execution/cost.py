@@ -20,9 +20,10 @@ estimate at the 70M shape and 5.0x at the 160M shape: 4,882 s), and the exact tr
 ``features.hessian_exact_max`` parameters) one product per parameter, which is not linear in ``n``. Memory: bytes
 held per parameter, counted from the buffers each family keeps (float32 weights 4 B, a float64 copy 8 B), checked
 against the bench's measured peaks above ``FIXED_BYTES`` (410M: 6.0 B per parameter for the weight families and the
-trajectory, 17.4 for a forward and backward pass, 18.9 for the gradient clouds) and the curvature's on the 410M
-shape (7,542 MiB: 22.6 B per parameter with the model; it was 16 GB at 70M and 36-38 GB at 160M with a kept float64
-Lanczos basis and float64 products; ``python -m bench curvature``).
+trajectory, 17.4 for a forward and backward pass, 18.9 for the gradient clouds, 19.2 for the landscape) and the
+curvature's on the 410M shape (7,542 MiB: 22.6 B per parameter with the model, measured before its Lanczos vectors
+and probes waited in files; it was 16 GB at 70M and 36-38 GB at 160M with a kept float64 Lanczos basis and float64
+products; ``python -m bench curvature``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,11 @@ BYTES_PER_PARAMETER = {
     "trajectory": 4 + 8,  # the weights and their float64 flattening
     "gradient": 4 + 4 + 10,  # the model, its gradients, activations (16 x 128 tokens: measured 17.4 B in all)
     "gradient_topology": 4 + 4 + 8 + 8,  # as gradient, and the whole-network sketch's float64 flattening
-    "landscape": 4 + 3 * 4 + 8,  # the model, two directions and a moved copy, activations
+    # the model, the exact product's result (its vector waits in a file) and the double backward's own working set
+    # (2.24 vectors at the 410M shape, 3.08 at 70M: tools/product_memory.py; 12 B); the grids' phase (two directions,
+    # a moved copy, activations) holds less. Measured: 6,563 MiB on the 410M shape, 19.2 B per parameter over
+    # FIXED_BYTES
+    "landscape": 4 + 4 + 12,
     # the model, three float32 vectors (through a product the Lanczos vector and the product, the previous one
     # waiting in a file, as the Ritz vectors do: landscape/curvature.py; between products the previous one read
     # back), and the exact float32 product's own working set (one window's activations, the engine's buffered
