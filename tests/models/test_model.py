@@ -63,7 +63,7 @@ def test_a_gpt_on_a_state_runs_on_its_tensors_gives_the_copied_models_logits_and
     model = gpt_on(state, source.cfg)
     # every parameter is the state's tensor itself: the weights are held once (the head is the token embedding)
     assert all(p.data_ptr() == state[name].data_ptr() for name, p in model.named_parameters())
-    assert all(p.requires_grad for p in model.parameters())
+    assert all(p.requires_grad and p.device.type == "cpu" for p in model.parameters())  # nothing left on meta
     x = torch.randint(0, 128, (2, 10))
     assert torch.equal(model(x), source(x))
     del state["ln_f.bias"]

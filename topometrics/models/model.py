@@ -160,8 +160,10 @@ class GPT(nn.Module):
 def gpt_on(state: dict[str, torch.Tensor], cfg: GPTConfig) -> GPT:
     """Our GPT whose parameters are ``state``'s own tensors, not copies of them (``assign``): a caller that keeps
     the state while the model runs holds the weights once (a Pythia-410M shape's 1.2 GB); nothing that measures
-    a checkpoint writes to its weights. Loaded strictly: a missing or unexpected tensor raises."""
-    model = GPT(cfg)
+    a checkpoint writes to its weights. Built on the meta device, so no initial weights are drawn or held beside
+    the state even for a moment. Loaded strictly: a missing or unexpected tensor raises."""
+    with torch.device("meta"):
+        model = GPT(cfg)
     model.load_state_dict(state, assign=True)
     return model
 
