@@ -21,9 +21,9 @@ estimate at the 70M shape and 5.0x at the 160M shape: 4,882 s), and the exact tr
 held per parameter, counted from the buffers each family keeps (float32 weights 4 B, a float64 copy 8 B), checked
 against the bench's measured peaks above ``FIXED_BYTES`` (410M: 6.0 B per parameter for the weight families and the
 trajectory, 17.4 for a forward and backward pass, 18.9 for the gradient clouds, 19.2 for the landscape) and the
-curvature's on the 410M shape (7,542 MiB: 22.6 B per parameter with the model, measured before its Lanczos vectors
-and probes waited in files; it was 16 GB at 70M and 36-38 GB at 160M with a kept float64 Lanczos basis and float64
-products; ``python -m bench curvature``).
+curvature's on the 410M shape (5,944 MiB: 17.0 B per parameter with the model, its vectors in files; 7,542 MiB
+before; it was 16 GB at 70M and 36-38 GB at 160M with a kept float64 Lanczos basis and float64 products; ``python -m
+bench curvature``).
 """
 
 from __future__ import annotations
@@ -58,11 +58,11 @@ BYTES_PER_PARAMETER = {
     # a moved copy, activations) holds less. Measured: 6,563 MiB on the 410M shape, 19.2 B per parameter over
     # FIXED_BYTES
     "landscape": 4 + 4 + 12,
-    # the model, three float32 vectors (through a product the Lanczos vector and the product, the previous one
-    # waiting in a file, as the Ritz vectors do: landscape/curvature.py; between products the previous one read
-    # back), and the exact float32 product's own working set (one window's activations, the engine's buffered
-    # per-layer gradients): 8 B. Measured: 7,542 MiB peak on the 410M shape, 22.6 B per parameter over FIXED_BYTES
-    "curvature": 4 + 3 * 4 + 8,
+    # the model, the exact product's result (the Lanczos vectors, the Ritz vectors and the trace's probes wait in
+    # files: landscape/curvature.py, trace.py) and the double backward's own working set, as the landscape's.
+    # Measured: 5,944 MiB peak on the 410M shape, 17.0 B per parameter over FIXED_BYTES (7,542 MiB, 22.6 B, when
+    # the Lanczos vectors were held through the products)
+    "curvature": 4 + 4 + 12,
 }
 FIXED_BYTES = 1 * GIB  # the interpreter, torch, transformers, the tokenizer
 GROUP = {name: "weights" for name in ("np", "vr", "spectral", "scale_free", "heavy_tail")}
