@@ -190,12 +190,14 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
     are held, not the batch's, and the gradients never exist whole: each parameter's gradient is dotted with
     ``v`` as the first backward pass reaches it and dropped, each part of ``H v`` is added into the result as
     the second pass produces it (``register_post_accumulate_grad_hook``). Memory: the model, ``v`` and the
-    result (which ``v`` and the result may share with the caller: ``v`` is viewed, not copied), one window's
-    activations twice over, and one parameter's gradients (on a GPU, ``v`` and the result there too, the result copied
-    back once per product). A ``v`` kept in a file (a one-row ``FileRows``) is read a parameter's share at a
-    time as the first pass reaches that parameter, so the product holds the result and not ``v`` (the 410M
-    shape's largest share, the embedding's, is 206 MB of its 1.2 GB). Attention runs on PyTorch's math kernel
-    (the fused ones have no double backward). Agrees with the float64 products to about 1e-6 relative (tests).
+    result (which ``v`` and the result may share with the caller: ``v`` is viewed, not copied), and the double
+    backward's own working set for one window (its graphs and the engine's buffered per-layer gradients: 2.24
+    vectors of the model's size at the 410M shape, ``tools/product_memory.py``); on a GPU, ``v`` and the result
+    there too, the result copied back once per product. A ``v`` kept in a file (a one-row ``FileRows``) is read
+    a parameter's share at a time as the first pass reaches that parameter, so the product holds the result and
+    not ``v`` (the 410M shape's largest share, the embedding's, is 206 MB of its 1.2 GB). Attention runs on
+    PyTorch's math kernel (the fused ones have no double backward). Agrees with the float64 products to about
+    1e-6 relative (tests).
     """
     leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}  # views of the weights: no copy
     dim = sum(v.numel() for v in leaves.values())
@@ -241,9 +243,9 @@ def exact_hvp(losses: Sequence[LossOfParams], params: Params) -> tuple[Callable[
 class _DotWithShare(torch.autograd.Function):
     """``(g * share()).sum()``: a parameter's gradient ``g`` dotted with its share of the product's vector, the share
     asked for again in the backward instead of kept. Autograd's own product would keep every share it multiplied
-    until the second pass, the whole vector, wherever the vector itself is kept (the 410M shape's Lanczos
-    products stood 3.4 vectors above the model with it). The same operations as ``(g * share).sum()`` under
-    autograd, so the same values to the bit."""
+    until the second pass, the whole vector, wherever the vector itself is kept (the 410M shape's landscape
+    peaked at 7,231 MiB with its Lanczos vector in a file but kept by autograd). The same operations as
+    ``(g * share).sum()`` under autograd, so the same values to the bit."""
 
     @staticmethod
     def forward(ctx, g: torch.Tensor, share: Callable[[], torch.Tensor]) -> torch.Tensor:
