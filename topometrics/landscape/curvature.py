@@ -216,12 +216,7 @@ def _keeper(spill: str | None, dim: int) -> Callable[[np.ndarray, int], Vector]:
     if spill is None:
         return lambda vector, j: vector
     files = [file_rows(spill, f"lanczos{i}.f32", 1, dim) for i in range(2)]
-
-    def kept(vector: np.ndarray, j: int) -> FileRows:
-        write_row(files[j % 2], 0, vector)
-        return files[j % 2]
-
-    return kept
+    return lambda vector, j: write_row(files[j % 2], 0, vector)
 
 
 def _recurrence_step(hvp: Operator, previous: Vector | None, current: Vector, beta: float) -> tuple[float, np.ndarray]:

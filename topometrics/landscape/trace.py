@@ -20,6 +20,7 @@ underestimate near the threshold; tests check that the realised error over many 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import NamedTuple
@@ -88,11 +89,7 @@ def adaptive_trace(
         # each vector a product runs on waits in a file beside the basis (the caller's temporary folder) and the
         # product reads it in parts (slice.exact_hvp): the product's result is the one vector of the model's size
         # held through a product
-        held = file_rows(os.path.dirname(basis.path), "probe.f32", 1, dim)
-
-        def kept(v: np.ndarray) -> FileRows:
-            write_row(held, 0, v)
-            return held
+        kept = functools.partial(write_row, file_rows(os.path.dirname(basis.path), "probe.f32", 1, dim), 0)
 
         exact_part = sum(dot(q, hvp(q)) for q in (kept(read_row(basis, j)) for j in range(basis.rows)))
         spent = basis.rows

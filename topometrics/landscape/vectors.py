@@ -127,11 +127,12 @@ def add_rows(rows: FileRows, coefficients: np.ndarray, vector: Vector) -> None:
                 _write(f, rows, i, start, _read(f, rows, i, start, stop) + np.float32(coefficients[i]) * part)
 
 
-def write_row(rows: FileRows, i: int, vector: np.ndarray) -> None:
-    """Row ``i`` := ``vector`` (float32)."""
+def write_row(rows: FileRows, i: int, vector: np.ndarray) -> FileRows:
+    """Row ``i`` := ``vector`` (float32); returns ``rows``, to be passed on in the vector's stead."""
     with open(rows.path, "r+b") as f:
         for start, stop in _chunks(rows):
             _write(f, rows, i, start, vector[start:stop])
+    return rows
 
 
 def all_finite(vector: np.ndarray) -> bool:
