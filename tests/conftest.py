@@ -1,5 +1,7 @@
-"""Shared fixtures: one tiny pipeline reproduced once per test process, copied per test."""
+"""Shared fixtures: one tiny pipeline reproduced once per test process, copied per test; a real small disk;
+the stack that closes unnamed vector files."""
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -55,3 +57,10 @@ def tiny_disk(tmp_path):
     yield mount
     for folder in mounted:
         subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+@pytest.fixture
+def scratch():
+    """The stack ``landscape.vectors.file_rows`` enters its unnamed files on, closed after the test."""
+    with contextlib.ExitStack() as stack:
+        yield stack

@@ -37,10 +37,10 @@ def test_a_pythia_160m_curvature_is_told_it_does_not_fit_3_gb():
     assert f"~{(19 * weights.seconds + 4 * curvature.seconds) / 3600:.2f} h" in every_fifth
 
 
-def test_the_curvature_peak_holds_the_float32_trace_deflated_by_ritz_vectors_in_a_file(tmp_path, monkeypatch):
+def test_the_curvature_peak_holds_the_float32_trace_deflated_by_ritz_vectors_in_a_file(scratch, monkeypatch):
     dim = 1_000_000
     monkeypatch.setattr(vectors, "CHUNK", 1 << 14)  # chunks as small beside this vector as beside a Pythia's
-    rows = vectors.file_rows(str(tmp_path), "ritz.f32", 3, dim)  # as the two-pass Lanczos leaves them
+    rows = vectors.file_rows(scratch, 3, dim)  # as the two-pass Lanczos leaves them
     for i in range(3):
         vectors.add_rows(rows, np.eye(3)[i], np.random.default_rng(i).standard_normal(dim).astype(np.float32))
 

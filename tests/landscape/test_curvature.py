@@ -207,10 +207,10 @@ def test_two_passes_on_a_gpts_difference_products_equal_the_kept_basis_at_the_su
 # --- float32 vectors, Ritz vectors in a file: a model too large for float64 copies ---------------------------------
 
 
-def test_float32_two_passes_with_ritz_vectors_in_a_file_find_the_dense_top_eigenpairs(tmp_path):
+def test_float32_two_passes_with_ritz_vectors_in_a_file_find_the_dense_top_eigenpairs(scratch):
     d = outliers_and_bulk()
     found = top_eigenpairs(
-        read_in(lambda v: d * v), len(d), k=3, iters=60, tol=1e-5, basis_bytes=0, dtype=np.float32, spill=str(tmp_path)
+        read_in(lambda v: d * v), len(d), k=3, iters=60, tol=1e-5, basis_bytes=0, dtype=np.float32, spill=scratch
     )
     np.testing.assert_allclose(found.values, [100.0, 50.0, 20.0], rtol=1e-6)
     assert found.converged.all() and isinstance(found.vectors, FileRows)
@@ -219,12 +219,12 @@ def test_float32_two_passes_with_ritz_vectors_in_a_file_find_the_dense_top_eigen
         assert vector.dtype == np.float32 and abs(vector[i]) == pytest.approx(1.0, abs=1e-5)
 
 
-def test_ritz_vectors_summed_in_a_file_equal_those_summed_in_memory(tmp_path):
+def test_ritz_vectors_summed_in_a_file_equal_those_summed_in_memory(scratch):
     h = np.diag(np.concatenate([[10.0, 7.0, 5.0], np.linspace(0.0, 1.0, 3000)]))
     d = np.diag(h)
     run = dict(k=3, iters=40, tol=1e-5, stop_early=True, basis_bytes=0, dtype=np.float32)
     in_memory = top_eigenpairs(lambda v: d * v, len(d), **run)
-    in_file = top_eigenpairs(read_in(lambda v: d * v), len(d), **run, spill=str(tmp_path))
+    in_file = top_eigenpairs(read_in(lambda v: d * v), len(d), **run, spill=scratch)
     assert np.array_equal(in_memory.values, in_file.values) and in_memory.products == in_file.products
     for i in range(3):
         np.testing.assert_allclose(in_file.vector(i), in_memory.vector(i), atol=1e-6)
@@ -232,7 +232,7 @@ def test_ritz_vectors_summed_in_a_file_equal_those_summed_in_memory(tmp_path):
     np.testing.assert_allclose(in_file.values, kept.values, rtol=1e-6)  # float32 vectors: float64's values
 
 
-def test_float32_memory_is_the_products_result_when_the_lanczos_vectors_wait_in_files(tmp_path):
+def test_float32_memory_is_the_products_result_when_the_lanczos_vectors_wait_in_files(scratch):
     import tracemalloc
 
     d = outliers_and_bulk(1 << 24).astype(np.float32)  # 64 MB a vector
@@ -246,7 +246,7 @@ def test_float32_memory_is_the_products_result_when_the_lanczos_vectors_wait_in_
 
     run = dict(k=3, iters=12, tol=1e-9, basis_bytes=0, dtype=np.float32)
     tracemalloc.start()
-    found = top_eigenpairs(streamed, len(d), **run, spill=str(tmp_path))
+    found = top_eigenpairs(streamed, len(d), **run, spill=scratch)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert np.array_equal(found.values, top_eigenpairs(lambda v: d * v, len(d), **run).values)

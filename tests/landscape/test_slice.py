@@ -237,15 +237,15 @@ def test_a_gradient_dotted_with_its_share_keeps_no_share_and_differentiates_as_a
     assert len(given) == 2 and torch.equal(ours, theirs) and term.item() == float((torch.tanh(w) * 3 * values).sum())
 
 
-def test_an_exact_product_of_a_vector_in_a_file_is_the_product_of_the_vector_in_memory_bit_for_bit(tmp_path):
+def test_an_exact_product_of_a_vector_in_a_file_is_the_product_of_the_vector_in_memory_bit_for_bit(scratch):
     model, windows, _, _ = float32_gpt()
     hvp, dim = exact_hvp(windows, {k: p.detach() for k, p in model.named_parameters()})
     v = np.random.default_rng(6).standard_normal(dim).astype(np.float32)
-    in_file = file_rows(str(tmp_path), "v.f32", 1, dim)
+    in_file = file_rows(scratch, 1, dim)
     write_row(in_file, 0, v)
     assert np.array_equal(hvp(in_file), hvp(v))  # each parameter's share read as the first pass reaches it
     with pytest.raises(ValueError, match=f"one row of {dim} values, not 2 x {dim}"):
-        hvp(file_rows(str(tmp_path), "two.f32", 2, dim))
+        hvp(file_rows(scratch, 2, dim))
 
 
 def test_an_exact_product_hands_the_freed_heap_back_before_its_passes_and_after(monkeypatch):

@@ -2,8 +2,12 @@
 (hidden-unit permutations, a constant added to the loss) and NULL with the reason where they cannot be
 computed (a non-finite slice, an unconverged Lanczos run, fewer eigenvalues kept)."""
 
+import os
+import subprocess
+import sys
 import tempfile
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +28,7 @@ from topometrics.landscape.surface import (
     slice_values,
     surface_values,
 )
-from topometrics.landscape.vectors import FileRows, read_part
+from topometrics.landscape.vectors import FileRows, read_part, scratch_folder
 
 # dim = 3*6 + 6 + 6 + 1 = 31 <= iters: Lanczos converges (or exhausts the Krylov space) within its budget
 SETTINGS = SurfaceSettings(grid=7, radius=0.5, top=3, probes=4, iters=40, seed=0)
@@ -281,7 +285,7 @@ def test_a_large_models_float32_path_gives_the_float64_paths_curvature_and_hess_
         assert abs(float(a @ b) / float(a.norm() * b.norm())) == pytest.approx(1.0, abs=1e-4)  # up to sign
     landscape, curvature = surface_values(whole, params, settings, [window(i) for i in range(len(x))])
     assert np.isfinite(list(landscape.values.values())).all() and not landscape.reasons
-    assert list(tmp_path.iterdir()) == []  # the Ritz vectors' folder is gone
+    assert list(tmp_path.iterdir()) == []  # the vectors' files never had a name there
 
 
 def test_a_family_that_is_off_is_not_computed_and_the_other_keeps_its_values(monkeypatch):
@@ -301,3 +305,54 @@ def test_a_family_that_is_off_is_not_computed_and_the_other_keeps_its_values(mon
 
 def _never(*args, **kwargs):
     raise AssertionError("computed for a family that is off")
+
+
+KILLED_MID_TRACE = """
+import os, sys, time
+from torch import nn
+from tests.landscape.helpers import gpt_loss, params_of
+from topometrics.landscape import surface
+from topometrics.landscape.slice import functional_loss
+from topometrics.landscape.surface import SurfaceSettings, curvature_values
+from topometrics.landscape.vectors import scratch_folder
+from topometrics.models.model import GPT
+
+model, x, y, _ = gpt_loss()
+single = GPT(model.cfg)
+single.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+loss = functional_loss(single, lambda call: nn.functional.cross_entropy(call(x).reshape(-1, 16), y.reshape(-1)))
+surface.BASIS_BYTES = 0  # "large": float32, the Lanczos and Ritz vectors in files
+
+
+def link(fd):
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # the listing's own descriptor, closed by now
+        return ""
+
+
+def waiting(*args, **kwargs):  # the eigenpairs found, their vectors in files: wait here for the kill
+    links = [link(fd) for fd in os.listdir("/proc/self/fd")]
+    print(sum(link.startswith(scratch_folder()) and link.endswith("(deleted)") for link in links), flush=True)
+    time.sleep(600)
+
+
+surface.hessian_trace = waiting
+settings = SurfaceSettings(grid=5, radius=0.5, top=3, probes=4, iters=20, seed=0, exact_max=0)
+curvature_values(loss, params_of(single), settings)
+"""
+
+
+def test_a_large_models_curvature_killed_by_sigkill_leaves_no_file_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = scratch_folder()  # tmp_path, unless it is a memory filesystem
+    before = set(os.listdir(folder))
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    child = subprocess.Popen([sys.executable, "-c", KILLED_MID_TRACE], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        open_files = int(child.stdout.readline())  # the child waits, its vectors' files open
+    finally:
+        child.kill()  # our own child, by its PID: SIGKILL, no cleanup of any kind runs
+        child.wait()
+    assert open_files >= 3  # the Ritz vectors' file and the two Lanczos vectors' were there, in that folder
+    assert set(os.listdir(folder)) == before  # and nothing of them is left

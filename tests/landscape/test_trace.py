@@ -87,7 +87,7 @@ def test_a_trace_setting_out_of_range_says_which(probes, rse, message):
         adaptive_trace(lambda v: v, 5, Probes(probes, rse, 100))
 
 
-def test_float32_probes_deflated_by_rows_in_a_file_estimate_what_float64_ones_in_memory_do(tmp_path):
+def test_float32_probes_deflated_by_rows_in_a_file_estimate_what_float64_ones_in_memory_do(scratch):
     from topometrics.landscape.vectors import add_rows, file_rows, read_row
 
     h, top = spiked()
@@ -96,7 +96,7 @@ def test_float32_probes_deflated_by_rows_in_a_file_estimate_what_float64_ones_in
     skewed = top + 0.1 * np.random.default_rng(6).standard_normal(top.shape)  # orthonormalised in the file
 
     def in_file(seed):
-        rows = file_rows(str(tmp_path), f"basis{seed}.f32", 3, 60)
+        rows = file_rows(scratch, 3, 60)
         for i in range(3):
             add_rows(rows, np.eye(3)[i], skewed[:, i].astype(np.float32))
         hvp32 = lambda v: (h @ read_row(v, 0)).astype(np.float32)  # noqa: E731 (v: the vector in a file)
@@ -119,14 +119,14 @@ def test_float32_probes_on_a_diagonal_hessian_are_exact_whatever_the_probes():
     assert found.trace == pytest.approx(d.sum(), rel=1e-5) and found.stderr == pytest.approx(0.0, abs=1e-3)
 
 
-def test_float32_probes_beside_rows_in_a_file_hold_the_products_result_through_a_product(tmp_path):
+def test_float32_probes_beside_rows_in_a_file_hold_the_products_result_through_a_product(scratch):
     import tracemalloc
 
     from topometrics.landscape.vectors import FileRows, add_rows, file_rows, read_part
 
     d = np.linspace(0.5, 1.5, 1 << 24).astype(np.float32)  # 64 MB a vector
     vector, step = d.nbytes, len(d) // 16
-    rows = file_rows(str(tmp_path), "basis.f32", 2, len(d))
+    rows = file_rows(scratch, 2, len(d))
     for i in range(2):
         add_rows(rows, np.eye(2)[i], np.eye(2, len(d), i, dtype=np.float32)[i])  # e_0 and e_1
     held = []

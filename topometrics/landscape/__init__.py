@@ -17,5 +17,5 @@ beside the gradient-noise scale and the mean pairwise cosine; ``clouds.cloud_geo
 and distances in one pass over its column chunks); ``surface.surface_values``
 (one checkpoint's slice summaries and curvature, each NULL value with its reason). Pure functions of arrays,
 of parameter dicts and of a loss of parameters; nothing here reads or writes a file but a large model's curvature
-vectors, in a temporary folder ``surface`` removes before it returns.
+vectors, in unnamed temporary files ``surface`` closes before it returns (nothing to leave behind if killed).
 """

@@ -17,13 +17,14 @@ and are tested against explicit matrices. Randomness comes only from ``seed``.
   float32), so memory is three float64 vectors and ``k`` float32 ones whatever the steps, for about twice the
   products. With ``dtype`` float32 (the products of a model too large for float64 copies,
   :func:`topometrics.landscape.slice.exact_hvp`) the three vectors are float32 (dots accumulated in float64,
-  :mod:`topometrics.landscape.vectors`), and with ``spill`` a folder the ``k`` Ritz vectors are summed in a file
-  there (:class:`~topometrics.landscape.vectors.FileRows`) instead of memory, the current and the previous
-  Lanczos vectors wait in two more files (the product reads the current one a part at a time, the recurrence
-  reads both a chunk at a time: a large model's product is the run's peak), and the start vector is drawn
-  again for the second pass instead of kept: one float32 vector of the model's size, the product's result, in
-  memory at any time. Without full re-orthogonalisation a converged Ritz value can reappear as a spurious
-  copy (Paige); a vector whose cosine with a higher one exceeds ``sqrt(tol)`` is reported as not converged.
+  :mod:`topometrics.landscape.vectors`), and with ``spill`` (an ``ExitStack`` that closes them) the ``k`` Ritz
+  vectors are summed in an unnamed file (:class:`~topometrics.landscape.vectors.FileRows`) instead of memory,
+  the current and the previous Lanczos vectors wait in two more files (the product reads the current one a
+  part at a time, the recurrence reads both a chunk at a time: a large model's product is the run's peak), and
+  the start vector is drawn again for the second pass instead of kept: one float32 vector of the model's size,
+  the product's result, in memory at any time. Without full re-orthogonalisation a converged Ritz value can
+  reappear as a spurious copy (Paige); a vector whose cosine with a higher one exceeds ``sqrt(tol)`` is
+  reported as not converged.
 - :func:`hutchinson_trace`: the mean of ``z^T H z`` over ``probes`` seeded Rademacher vectors
   (``E[z z^T] = I``, so the mean is unbiased; exact on a diagonal Hessian, whatever the probes),
   with its standard error.
@@ -31,6 +32,7 @@ and are tested against explicit matrices. Randomness comes only from ``seed``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -50,7 +52,7 @@ from topometrics.landscape.vectors import (
     write_row,
 )
 
-# ``v -> H v``; given a vector in a file (the two-pass path with a spill folder) it reads it a part at a time
+# ``v -> H v``; given a vector in a file (the two-pass path with a spill) it reads it a part at a time
 Operator = Callable[[Vector], np.ndarray]
 
 
@@ -100,7 +102,7 @@ def top_eigenpairs(
     stop_early: bool = False,
     basis_bytes: int = BASIS_BYTES,
     dtype: type = np.float64,
-    spill: str | None = None,
+    spill: contextlib.ExitStack | None = None,
 ) -> Eigenpairs:
     """The ``k`` largest eigenvalues of the symmetric operator ``hvp`` on R^dim, by ``iters`` Lanczos steps.
 
@@ -108,7 +110,8 @@ def top_eigenpairs(
     exact) and, with ``stop_early``, as soon as the top ``k`` Ritz values have converged to ``tol``
     (checked from step ``k`` on; one ``(m, m)`` tridiagonal eigendecomposition a step, no product).
     ``k`` must not exceed ``min(iters, dim)``. A basis over ``basis_bytes`` is not kept (module docstring);
-    ``dtype`` (the Lanczos vectors', float32 or float64) and ``spill`` (a folder for the Ritz vectors) serve that
+    ``dtype`` (the Lanczos vectors', float32 or float64) and ``spill`` (the stack that closes the files of the
+    Ritz vectors and of the Lanczos vectors; the caller closes it once done with the vectors) serve that
     two-pass path only.
     """
     if not 1 <= k <= min(iters, dim):
@@ -156,11 +159,12 @@ def _kept_basis(hvp: Operator, q: np.ndarray, run: Lanczos) -> Eigenpairs:
 
 
 def _two_pass(
-    hvp: Operator, dim: int, start: Callable[[], np.ndarray], run: Lanczos, spill: str | None = None
+    hvp: Operator, dim: int, start: Callable[[], np.ndarray], run: Lanczos, spill: contextlib.ExitStack | None = None
 ) -> Eigenpairs:
     """Lanczos keeping three vectors (the dtype of ``start()``, the unit start vector): the recurrence for the
-    tridiagonal matrix, then again for the Ritz vectors. With ``spill`` a folder, the Lanczos vectors wait in
-    two files there (the current and the previous one, taking turns), ``hvp`` is given the current one's file
+    tridiagonal matrix, then again for the Ritz vectors. With ``spill`` (the caller's stack, which closes the
+    files: :func:`~topometrics.landscape.vectors.file_rows`), the Lanczos vectors wait in two unnamed files
+    (the current and the previous one, taking turns), ``hvp`` is given the current one's file
     to read as it goes (:class:`~topometrics.landscape.vectors.FileRows`), the recurrence reads both a chunk at a
     time, and the Ritz vectors are summed in a third file: the product's result is the one vector in memory."""
     k, steps, tol, _ = run
@@ -177,15 +181,15 @@ def _two_pass(
         if _stop(alphas, betas, run, last, genuine=True):
             break
         w /= betas[-1]
-        previous, current, w = current, kept(w, j + 1), None  # w in a file now, with a spill folder: not held
+        previous, current, w = current, kept(w, j + 1), None  # w in a file now, with a spill: not held
     del previous, current, w
     theta, s, converged = _checked_ritz(alphas, betas, k, tol, genuine=True)
     m = len(alphas)
     # row i: Ritz vector i, summed as the vectors come back
-    sums = file_rows(spill, "ritz.f32", k, dim) if spill else np.zeros((k, dim), dtype=np.float32)
+    sums = file_rows(spill, k, dim) if spill is not None else np.zeros((k, dim), dtype=np.float32)
     previous, current = None, kept(start(), 0)
     for j in range(m):  # second pass: the same vectors (the same products), summed with the Ritz coordinates
-        if spill:
+        if spill is not None:
             add_rows(sums, s[j], current)
         else:
             for i in range(k):
@@ -195,7 +199,7 @@ def _two_pass(
             w /= betas[j]
             previous, current, w = current, kept(w, j + 1), None
     del previous, current
-    if spill:
+    if spill is not None:
         products = gram(sums)
         lengths = np.sqrt(np.diag(products))
         scale_rows(sums, np.diag(1.0 / lengths))
@@ -209,13 +213,13 @@ def _two_pass(
     return Eigenpairs(theta, vectors, converged, 2 * m - 1)
 
 
-def _keeper(spill: str | None, dim: int) -> Callable[[np.ndarray, int], Vector]:
+def _keeper(spill: contextlib.ExitStack | None, dim: int) -> Callable[[np.ndarray, int], Vector]:
     """``(vector, j) -> `` the ``j``-th Lanczos vector as the recurrence keeps it: itself, or with a ``spill``
-    folder written to one of two files (``j`` even, ``j`` odd: vector ``j + 1`` overwrites ``j - 1``, which the
+    stack written to one of two unnamed files (``j`` even, ``j`` odd: vector ``j + 1`` overwrites ``j - 1``, which the
     recurrence no longer needs) and the file in its stead."""
     if spill is None:
         return lambda vector, j: vector
-    files = [file_rows(spill, f"lanczos{i}.f32", 1, dim) for i in range(2)]
+    files = [file_rows(spill, 1, dim) for _ in range(2)]
     return lambda vector, j: write_row(files[j % 2], 0, vector)
 
 

@@ -31,7 +31,6 @@ Keys are the vocabulary's, less the family prefix (``rand_minima``, ``eig1``).
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -200,15 +199,15 @@ def slice_curvature(
     weights (its second differences tend to it, tests); ``d^T H d / ||d||^2`` would be a Rayleigh quotient
     instead, comparable with the eigenvalues but not with the slice. ``dtype``: the products' vectors'.
     ``consume`` (a large model's float32 products, which read a vector from a file, ``slice.exact_hvp``): each
-    direction is written to a file in a temporary folder a tensor at a time, leaving its dict as it goes (the
+    direction is written to an unnamed file a tensor at a time, leaving its dict as it goes (the
     directions are used up), before the first product; each product reads its direction from the file and the
     dot product reads it again a chunk at a time, so no direction is in memory through a product (the 410M
     shape's loss surface peaked at 8,651 MiB with both directions in memory, 7,775 with one)."""
     if isinstance(directions, str):
         return np.nan, directions
-    with tempfile.TemporaryDirectory(prefix="topometrics-slice-") if consume else contextlib.nullcontext() as folder:
+    with contextlib.ExitStack() as files:
         if consume:  # every direction written out before the first product
-            directions = [_written(d, folder, f"direction{i}.f32") for i, d in enumerate(directions)]
+            directions = [_written(d, files) for d in directions]
         try:
             values = []
             for d in directions:
@@ -247,10 +246,11 @@ def _curvature_values(
     trace: bool = True,
 ):
     """``hvp`` raises FloatingPointError on a non-finite product (:func:`_finite`). Float32 vectors (a large
-    model): the Ritz vectors are summed in a temporary folder, removed before this returns. ``trace`` False:
+    model): the Ritz vectors are summed in an unnamed file, closed before this returns. ``trace`` False:
     the trace is not estimated (NaN, as its ratio), for a caller that needs only the top eigenpairs."""
     large = dtype == np.float32
-    with tempfile.TemporaryDirectory(prefix="topometrics-ritz-") if large else contextlib.nullcontext() as spill:
+    with contextlib.ExitStack() as files:
+        spill = files if large else None
         try:
             k = max(settings.top, 2)
             eig = top_eigenpairs(
@@ -319,10 +319,10 @@ def _flattened(direction: Params, dtype: type) -> np.ndarray:
     return flat
 
 
-def _written(direction: Params, folder: str, name: str) -> FileRows:
-    """``direction`` flattened (float32, its order) into the one-row file ``folder/name``, a tensor at a time, each
-    tensor leaving the dict as it is written (used up: the direction is never whole in memory twice)."""
-    rows, at = file_rows(folder, name, 1, sum(t.numel() for t in direction.values())), 0
+def _written(direction: Params, files: contextlib.ExitStack) -> FileRows:
+    """``direction`` flattened (float32, its order) into a one-row unnamed file ``files`` closes, a tensor at a
+    time, each tensor leaving the dict as it is written (used up: the direction is never whole in memory twice)."""
+    rows, at = file_rows(files, 1, sum(t.numel() for t in direction.values())), 0
     for key in list(direction):
         part = direction.pop(key).detach().reshape(-1).cpu().numpy()
         write_part(rows, 0, at, part)

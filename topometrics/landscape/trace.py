@@ -20,8 +20,8 @@ underestimate near the threshold; tests check that the realised error over many 
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -83,48 +83,49 @@ def adaptive_trace(
         raise ValueError(f"probes need 2 <= min_probes <= max_probes, got {min_probes} and {max_probes}")
     if rse <= 0:
         raise ValueError(f"the target relative standard error must be positive, got {rse}")
-    exact_part, project, kept, spent = 0.0, (lambda v: v), (lambda v: v), 0
-    if isinstance(basis, FileRows):
-        orthonormalise(basis)
-        # each vector a product runs on waits in a file beside the basis (the caller's temporary folder) and the
-        # product reads it in parts (slice.exact_hvp): the product's result is the one vector of the model's size
-        # held through a product
-        kept = functools.partial(write_row, file_rows(os.path.dirname(basis.path), "probe.f32", 1, dim), 0)
+    with contextlib.ExitStack() as files:  # closes the probes' file, if any
+        exact_part, project, kept, spent = 0.0, (lambda v: v), (lambda v: v), 0
+        if isinstance(basis, FileRows):
+            orthonormalise(basis)
+            # each vector a product runs on waits in an unnamed file (closed on return) and the product reads it
+            # in parts (slice.exact_hvp): the product's result is the one vector of the model's size held through
+            # a product
+            kept = functools.partial(write_row, file_rows(files, 1, dim), 0)
 
-        exact_part = sum(dot(q, hvp(q)) for q in (kept(read_row(basis, j)) for j in range(basis.rows)))
-        spent = basis.rows
+            exact_part = sum(dot(q, hvp(q)) for q in (kept(read_row(basis, j)) for j in range(basis.rows)))
+            spent = basis.rows
 
-        def project(v: np.ndarray) -> np.ndarray:
-            return project_out(basis, v)
+            def project(v: np.ndarray) -> np.ndarray:
+                return project_out(basis, v)
 
-    elif basis is not None and basis.shape[1]:
-        q, _ = np.linalg.qr(np.asarray(basis, dtype=np.float64))
-        exact_part = sum(float(q[:, j] @ np.asarray(hvp(q[:, j]), dtype=np.float64)) for j in range(q.shape[1]))
-        spent = q.shape[1]
+        elif basis is not None and basis.shape[1]:
+            q, _ = np.linalg.qr(np.asarray(basis, dtype=np.float64))
+            exact_part = sum(float(q[:, j] @ np.asarray(hvp(q[:, j]), dtype=np.float64)) for j in range(q.shape[1]))
+            spent = q.shape[1]
 
-        def project(v: np.ndarray) -> np.ndarray:
-            return v - q @ (q.T @ v)
+            def project(v: np.ndarray) -> np.ndarray:
+                return v - q @ (q.T @ v)
 
-    rng = np.random.default_rng(seed)
-    n, mean, m2 = 0, 0.0, 0.0  # Welford's running mean and sum of squared deviations of the probes
-    while n < max_probes:
-        if dtype == np.float64:
-            z = project(rng.integers(0, 2, dim).astype(np.float64) * 2.0 - 1.0)
-            sample = float(z @ np.asarray(hvp(z), dtype=np.float64))  # z = P z: z^T H z = z^T P H P z
-        else:  # in place: one float32 vector (and the int8 draw) besides the product
-            z = rng.integers(0, 2, dim, dtype=np.int8).astype(dtype)
-            z *= 2
-            z -= 1
-            z = kept(project(z))
-            sample = dot(z, np.asarray(hvp(z), dtype=dtype))
-        n += 1
-        delta = sample - mean
-        mean += delta / n
-        m2 += delta * (sample - mean)
-        stderr = float(np.sqrt(m2 / (n - 1) / n)) if n > 1 else np.inf
-        if n >= min_probes and stderr <= rse * abs(exact_part + mean):
-            break
-    return TraceEstimate(exact_part + mean, stderr, spent + n)
+        rng = np.random.default_rng(seed)
+        n, mean, m2 = 0, 0.0, 0.0  # Welford's running mean and sum of squared deviations of the probes
+        while n < max_probes:
+            if dtype == np.float64:
+                z = project(rng.integers(0, 2, dim).astype(np.float64) * 2.0 - 1.0)
+                sample = float(z @ np.asarray(hvp(z), dtype=np.float64))  # z = P z: z^T H z = z^T P H P z
+            else:  # in place: one float32 vector (and the int8 draw) besides the product
+                z = rng.integers(0, 2, dim, dtype=np.int8).astype(dtype)
+                z *= 2
+                z -= 1
+                z = kept(project(z))
+                sample = dot(z, np.asarray(hvp(z), dtype=dtype))
+            n += 1
+            delta = sample - mean
+            mean += delta / n
+            m2 += delta * (sample - mean)
+            stderr = float(np.sqrt(m2 / (n - 1) / n)) if n > 1 else np.inf
+            if n >= min_probes and stderr <= rse * abs(exact_part + mean):
+                break
+        return TraceEstimate(exact_part + mean, stderr, spent + n)
 
 
 def hessian_trace(

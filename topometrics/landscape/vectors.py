@@ -10,8 +10,9 @@ only float32 vectors and no temporary of a vector's size:
   (the curvature's float64 path is unchanged by these helpers); float32 ones a call a chunk. Either takes
   for its first vector one kept in a file (:data:`Vector`: a one-row :class:`FileRows`), read a chunk at a
   time (:func:`parts`), with the same chunks and so the same rounding as in memory.
-- :class:`FileRows`: ``rows`` float32 vectors of length ``dim`` in one file (row-major), read and written
-  :data:`CHUNK` values at a time, so the process holds a chunk, not the rows (the page cache holds the rest,
+- :class:`FileRows`: ``rows`` float32 vectors of length ``dim`` in one file (row-major) that has no name
+  (:func:`file_rows`: a process killed mid-run leaves no file behind), on disk (:func:`scratch_folder`), read
+  and written :data:`CHUNK` values at a time, so the process holds a chunk, not the rows (the page cache holds the rest,
   and the kernel may write it out instead of killing the process). :func:`add_rows` sums vectors into them,
   :func:`orthonormalise` makes them orthonormal in place (Cholesky QR: ``G = R R^T``, ``Q = L^-1 R`` with
   ``G = L L^T``, two passes; exact in exact arithmetic and accurate to ``cond(R)^2 eps`` otherwise, 1 for the
@@ -21,7 +22,9 @@ only float32 vectors and no temporary of a vector's size:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from typing import NamedTuple
 
 import numpy as np
@@ -31,9 +34,9 @@ CHUNK = 1 << 22  # values per chunk: 16 MB of float32
 
 
 class FileRows(NamedTuple):
-    """``rows`` float32 vectors of length ``dim``, row-major in the file ``path``."""
+    """``rows`` float32 vectors of length ``dim``, row-major in the unnamed file open as descriptor ``fd``."""
 
-    path: str
+    fd: int
     rows: int
     dim: int
 
@@ -71,30 +74,54 @@ def axpy(x: Vector, y: np.ndarray, a: float) -> np.ndarray:
 
 def parts(vector: FileRows):
     """``(start, values)`` of each float32 chunk of a one-row file, read in turn (one chunk held at a time)."""
-    with open(vector.path, "rb") as f:
-        for start, stop in _chunks(vector):
-            yield start, _read(f, vector, 0, start, stop)
-
-
-def read_part(rows: FileRows, i: int, start: int, stop: int) -> np.ndarray:
-    """Values ``start:stop`` of row ``i``, float32 (a parameter's share of a vector, read as a product needs it)."""
-    with open(rows.path, "rb") as f:
-        return _read(f, rows, i, start, stop)
+    for start, stop in _chunks(vector):
+        yield start, read_part(vector, 0, start, stop)
 
 
 def write_part(rows: FileRows, i: int, start: int, values: np.ndarray) -> None:
     """Values ``start:start + len(values)`` of row ``i`` := ``values`` (float32)."""
-    with open(rows.path, "r+b") as f:
-        for at in range(0, len(values), CHUNK):
-            _write(f, rows, i, start + at, values[at : at + CHUNK])
+    for at in range(0, len(values), CHUNK):
+        _write(rows, i, start + at, values[at : at + CHUNK])
 
 
-def file_rows(folder: str, name: str, rows: int, dim: int) -> FileRows:
-    """Zeroed rows in a new file ``folder/name`` (sparse: the zeros take no disk until written)."""
-    path = os.path.join(folder, name)
-    with open(path, "wb") as f:
-        f.truncate(rows * dim * 4)
-    return FileRows(path, rows, dim)
+def file_rows(scratch: contextlib.ExitStack, rows: int, dim: int) -> FileRows:
+    """Zeroed rows in a new unnamed file (sparse: the zeros take no disk until written), in
+    :func:`scratch_folder`. It has no name from the start, so nothing can be left behind: ``scratch``'s close
+    closes it, and the kernel frees its disk when the process ends however it ends (a kill -9 included)."""
+    f = scratch.enter_context(tempfile.TemporaryFile(dir=scratch_folder()))  # noqa: SIM115 (the stack closes it)
+    f.truncate(rows * dim * 4)
+    return FileRows(f.fileno(), rows, dim)
+
+
+def scratch_folder(mountinfo: str = "/proc/self/mountinfo") -> str:
+    """Where the unnamed files go: the temporary folder (``TMPDIR``, else ``/tmp``), unless it is a memory
+    filesystem (a tmpfs, as Debian 13's ``/tmp`` is) and ``/var/tmp`` is not: a file in memory would hold in RAM
+    the vectors it exists to keep out of it."""
+    folder = tempfile.gettempdir()
+    try:
+        with open(mountinfo) as f:
+            table = f.read()
+    except OSError:  # not Linux: no way to ask, keep the temporary folder
+        return folder
+    if in_memory(folder, table) and os.path.isdir("/var/tmp") and not in_memory("/var/tmp", table):
+        return "/var/tmp"
+    return folder
+
+
+def in_memory(folder: str, mountinfo: str) -> bool:
+    """Whether ``folder`` lies on a memory filesystem (tmpfs, ramfs) by the mount table ``mountinfo`` (the text of
+    ``/proc/self/mountinfo``: field 5 the mount point, the filesystem type after the `` - `` separator)."""
+    folder, kind, deepest = os.path.realpath(folder), None, -1
+    for line in mountinfo.splitlines():
+        fields, _, tail = line.partition(" - ")
+        fields = fields.split()
+        if len(fields) < 5 or not tail:
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = folder == point or folder.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > deepest:
+            kind, deepest = tail.split()[0], len(point)
+    return kind in ("tmpfs", "ramfs")
 
 
 def _chunks(rows: FileRows, share: int = 1):
@@ -105,33 +132,44 @@ def _chunks(rows: FileRows, share: int = 1):
         yield start, min(start + size, rows.dim)
 
 
-def _read(f, rows: FileRows, i: int, start: int, stop: int) -> np.ndarray:
-    f.seek((i * rows.dim + start) * 4)
-    return np.fromfile(f, dtype=np.float32, count=stop - start)
+def read_part(rows: FileRows, i: int, start: int, stop: int) -> np.ndarray:
+    """Values ``start:stop`` of row ``i``, float32 (a parameter's share of a vector, read as a product needs it;
+    positioned reads: no file offset shared between callers). ``stop`` past the row's end reads to its end, as
+    a slice would."""
+    stop = min(stop, rows.dim)
+    out = np.empty(stop - start, dtype=np.float32)
+    view, at = memoryview(out).cast("B"), (i * rows.dim + start) * 4
+    while view.nbytes:
+        done = os.preadv(rows.fd, [view], at)
+        if done == 0:
+            raise EOFError(f"the vectors' file ends at byte {at}: {rows.rows} x {rows.dim} float32 expected")
+        view, at = view[done:], at + done
+    return out
 
 
-def _write(f, rows: FileRows, i: int, start: int, values: np.ndarray) -> None:
-    f.seek((i * rows.dim + start) * 4)
-    np.ascontiguousarray(values, dtype=np.float32).tofile(f)
+def _write(rows: FileRows, i: int, start: int, values: np.ndarray) -> None:
+    view = memoryview(np.ascontiguousarray(values, dtype=np.float32)).cast("B")
+    at = (i * rows.dim + start) * 4
+    while view.nbytes:
+        done = os.pwritev(rows.fd, [view], at)
+        view, at = view[done:], at + done
 
 
 def add_rows(rows: FileRows, coefficients: np.ndarray, vector: Vector) -> None:
     """Row ``i`` += ``coefficients[i] * vector`` (float32 arithmetic, as an in-memory float32 sum would do)."""
-    with open(rows.path, "r+b") as f:
-        for start, stop in _chunks(rows):
-            if isinstance(vector, FileRows):
-                part = read_part(vector, 0, start, stop)
-            else:
-                part = vector[start:stop].astype(np.float32, copy=False)
-            for i in range(rows.rows):
-                _write(f, rows, i, start, _read(f, rows, i, start, stop) + np.float32(coefficients[i]) * part)
+    for start, stop in _chunks(rows):
+        if isinstance(vector, FileRows):
+            part = read_part(vector, 0, start, stop)
+        else:
+            part = vector[start:stop].astype(np.float32, copy=False)
+        for i in range(rows.rows):
+            _write(rows, i, start, read_part(rows, i, start, stop) + np.float32(coefficients[i]) * part)
 
 
 def write_row(rows: FileRows, i: int, vector: np.ndarray) -> FileRows:
     """Row ``i`` := ``vector`` (float32); returns ``rows``, to be passed on in the vector's stead."""
-    with open(rows.path, "r+b") as f:
-        for start, stop in _chunks(rows):
-            _write(f, rows, i, start, vector[start:stop])
+    for start, stop in _chunks(rows):
+        _write(rows, i, start, vector[start:stop])
     return rows
 
 
@@ -142,32 +180,28 @@ def all_finite(vector: np.ndarray) -> bool:
 
 def read_row(rows: FileRows, i: int) -> np.ndarray:
     """Row ``i`` as a float32 ``(dim,)`` array (one vector in memory)."""
-    with open(rows.path, "rb") as f:
-        f.seek(i * rows.dim * 4)
-        return np.fromfile(f, dtype=np.float32, count=rows.dim)
+    return read_part(rows, i, 0, rows.dim)
 
 
-def _block(f, rows: FileRows, start: int, stop: int) -> np.ndarray:
+def _block(rows: FileRows, start: int, stop: int) -> np.ndarray:
     """Every row's values ``start:stop``, ``(rows, stop - start)`` float64."""
-    return np.stack([_read(f, rows, i, start, stop) for i in range(rows.rows)]).astype(np.float64)
+    return np.stack([read_part(rows, i, start, stop) for i in range(rows.rows)]).astype(np.float64)
 
 
 def gram(rows: FileRows) -> np.ndarray:
     """``R R^T`` ``(rows, rows)`` float64, accumulated over chunks."""
     out = np.zeros((rows.rows, rows.rows))
-    with open(rows.path, "rb") as f:
-        for start, stop in _chunks(rows, 2 * rows.rows):
-            block = _block(f, rows, start, stop)
-            out += block @ block.T
+    for start, stop in _chunks(rows, 2 * rows.rows):
+        block = _block(rows, start, stop)
+        out += block @ block.T
     return out
 
 
 def scale_rows(rows: FileRows, transform: np.ndarray) -> None:
     """Rows replaced by ``transform @ rows`` (``(rows, rows)``), a chunk at a time."""
-    with open(rows.path, "r+b") as f:
-        for start, stop in _chunks(rows, 4 * rows.rows):
-            for i, values in enumerate(transform @ _block(f, rows, start, stop)):
-                _write(f, rows, i, start, values)
+    for start, stop in _chunks(rows, 4 * rows.rows):
+        for i, values in enumerate(transform @ _block(rows, start, stop)):
+            _write(rows, i, start, values)
 
 
 def orthonormalise(rows: FileRows) -> None:
@@ -178,12 +212,11 @@ def orthonormalise(rows: FileRows) -> None:
 
 def project_out(rows: FileRows, vector: np.ndarray) -> np.ndarray:
     """``vector - Q^T (Q vector)`` in place for orthonormal rows ``Q``; returns ``vector``."""
-    with open(rows.path, "rb") as f:
-        coefficients = np.zeros(rows.rows)
-        for start, stop in _chunks(rows):
-            for i in range(rows.rows):
-                coefficients[i] += float(np.dot(_read(f, rows, i, start, stop), vector[start:stop]))
-        for start, stop in _chunks(rows):
-            for i in range(rows.rows):
-                vector[start:stop] -= (coefficients[i] * _read(f, rows, i, start, stop)).astype(vector.dtype)
+    coefficients = np.zeros(rows.rows)
+    for start, stop in _chunks(rows):
+        for i in range(rows.rows):
+            coefficients[i] += float(np.dot(read_part(rows, i, start, stop), vector[start:stop]))
+    for start, stop in _chunks(rows):
+        for i in range(rows.rows):
+            vector[start:stop] -= (coefficients[i] * read_part(rows, i, start, stop)).astype(vector.dtype)
     return vector
