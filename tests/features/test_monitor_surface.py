@@ -16,7 +16,13 @@ from tests.features.helpers import OneThread, train_steps
 from tests.repo_params import features_params, train_params
 from topometrics.features import checkpoint, forward
 from topometrics.features.monitor import RunMonitors, TopologyCallback, TopologyMonitor
-from topometrics.features.monitor_surface import SurfaceSource, model_snapshot, state_bytes, surface_rows
+from topometrics.features.monitor_surface import (
+    SurfaceSource,
+    model_snapshot,
+    rebuilt_model,
+    state_bytes,
+    surface_rows,
+)
 from topometrics.models.model import GPT, GPTConfig, linear_weights
 from topometrics.params import FeaturesParams
 from topometrics.params_sources import SeriesSource
@@ -140,6 +146,17 @@ def test_a_diverged_snapshot_or_a_short_split_gives_null_surface_rows_with_the_r
     other = surface_rows(model_snapshot(torch.nn.Linear(2, 2), batch), PARAMS).rows
     assert {r[3] for r in other} == {"model not rebuildable for the loss surface: Linear is neither our GPT nor a "
                                      "transformers model"}  # fmt: skip
+
+
+def test_our_gpt_is_rebuilt_on_the_snapshots_own_arrays_with_the_same_logits():
+    model = tiny_gpt()
+    snapshot = model_snapshot(model, forward.surface_batch(validation_tokens(), CONFIG.context, PARAMS, 0))
+    rebuilt, logits = rebuilt_model(snapshot)
+    assert logits is None
+    for name, tensor in rebuilt.state_dict().items():  # the weights held once: the snapshot's, not a copy
+        assert tensor.data_ptr() == snapshot.state[name].ctypes.data, name
+    x = torch.from_numpy(snapshot.batch[0])
+    assert torch.equal(rebuilt(x), model(x))
 
 
 def test_a_loss_surface_snapshot_counts_the_whole_model_against_the_bytes_in_flight(tmp_path):

@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from topometrics.features.checkpoint import CheckpointFeatures, diverged_reason, surface_features, switched_off
 from topometrics.features.forward import loss_surface, surface_batch
-from topometrics.models.model import GPT, GPTConfig
+from topometrics.models.model import GPT, GPTConfig, gpt_on
 from topometrics.params import FeaturesParams
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (windows, context) int64 inputs and targets
@@ -102,10 +102,8 @@ def rebuilt_model(snapshot: ModelSnapshot) -> tuple[nn.Module, Callable | None]:
     causal LM from its config (no remote code), strictly loaded, its head re-tied, in eval mode, as
     ``topometrics.series.checkpoint.load_causal_lm`` loads a series checkpoint."""
     state = {name: torch.from_numpy(array) for name, array in snapshot.state.items()}
-    if isinstance(snapshot.config, GPTConfig):
-        model = GPT(snapshot.config)
-        model.load_state_dict(state)
-        return model, None
+    if isinstance(snapshot.config, GPTConfig):  # on the snapshot's own arrays: the weights held once
+        return gpt_on(state, snapshot.config), None
     model = AutoModelForCausalLM.from_config(snapshot.config, trust_remote_code=False, dtype=torch.float32)
     model.load_state_dict(state)
     model.tie_weights()

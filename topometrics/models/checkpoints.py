@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save
 
 from topometrics.atomic import file_sha256, write_bytes, write_text
 from topometrics.errors import TopometricsError
-from topometrics.models.model import GPT, GPTConfig
+from topometrics.models.model import GPT, GPTConfig, gpt_on
 from topometrics.params import BASE_VARIANT, run_name
 
 _STEP_FILE = re.compile(r"^step_(\d{6,})\.safetensors$")
@@ -211,11 +211,11 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(ckpt: Checkpoint) -> GPT:
-    """Rebuild the model from the checkpoint alone (config from the sidecar)."""
-    model = GPT(ckpt.config)
+    """Rebuild the model from the checkpoint alone (config from the sidecar), on the file's own tensors (the
+    weights held once, :func:`~topometrics.models.model.gpt_on`)."""
     state = load_state(ckpt.path)
-    missing = set(model.state_dict()) ^ set(state)
+    with torch.device("meta"):
+        missing = set(GPT(ckpt.config).state_dict()) ^ set(state)
     if missing:
         raise CheckpointError(f"{ckpt.path}: tensors do not match the sidecar's config: {sorted(missing)[:5]}")
-    model.load_state_dict(state)
-    return model.eval()
+    return gpt_on(state, ckpt.config).eval()
