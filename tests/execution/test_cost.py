@@ -1,5 +1,5 @@
-"""topometrics.execution.cost: per-family estimates linear in the parameter count, the families a memory cannot
-hold, and a series told (and skipped) before anything is allocated."""
+"""topometrics.execution.cost: per-family estimates linear in the parameter count, the families a memory (or the
+disk of a large model's vectors) cannot hold, and a series told (and skipped) before anything is allocated."""
 
 import tracemalloc
 from types import SimpleNamespace
@@ -10,7 +10,8 @@ from safetensors.numpy import save_file
 
 from tests.repo_params import features_params
 from topometrics.execution import cost
-from topometrics.landscape import vectors
+from topometrics.landscape import surface, vectors
+from topometrics.landscape.surface import spilled_vectors
 from topometrics.landscape.trace import Probes, adaptive_trace
 from topometrics.series.source_shards import affordable
 
@@ -155,3 +156,37 @@ def test_a_series_on_a_gpu_too_small_for_the_largest_model_running_families_keep
             "(estimated)" in lines
         )
     assert affordable("s", checkpoints, params, lines.append, available=64 * cost.GIB)[0] is params  # CPU: no GPU
+
+
+def test_a_large_models_surface_is_told_its_disk_and_skipped_where_the_disk_cannot_hold_its_vectors():
+    n = 302_573_568  # the 410M shape: its Lanczos basis is not kept, 6 vectors wait in files at once
+    spilled = spilled_vectors(n, 20, 3)
+    assert spilled == 6 and spilled_vectors(1_000_000, 20, 3) == 0  # a ladder rung's vectors stay in memory
+    costs = cost.checkpoint_costs(n, ["np", "landscape", "curvature"], spilled=spilled)
+    need = {c.family: c.scratch_bytes for c in costs}
+    assert need == {"weights": 0, "landscape": 4 * 6 * n, "curvature": 4 * 6 * n}
+    assert "landscape 2518 s / 6.6 GB + 6.8 GB of disk" in cost.plan_line(n, costs)
+    assert cost.unaffordable(costs, 64 * cost.GIB, scratch=("/big", 4 * 6 * n)) == {}
+    too_big = cost.unaffordable(costs, 64 * cost.GIB, scratch=("/small", 4 * 6 * n - 1))
+    assert too_big == dict.fromkeys(
+        ["landscape", "curvature"],
+        "needs ~6.8 GB of disk for its vectors in /small, 6.8 GB free there (TMPDIR names the folder)",
+    )
+    short = cost.unaffordable(costs, 1 * cost.GIB, scratch=("/small", 0))  # short of memory too: that is told
+    assert all("GB available" in why for why in short.values())
+
+
+def test_a_series_whose_surface_vectors_do_not_fit_the_scratch_disk_keeps_every_other_family(tmp_path, monkeypatch):
+    monkeypatch.setattr(surface, "BASIS_BYTES", 0)  # this tiny model then takes the large model's path
+    lines, params = [], features_params()
+    enough = cost.scratch_space()
+    assert enough[0] == vectors.scratch_folder() and enough[1] > 0
+    room = (enough[0], 64 * cost.GIB)
+    kept, why = affordable("s", checkpoints_of(tmp_path, 64, 32), params, lines.append, 64 * cost.GIB, None, room)
+    assert kept is params and "landscape 0 s / 1.0 GB + 0.0 GB of disk" in lines[0]
+    assert "random init) / 1.0 GB + 0.0 GB of disk" in lines[0]  # the curvature's, with its probes' seconds
+    full = ("/full", 0)
+    kept, why = affordable("s", checkpoints_of(tmp_path, 64, 32), params, lines.append, 64 * cost.GIB, None, full)
+    assert why is None and set(kept.families) == set(params.families) - {"landscape", "curvature"}
+    told = "\n".join(lines)
+    assert "s: curvature skipped on every checkpoint: needs ~0.0 GB of disk for its vectors in /full" in told

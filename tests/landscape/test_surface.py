@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from topometrics.landscape import surface as surface_module
+from topometrics.landscape import vectors as vectors_module
 from topometrics.landscape.slice import exact_hvp, functional_loss, loss_grid, random_direction
 from topometrics.landscape.sublevel import SUMMARY_KEYS
 from topometrics.landscape.surface import (
@@ -356,3 +357,68 @@ def test_a_large_models_curvature_killed_by_sigkill_leaves_no_file_behind(tmp_pa
         child.wait()
     assert open_files >= 3  # the Ritz vectors' file and the two Lanczos vectors' were there, in that folder
     assert set(os.listdir(folder)) == before  # and nothing of them is left
+
+
+def unnamed_files(folder: str) -> list[int]:
+    """The sizes of this process's open files that have no name, in ``folder``."""
+    sizes = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith(folder) and link.endswith("(deleted)"):
+                sizes.append(os.fstat(int(fd)).st_size)
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+    return sizes
+
+
+def large_float32_gpt(monkeypatch):
+    """A tiny float32 GPT's loss and parameters, on the large model's path (float32, vectors in files)."""
+    from tests.landscape.helpers import gpt_loss, params_of
+    from topometrics.models.model import GPT
+
+    model, x, y, _ = gpt_loss()
+    single = GPT(model.cfg)
+    single.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    loss = functional_loss(single, lambda call: nn.functional.cross_entropy(call(x).reshape(-1, 16), y.reshape(-1)))
+    monkeypatch.setattr(surface_module, "BASIS_BYTES", 0)
+    return loss, params_of(single)
+
+
+def test_the_files_a_large_models_surface_holds_at_once_are_the_vectors_the_cost_model_counts(monkeypatch, tmp_path):
+    loss, params = large_float32_gpt(monkeypatch)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a folder of this test's files alone (not pytest's)
+    dim, settings, most = sum(p.numel() for p in params.values()), SETTINGS._replace(exact_max=0), []
+    real = surface_module.curvature_products
+
+    def counted_products(*args, **kwargs):
+        hvp, n, dtype = real(*args, **kwargs)
+
+        def counted(v):  # each product: the files open as it starts
+            most.append(unnamed_files(scratch_folder()))
+            return hvp(v)
+
+        return counted, n, dtype
+
+    monkeypatch.setattr(surface_module, "curvature_products", counted_products)
+    landscape, curvature = surface_values(loss, params, settings)
+    assert not landscape.reasons and not curvature.reasons
+    spilled = surface_module.spilled_vectors(dim, settings.iters, settings.top)
+    # the Ritz vectors (one file of k rows), the two Lanczos vectors, the trace's probe: that many float32 vectors
+    assert spilled == max(settings.top, 2) + 3 and max(sum(files) for files in most) == 4 * dim * spilled
+    assert unnamed_files(scratch_folder()) == []  # every one closed
+
+
+def test_a_full_scratch_disk_gives_the_curvature_one_line_and_keeps_the_slices(tiny_disk, monkeypatch):
+    loss, params = large_float32_gpt(monkeypatch)
+    disk = str(tiny_disk("16k"))  # a real filesystem smaller than the vectors (6 x 5 KB)
+    monkeypatch.setattr(vectors_module, "scratch_folder", lambda: disk)
+    landscape, curvature = surface_values(loss, params, SETTINGS._replace(exact_max=0))
+    why = f"no room left in {disk} for a file of 0.00 GB of the loss surface's vectors; point TMPDIR at a disk " \
+          "with room (docs/performance.md)"  # fmt: skip
+    assert set(curvature.reasons) == set(CURVATURE_KEYS) and set(curvature.reasons.values()) == {why}
+    assert all(np.isnan(curvature.values[k]) for k in CURVATURE_KEYS)
+    assert {landscape.reasons[k] for k in landscape.reasons if k.startswith("hess_")} == {why}
+    # the random slice, and its curvature: its two directions' files fit once the Ritz vectors' were closed
+    assert all(np.isfinite(v) for k, v in landscape.values.items() if k.startswith("rand_"))
+    assert unnamed_files(disk) == []

@@ -28,9 +28,13 @@ bench curvature``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from topometrics.landscape.vectors import scratch_folder
 
 GIB = 1 << 30
 # One-thread seconds per million parameters (measured; see the module docstring).
@@ -68,6 +72,7 @@ FIXED_BYTES = 1 * GIB  # the interpreter, torch, transformers, the tokenizer
 GROUP = {name: "weights" for name in ("np", "vr", "spectral", "scale_free", "heavy_tail")}
 # The rated families that run the model, on ``features.device`` (the others read weights on the CPU).
 MODEL_RUNNING = ("gradient", "gradient_topology", "landscape", "curvature")
+SURFACE = ("landscape", "curvature")  # the families of the loss surface, on its checkpoints only
 
 
 # The curvature rate's products (see SECONDS_PER_MILLION): two Lanczos passes and the deflation's, then one a probe.
@@ -80,10 +85,15 @@ class FamilyCost:
     seconds: float  # one thread, one checkpoint
     peak_bytes: int  # the process's peak while it runs
     seconds_max: float | None = None  # the most it can take (the curvature's trace at its most probes), if more
+    scratch_bytes: int = 0  # disk its vectors take in files at once (a large model's loss surface), if any
 
 
 def checkpoint_costs(
-    parameters: int, families: Iterable[str], surface: bool = True, probes: tuple[int, int] | None = None
+    parameters: int,
+    families: Iterable[str],
+    surface: bool = True,
+    probes: tuple[int, int] | None = None,
+    spilled: int = 0,
 ) -> list[FamilyCost]:
     """The cost of each rated family among ``families`` for one checkpoint of ``parameters`` parameters.
 
@@ -91,18 +101,25 @@ def checkpoint_costs(
     Families without a rate (representation, distance: one forward pass, or distances of kept iterates)
     are not listed. ``probes``: ``features.hessian_probes`` and ``hessian_probes_max``; the curvature then costs
     its products at the least probes (a trained checkpoint's trace stops there) and, as ``seconds_max``, at
-    the most (a random initialisation's can take them all), at the rate's cost per product."""
+    the most (a random initialisation's can take them all), at the rate's cost per product. ``spilled``: the
+    float32 vectors of the model's size the loss surface keeps in files at once
+    (``landscape.surface.spilled_vectors``; 0 for a model whose vectors stay in memory), its ``scratch_bytes``."""
     keys = dict.fromkeys(GROUP.get(f, f) for f in families)
-    keys = [k for k in keys if k in SECONDS_PER_MILLION and (surface or k not in ("landscape", "curvature"))]
+    keys = [k for k in keys if k in SECONDS_PER_MILLION and (surface or k not in SURFACE)]
     costs = [
-        FamilyCost(k, SECONDS_PER_MILLION[k] * parameters / 1e6, FIXED_BYTES + BYTES_PER_PARAMETER[k] * parameters)
+        FamilyCost(
+            k,
+            SECONDS_PER_MILLION[k] * parameters / 1e6,
+            FIXED_BYTES + BYTES_PER_PARAMETER[k] * parameters,
+            scratch_bytes=4 * spilled * parameters if k in SURFACE else 0,
+        )
         for k in keys
     ]
     if probes is None:
         return costs
     product = SECONDS_PER_MILLION["curvature"] * parameters / 1e6 / (CURVATURE_FIXED_PRODUCTS + RATED_PROBES)
     least, most = ((CURVATURE_FIXED_PRODUCTS + n) * product for n in probes)
-    return [FamilyCost(c.family, least, c.peak_bytes, most) if c.family == "curvature" else c for c in costs]
+    return [dataclasses.replace(c, seconds=least, seconds_max=most) if c.family == "curvature" else c for c in costs]
 
 
 def available_bytes() -> int:
@@ -117,9 +134,15 @@ def available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def unaffordable(costs: list[FamilyCost], available: int, gpu_available: int | None = None) -> dict[str, str]:
+def unaffordable(
+    costs: list[FamilyCost],
+    available: int,
+    gpu_available: int | None = None,
+    scratch: tuple[str, int] | None = None,
+) -> dict[str, str]:
     """Family key -> why it is skipped: what it adds to the running process (its peak less :data:`FIXED_BYTES`,
-    already resident) exceeds ``available`` bytes of host memory (one line, with the GB).
+    already resident) exceeds ``available`` bytes of host memory (one line, with the GB); or, with ``scratch``
+    (the folder its vectors' files go to and the bytes free there, :func:`scratch_space`), its files exceed them.
 
     ``gpu_available``: the free bytes of the GPU the model-running families (:data:`MODEL_RUNNING`) run on. Each
     of them must then fit there too: the model, its working set and the products' vectors on the GPU are bounded
@@ -130,6 +153,14 @@ def unaffordable(costs: list[FamilyCost], available: int, gpu_available: int | N
         for c in costs
         if c.peak_bytes - FIXED_BYTES > available
     }
+    if scratch is not None:
+        folder, free = scratch
+        too_big |= {
+            c.family: f"needs ~{c.scratch_bytes / GIB:.1f} GB of disk for its vectors in {folder}, "
+            f"{free / GIB:.1f} GB free there (TMPDIR names the folder)"
+            for c in costs
+            if c.family not in too_big and c.scratch_bytes > free
+        }
     if gpu_available is None:
         return too_big
     on_gpu = {
@@ -139,6 +170,13 @@ def unaffordable(costs: list[FamilyCost], available: int, gpu_available: int | N
         if c.family in MODEL_RUNNING and c.family not in too_big and c.peak_bytes - FIXED_BYTES > gpu_available
     }
     return too_big | on_gpu
+
+
+def scratch_space() -> tuple[str, int]:
+    """The folder a large model's loss-surface vectors go to (``landscape.vectors.scratch_folder``) and the bytes
+    free on its disk now."""
+    folder = scratch_folder()
+    return folder, shutil.disk_usage(folder).free
 
 
 def skipped_families(families: Iterable[str], too_big: dict[str, str]) -> tuple[str, ...]:
@@ -158,12 +196,13 @@ def plan_line(
         f"{c.family} {c.seconds:.0f} s"
         + (f" (up to {c.seconds_max:.0f} s at a random init)" if c.seconds_max else "")
         + f" / {c.peak_bytes / GIB:.1f} GB"
+        + (f" + {c.scratch_bytes / GIB:.1f} GB of disk" if c.scratch_bytes else "")
         for c in costs
     )
     surfaced = -(-checkpoints // surface_every)
 
     def total_of(seconds) -> float:
-        return sum(seconds(c) * (surfaced if c.family in ("landscape", "curvature") else checkpoints) for c in costs)
+        return sum(seconds(c) * (surfaced if c.family in SURFACE else checkpoints) for c in costs)
 
     total, most = total_of(lambda c: c.seconds), total_of(lambda c: c.seconds_max or c.seconds)
     upto = f" (up to ~{most / 3600:.2f} h if every trace takes its most probes)" if most > total else ""

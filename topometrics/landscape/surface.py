@@ -50,7 +50,7 @@ from topometrics.landscape.slice import (
 )
 from topometrics.landscape.sublevel import SUMMARY_KEYS, slice_summary
 from topometrics.landscape.trace import Probes, hessian_trace
-from topometrics.landscape.vectors import FileRows, all_finite, dot, file_rows, write_part
+from topometrics.landscape.vectors import FileRows, NoRoom, all_finite, dot, file_rows, write_part
 
 # Relative Lanczos residual bound under which a Ritz value counts as converged: 1e-3 of the eigenvalue
 # is far below the spread between checkpoints, and tens of steps reach it on our models' top eigenvalues.
@@ -154,6 +154,16 @@ def large_model(dim: int, settings: SurfaceSettings) -> bool:
     return not keeps_basis(min(settings.iters, dim), dim, BASIS_BYTES)
 
 
+def spilled_vectors(dim: int, iters: int, top: int) -> int:
+    """How many float32 vectors of ``dim`` values the loss surface keeps in files at once: on a large model
+    (:func:`large_model`), the ``max(top, 2)`` Ritz vectors, the current and previous Lanczos vectors and the
+    trace's probe (the slices' two directions come later, alone); 0 on a model whose vectors stay in memory.
+    ``iters`` / ``top``: ``features.hessian_iters`` / ``hessian_top``."""
+    if keeps_basis(min(iters, dim), dim, BASIS_BYTES):
+        return 0
+    return max(top, 2) + 3
+
+
 def curvature_products(
     loss: LossOfParams,
     params: Params,
@@ -206,15 +216,15 @@ def slice_curvature(
     if isinstance(directions, str):
         return np.nan, directions
     with contextlib.ExitStack() as files:
-        if consume:  # every direction written out before the first product
-            directions = [_written(d, files) for d in directions]
         try:
+            if consume:  # every direction written out before the first product
+                directions = [_written(d, files) for d in directions]
             values = []
             for d in directions:
                 vector = d if isinstance(d, FileRows) else _flattened(d, dtype)
                 values.append(dot(vector, np.asarray(hvp(vector), dtype=dtype)))
                 del vector
-        except FloatingPointError as err:
+        except (FloatingPointError, NoRoom) as err:  # a non-finite product, a full disk: the reason
             return np.nan, str(err)
     return float(np.mean(values)), None
 
@@ -246,7 +256,8 @@ def _curvature_values(
     trace: bool = True,
 ):
     """``hvp`` raises FloatingPointError on a non-finite product (:func:`_finite`). Float32 vectors (a large
-    model): the Ritz vectors are summed in an unnamed file, closed before this returns. ``trace`` False:
+    model): the Ritz vectors are summed in an unnamed file, closed before this returns (a full disk: every value
+    NULL with the one line of :class:`~topometrics.landscape.vectors.NoRoom`). ``trace`` False:
     the trace is not estimated (NaN, as its ratio), for a caller that needs only the top eigenpairs."""
     large = dtype == np.float32
     with contextlib.ExitStack() as files:
@@ -262,7 +273,7 @@ def _curvature_values(
                 probes = Probes(settings.probes, settings.trace_rse, settings.probes_max)
                 found = hessian_trace(hvp, dim, settings.exact_max, probes, settings.seed, eig.vectors, dtype)
                 estimate, stderr = found.trace, found.stderr
-        except FloatingPointError as err:
+        except (FloatingPointError, NoRoom) as err:
             reason = str(err)
             return Values(dict.fromkeys(CURVATURE_KEYS, np.nan), dict.fromkeys(CURVATURE_KEYS, reason)), reason
         return _eigen_values(eig, estimate, stderr, params, settings)

@@ -23,6 +23,7 @@ only float32 vectors and no temporary of a vector's size:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from typing import NamedTuple
@@ -147,11 +148,24 @@ def read_part(rows: FileRows, i: int, start: int, stop: int) -> np.ndarray:
     return out
 
 
+class NoRoom(OSError):
+    """The disk of the vectors' files is full; the message is one line: which folder, what it was writing, the fix."""
+
+
 def _write(rows: FileRows, i: int, start: int, values: np.ndarray) -> None:
     view = memoryview(np.ascontiguousarray(values, dtype=np.float32)).cast("B")
     at = (i * rows.dim + start) * 4
     while view.nbytes:
-        done = os.pwritev(rows.fd, [view], at)
+        try:
+            done = os.pwritev(rows.fd, [view], at)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            size = rows.rows * rows.dim * 4 / 2**30
+            raise NoRoom(
+                f"no room left in {scratch_folder()} for a file of {size:.2f} GB of the loss surface's "
+                "vectors; point TMPDIR at a disk with room (docs/performance.md)"
+            ) from err
         view, at = view[done:], at + done
 
 

@@ -26,6 +26,7 @@ from topometrics.dynamics.trajectory import SERIES_SKETCH
 from topometrics.execution import cost, shards
 from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table, shard_iterates
+from topometrics.landscape.surface import spilled_vectors
 from topometrics.models.architectures import LAYERS_FIX
 from topometrics.models.checkpoints import CheckpointError
 from topometrics.models.model import device_kind, free_gpu_bytes
@@ -183,12 +184,14 @@ def affordable(
     progress: Callable[[str], None],
     available: int | None = None,
     gpu_available: int | None = None,
+    scratch: tuple[str, int] | None = None,
 ) -> tuple[FeaturesParams, str | None]:
     """``(params, None)`` with the families this machine's memory cannot hold taken out (said in one line each,
     with the GB they need), after the estimate's line; ``(params, reason)`` when not even the largest tensor of
     a checkpoint fits. The model's shape is read from the first local checkpoint's safetensors headers (a hub
     revision is fetched by its job: no estimate before). ``available`` / ``gpu_available``: free host and GPU
-    bytes (default: the machine's; the GPU's only when ``features.device`` sends the model there)."""
+    bytes (default: the machine's; the GPU's only when ``features.device`` sends the model there); ``scratch``:
+    the folder a large model's loss-surface vectors go to and the bytes free there (default: ``TMPDIR``'s)."""
     first = next((c[2] for c in checkpoints if not isinstance(c, dict) and c[2] is not None), None)
     if first is None:
         return params, None
@@ -197,14 +200,15 @@ def affordable(
     if why := cost.one_layer_line(max(sizes, default=0), available):
         progress(f"{name}: skipped: {why}")
         return params, why
+    spilled = spilled_vectors(sum(sizes), params.hessian_iters, params.hessian_top)
     costs = cost.checkpoint_costs(
-        sum(sizes), params.families, probes=(params.hessian_probes, params.hessian_probes_max)
+        sum(sizes), params.families, probes=(params.hessian_probes, params.hessian_probes_max), spilled=spilled
     )
     count = sum(not isinstance(c, dict) for c in checkpoints)
     device = device_kind(params.device)  # no raise here: pick_device checks CUDA where the model runs
     progress(f"{name}: {cost.plan_line(sum(sizes), costs, count, params.landscape_every, device)}")
     gpu_available = free_gpu_bytes(device) if gpu_available is None else gpu_available
-    too_big = cost.unaffordable(costs, available, gpu_available)
+    too_big = cost.unaffordable(costs, available, gpu_available, cost.scratch_space() if scratch is None else scratch)
     for family, why in too_big.items():
         progress(f"{name}: {family} skipped on every checkpoint: {why}")
     if not too_big:
