@@ -179,7 +179,7 @@ def test_a_large_models_surface_is_told_its_disk_and_skipped_where_the_disk_cann
 def test_a_series_whose_surface_vectors_do_not_fit_the_scratch_disk_keeps_every_other_family(tmp_path, monkeypatch):
     monkeypatch.setattr(surface, "BASIS_BYTES", 0)  # this tiny model then takes the large model's path
     lines, params = [], features_params()
-    enough = cost.scratch_space()
+    enough = vectors.scratch_space()
     assert enough[0] == vectors.scratch_folder() and enough[1] > 0
     room = (enough[0], 64 * cost.GIB)
     kept, why = affordable("s", checkpoints_of(tmp_path, 64, 32), params, lines.append, 64 * cost.GIB, None, room)

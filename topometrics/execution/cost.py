@@ -30,11 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-from topometrics.landscape.vectors import scratch_folder
 
 GIB = 1 << 30
 # One-thread seconds per million parameters (measured; see the module docstring).
@@ -142,7 +139,8 @@ def unaffordable(
 ) -> dict[str, str]:
     """Family key -> why it is skipped: what it adds to the running process (its peak less :data:`FIXED_BYTES`,
     already resident) exceeds ``available`` bytes of host memory (one line, with the GB); or, with ``scratch``
-    (the folder its vectors' files go to and the bytes free there, :func:`scratch_space`), its files exceed them.
+    (the folder its vectors' files go to and the bytes free there, ``landscape.vectors.scratch_space``), its
+    files exceed them.
 
     ``gpu_available``: the free bytes of the GPU the model-running families (:data:`MODEL_RUNNING`) run on. Each
     of them must then fit there too: the model, its working set and the products' vectors on the GPU are bounded
@@ -170,13 +168,6 @@ def unaffordable(
         if c.family in MODEL_RUNNING and c.family not in too_big and c.peak_bytes - FIXED_BYTES > gpu_available
     }
     return too_big | on_gpu
-
-
-def scratch_space() -> tuple[str, int]:
-    """The folder a large model's loss-surface vectors go to (``landscape.vectors.scratch_folder``) and the bytes
-    free on its disk now."""
-    folder = scratch_folder()
-    return folder, shutil.disk_usage(folder).free
 
 
 def skipped_families(families: Iterable[str], too_big: dict[str, str]) -> tuple[str, ...]:

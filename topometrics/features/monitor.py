@@ -45,6 +45,7 @@ from topometrics.execution.compute import background_pool
 from topometrics.features.monitor_measure import Snapshot, measure
 from topometrics.features.monitor_surface import SurfaceSource, due_batch, model_snapshot, state_bytes
 from topometrics.landscape.surface import spilled_vectors
+from topometrics.landscape.vectors import scratch_space
 from topometrics.models.architectures import LinearLayer, module_layers
 from topometrics.models.tokens import load_tokens
 from topometrics.params import BASE_VARIANT, FeaturesParams, project_params
@@ -184,7 +185,7 @@ class TopologyMonitor:
         spilled = spilled_vectors(parameters, p.hessian_iters, p.hessian_top)
         probes = (p.hessian_probes, p.hessian_probes_max)
         costs = cost.checkpoint_costs(parameters, families, probes=probes, spilled=spilled)
-        too_big = cost.unaffordable(costs, cost.available_bytes(), scratch=cost.scratch_space())
+        too_big = cost.unaffordable(costs, cost.available_bytes(), scratch=scratch_space())
         return cost.plan_line(parameters, costs) + "".join(f"; {f} will not fit: {why}" for f, why in too_big.items())
 
     def linear_layers(self, model: nn.Module) -> list[LinearLayer]:

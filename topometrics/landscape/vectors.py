@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import tempfile
 from typing import NamedTuple
 
@@ -107,6 +108,12 @@ def scratch_folder(mountinfo: str = "/proc/self/mountinfo") -> str:
     if in_memory(folder, table) and os.path.isdir("/var/tmp") and not in_memory("/var/tmp", table):
         return "/var/tmp"
     return folder
+
+
+def scratch_space() -> tuple[str, int]:
+    """:func:`scratch_folder` and the bytes free on its disk now."""
+    folder = scratch_folder()
+    return folder, shutil.disk_usage(folder).free
 
 
 def in_memory(folder: str, mountinfo: str) -> bool:

@@ -27,6 +27,7 @@ from topometrics.execution import cost, shards
 from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table, shard_iterates
 from topometrics.landscape.surface import spilled_vectors
+from topometrics.landscape.vectors import scratch_space
 from topometrics.models.architectures import LAYERS_FIX
 from topometrics.models.checkpoints import CheckpointError
 from topometrics.models.model import device_kind, free_gpu_bytes
@@ -208,7 +209,7 @@ def affordable(
     device = device_kind(params.device)  # no raise here: pick_device checks CUDA where the model runs
     progress(f"{name}: {cost.plan_line(sum(sizes), costs, count, params.landscape_every, device)}")
     gpu_available = free_gpu_bytes(device) if gpu_available is None else gpu_available
-    too_big = cost.unaffordable(costs, available, gpu_available, cost.scratch_space() if scratch is None else scratch)
+    too_big = cost.unaffordable(costs, available, gpu_available, scratch_space() if scratch is None else scratch)
     for family, why in too_big.items():
         progress(f"{name}: {family} skipped on every checkpoint: {why}")
     if not too_big:
