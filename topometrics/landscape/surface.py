@@ -151,7 +151,7 @@ def large_model(dim: int, settings: SurfaceSettings) -> bool:
     """Whether the curvature takes the large-model path: its Lanczos basis would not be kept in memory
     (``hessian_iters`` float64 vectors over ``curvature.BASIS_BYTES``). Every ladder rung stays below (its values
     are those of the float64 products); a Pythia-70M shape and up do not."""
-    return not keeps_basis(min(settings.iters, dim), dim, BASIS_BYTES)
+    return spilled_vectors(dim, settings.iters, settings.top) > 0
 
 
 def spilled_vectors(dim: int, iters: int, top: int) -> int:
