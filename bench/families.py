@@ -55,7 +55,7 @@ def child(model: str, family: str, corpus: Path, params: Path) -> dict:
     n_params = sum(v.numel() for v in state.values())
     features = dataclasses.replace(load_params(params).features, device="cpu", workers=1, families=(family,))
     tokens = load_tokens(corpus, "val")
-    ready = _resident_bytes()
+    ready = resident_bytes()
     with one_thread():
         start = time.process_time()
         rows = _rows(state, config, tokens, features)
@@ -67,7 +67,7 @@ def child(model: str, family: str, corpus: Path, params: Path) -> dict:
             "peak_mb": round(peak / MIB), "ready_mb": round(ready / MIB)}  # fmt: skip
 
 
-def _resident_bytes() -> int:
+def resident_bytes() -> int:
     """This process's resident memory now (``VmRSS`` of /proc/self/status)."""
     with open("/proc/self/status") as f:
         for line in f:

@@ -26,30 +26,26 @@ import torch
 from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.families import MIB, resident_bytes  # noqa: E402
 from bench.features import SURFACE_MODELS  # noqa: E402
 from topometrics.landscape.slice import _DotWithShare, _hooked, _return_freed_heap, functional_loss  # noqa: E402
 from topometrics.models.model import GPT  # noqa: E402
-
-
-def rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
 class Peak:
     """The largest RSS seen since :meth:`reset`, sampled in a daemon thread."""
 
     def __init__(self) -> None:
-        self.value = rss_kib()
+        self.value = resident_bytes()
         threading.Thread(target=self._sample, daemon=True).start()
 
     def _sample(self) -> None:
         while True:
-            self.value = max(self.value, rss_kib())
+            self.value = max(self.value, resident_bytes())
             time.sleep(0.002)
 
     def reset(self) -> int:
-        self.value = now = rss_kib()
+        self.value = now = resident_bytes()
         return now
 
 
@@ -108,17 +104,17 @@ def main(argv: list[str] | None = None) -> dict:
     model = GPT(config)
     model.init_weights(torch.Generator().manual_seed(0))
     tokens = torch.randint(0, 128, (1, args.context + 1), generator=torch.Generator().manual_seed(1))
-    vector_kib = sum(p.numel() for p in model.parameters()) * 4 / 1024
+    vector = sum(p.numel() for p in model.parameters()) * 4  # bytes
     peak, found = Peak(), {}
-    print(f"{args.model}: one float32 vector of the model's size is {vector_kib / 1024:.1f} MiB", flush=True)
+    print(f"{args.model}: one float32 vector of the model's size is {vector / MIB:.1f} MiB", flush=True)
     for name, stage in stages(model, tokens).items():
         _return_freed_heap()
         start = peak.reset()
         stage()
         time.sleep(0.02)
         above = max(peak.value - start, 0)
-        found[name] = {"mib": round(above / 1024, 1), "vectors": round(above / vector_kib, 2)}
-        print(f"  {name:42s} {above / 1024:8.1f} MiB = {above / vector_kib:5.2f} vectors", flush=True)
+        found[name] = {"mib": round(above / MIB, 1), "vectors": round(above / vector, 2)}
+        print(f"  {name:42s} {above / MIB:8.1f} MiB = {above / vector:5.2f} vectors", flush=True)
     return found
 
 
