@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,10 +30,9 @@ import pandas as pd
 import torch
 
 from topometrics.dynamics.trajectory import CheckpointIterate
-from topometrics.execution import cost
 from topometrics.features.forward import ForwardPass, LossSurface, NoForwardPass, model_on_batch, on_device
 from topometrics.features.gradient_cloud import clouds_of, gradient_rows
-from topometrics.landscape.surface import SurfaceSettings, spilled_vectors, surface_values
+from topometrics.landscape.surface import SurfaceSettings, surface_values
 from topometrics.measures.heavy_tail import covariance_alpha
 from topometrics.measures.layer_features import OFF, aggregate_layers, layer_features
 from topometrics.measures.persistence import (
@@ -192,19 +191,6 @@ def forward_features(
     for layer, values, reason in gradient_rows(result.gradients, layers, params):
         out.add(layer, values, reason)
     return out
-
-
-def checkpoint_costs(parameters: int, families: Iterable[str], params: FeaturesParams) -> list[cost.FamilyCost]:
-    """The cost model's estimate for one checkpoint of ``parameters`` parameters with ``params``: the curvature at
-    ``features.hessian_probes`` and ``hessian_probes_max`` probes, and on a large model the disk of the loss
-    surface's vectors (:func:`topometrics.landscape.surface.spilled_vectors`). What a series and the monitor
-    print before they start."""
-    return cost.checkpoint_costs(
-        parameters,
-        families,
-        probes=(params.hessian_probes, params.hessian_probes_max),
-        spilled=spilled_vectors(parameters, params.hessian_iters, params.hessian_top),
-    )
 
 
 def surface_features(surface: LossSurface | str, params: FeaturesParams) -> CheckpointFeatures:

@@ -42,9 +42,9 @@ from transformers import TrainerCallback
 
 from topometrics.execution import cost
 from topometrics.execution.compute import background_pool
-from topometrics.features.checkpoint import checkpoint_costs
 from topometrics.features.monitor_measure import Snapshot, measure
 from topometrics.features.monitor_surface import SurfaceSource, due_batch, model_snapshot, state_bytes
+from topometrics.landscape.surface import spilled_vectors
 from topometrics.landscape.vectors import scratch_space
 from topometrics.models.architectures import LinearLayer, module_layers
 from topometrics.models.tokens import load_tokens
@@ -179,10 +179,12 @@ class TopologyMonitor:
     def estimate_line(self, model: nn.Module) -> str:
         """The cost of one measurement of ``model`` (:mod:`topometrics.execution.cost`): the weight families, and
         the loss surface when it is on, with what does not fit the available memory."""
-        parameters = sum(t.numel() for t in model.parameters())
+        parameters, p = sum(t.numel() for t in model.parameters()), self.params
         families = [f for f in self.params.families if f in cost.GROUP]
         families += ["landscape", "curvature"] if self.surface is not None else []
-        costs = checkpoint_costs(parameters, families, self.params)
+        spilled = spilled_vectors(parameters, p.hessian_iters, p.hessian_top)
+        probes = (p.hessian_probes, p.hessian_probes_max)
+        costs = cost.checkpoint_costs(parameters, families, probes=probes, spilled=spilled)
         too_big = cost.unaffordable(costs, cost.available_bytes(), scratch=scratch_space())
         return cost.plan_line(parameters, costs) + "".join(f"; {f} will not fit: {why}" for f, why in too_big.items())
 

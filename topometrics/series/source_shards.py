@@ -24,8 +24,9 @@ import pandas as pd
 from topometrics.atomic import file_sha256
 from topometrics.dynamics.trajectory import SERIES_SKETCH
 from topometrics.execution import cost, shards
-from topometrics.features.checkpoint import FEATURE_COLUMNS, checkpoint_costs
+from topometrics.features.checkpoint import FEATURE_COLUMNS
 from topometrics.features.run_shards import TABLES, distance_shards, frames, mapper, read_table, shard_iterates
+from topometrics.landscape.surface import spilled_vectors
 from topometrics.landscape.vectors import scratch_space
 from topometrics.models.architectures import LAYERS_FIX
 from topometrics.models.checkpoints import CheckpointError
@@ -200,7 +201,10 @@ def affordable(
     if why := cost.one_layer_line(max(sizes, default=0), available):
         progress(f"{name}: skipped: {why}")
         return params, why
-    costs = checkpoint_costs(sum(sizes), params.families, params)
+    spilled = spilled_vectors(sum(sizes), params.hessian_iters, params.hessian_top)
+    costs = cost.checkpoint_costs(
+        sum(sizes), params.families, probes=(params.hessian_probes, params.hessian_probes_max), spilled=spilled
+    )
     count = sum(not isinstance(c, dict) for c in checkpoints)
     device = device_kind(params.device)  # no raise here: pick_device checks CUDA where the model runs
     progress(f"{name}: {cost.plan_line(sum(sizes), costs, count, params.landscape_every, device)}")
